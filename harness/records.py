@@ -1,0 +1,77 @@
+"""Cell records on disk: one JSON object per (cell, GPU class) under `reports/runs/<run-id>/`.
+
+Writes are atomic (a temporary file in the same folder, then `os.replace`), so a run killed at any moment leaves
+each record either whole or absent, and a rerun with the same run id skips exactly the finished cells. Tools
+outside the project read these files: `cell_id` (str) and `verdict` are always at the top level.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from urllib.parse import quote
+
+RUNS_DIR = Path(__file__).resolve().parent.parent / "reports" / "runs"
+VERDICTS = ("pass", "fail", "xfail", "error", "skip")
+
+
+def record_stem(cell_id: str, gpu_class: str) -> str:
+    """A file name that cannot leave the run folder: `/`, `\\` and `%` are escaped, so `..` stays in a name."""
+    return quote(f"{gpu_class}--{cell_id}", safe="[]=,+-_.@")
+
+
+class RunDir:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.logs = self.root / "logs"
+
+    def record_path(self, cell_id: str, gpu_class: str) -> Path:
+        return self.root / f"{record_stem(cell_id, gpu_class)}.json"
+
+    def log_path(self, cell_id: str, gpu_class: str) -> Path:
+        return self.logs / f"{record_stem(cell_id, gpu_class)}.log"
+
+    def write(self, record: dict) -> Path:
+        if record.get("verdict") not in VERDICTS or not isinstance(record.get("cell_id"), str):
+            raise ValueError(f"a record needs cell_id and a verdict in {VERDICTS}: {record.get('cell_id')!r}")
+        path = self.record_path(record["cell_id"], record["gpu_class"])
+        write_json_atomic(path, record)
+        return path
+
+    def read(self, cell_id: str, gpu_class: str) -> dict | None:
+        """The finished record, or None (absent, or unreadable: then the cell runs again)."""
+        return read_json(self.record_path(cell_id, gpu_class))
+
+    def records(self) -> list[dict]:
+        out = []
+        for path in sorted(self.root.glob("*.json")):
+            if path.name == "run.json":
+                continue
+            rec = read_json(path)
+            if rec is not None:
+                out.append(rec)
+        return out
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=False, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "cell_id" in data and data.get("verdict") in VERDICTS else None

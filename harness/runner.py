@@ -1,0 +1,334 @@
+"""Running cells: one process per cell, in its own process group, with a timeout; records written as each cell
+finishes, so that a crash, hang, segfault or kill of a cell (or of the harness) loses nothing already recorded.
+
+The cell process (`python -m harness.cell`) writes what it learned after every phase; this side adds what only
+the parent can know (exit status, timing, timeout, signal), classifies the failure and judges the record.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.engine_args import engine_args_for
+from harness.records import RunDir, read_json, record_stem, write_json_atomic
+from harness.signatures import classify, last_exception_line
+from harness.verdict import judge
+from matrix.expand import Cell
+from matrix.schema import GpuClass, ModelEntry
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LOG_CAP_BYTES = 2 * 1024 * 1024
+PR_SET_PDEATHSIG = 1
+CACHE_ENV = ("VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One cell on one GPU class (the class it reports as; `emulated_from` is the real one when emulating)."""
+
+    cell: Cell
+    gpu_name: str
+    gpu: GpuClass
+    emulated_from: str | None = None
+
+    @property
+    def key(self) -> str:
+        return record_stem(self.cell.cell_id, self.gpu_name)
+
+
+@dataclass
+class RunSettings:
+    run_dir: RunDir
+    models: dict[str, ModelEntry]
+    built: dict[str, Path]
+    vllm_version: str | None
+    cache_dir: Path
+    use_hub: bool = False
+    timeout_scale: float = 1.0
+    env: dict[str, str] | None = None
+    cell_command: tuple[str, ...] = (sys.executable, "-m", "harness.cell")
+
+
+def shared_cache_env(cache_dir: Path) -> dict[str, str]:
+    """Compile and JIT caches shared by every cell of a run: kernels one cell builds serve the next."""
+    folders = dict(zip(CACHE_ENV, ("vllm", "flashinfer", "inductor", "triton")))
+    return {var: str(cache_dir / sub) for var, sub in folders.items()}
+
+
+def cell_env(settings: RunSettings, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(shared_cache_env(settings.cache_dir))
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    if env.get("VLLM_CPU_KVCACHE_SPACE") == "":
+        del env["VLLM_CPU_KVCACHE_SPACE"]  # empty crashes the CPU backend; unset lets kv_cache_memory_bytes rule
+    env.update(settings.env or {})
+    env.update(extra or {})
+    return env
+
+
+def _cap_log(path: Path, cap: int = LOG_CAP_BYTES) -> None:
+    """Keep a log's tail (where the error is) when a cell printed more than `cap` bytes."""
+    size = path.stat().st_size if path.exists() else 0
+    if size <= cap:
+        return
+    with path.open("rb") as f:
+        f.seek(size - cap)
+        tail = f.read()
+    path.write_bytes(f"[kvmatrix: log capped, first {size - cap} bytes dropped]\n".encode() + tail)
+
+
+def _tail(path: Path, n: int = 8000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-n:].decode(errors="replace")
+
+
+class CellProcesses:
+    """The process groups of running cells, so that an interrupted harness kills every one of them."""
+
+    def __init__(self) -> None:
+        self._pgids: set[int] = set()
+        self._lock = threading.Lock()
+        self.stopping = False
+
+    def add(self, pgid: int) -> None:
+        with self._lock:
+            self._pgids.add(pgid)
+
+    def discard(self, pgid: int) -> None:
+        with self._lock:
+            self._pgids.discard(pgid)
+
+    def kill_all(self) -> None:
+        """The harness is stopping: cells it kills now are not recorded, so a rerun runs them again."""
+        self.stopping = True
+        with self._lock:
+            for pgid in list(self._pgids):
+                _killpg(pgid)
+
+
+try:  # resolved once here: the forked child must not load libraries (another thread may hold the loader lock)
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None
+
+
+def _die_with_parent() -> None:
+    """In the cell process before exec: Linux kills it if the harness dies (even by SIGKILL), so a killed harness
+    leaves no cell running on. Elsewhere a no-op."""
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict | None = None) -> dict:
+    """Run one cell to a judged record (not yet written)."""
+    cell, run_dir = task.cell, settings.run_dir
+    log = run_dir.log_path(cell.cell_id, task.gpu_name)
+    work = run_dir.root / "work"
+    spec_path, result_path = work / f"{task.key}.spec.json", work / f"{task.key}.result.json"
+    result_path.unlink(missing_ok=True)
+    record: dict[str, Any] = {
+        "cell_id": cell.cell_id,
+        "case": cell.case.name,
+        "model": cell.model,
+        "axes": cell.axes,
+        "gpu_class": task.gpu_name,
+        "emulated_from": task.emulated_from,
+        "run_id": run_dir.root.name,
+    }
+    started = time.monotonic()
+    try:
+        engine_args = engine_args_for(cell, task.gpu, settings.models, settings.built, settings.use_hub)
+    except KeyError as err:
+        return _finish(record, task, settings, {"status": "error", "error_tail": str(err.args[0])}, started)
+    record["engine_args"] = engine_args
+    spec = {
+        "cell_id": cell.cell_id,
+        "engine_args": engine_args,
+        "prompts": cell.case.generate.prompts,
+        "max_tokens": cell.case.generate.max_tokens,
+        "emulate_capability": _capability(task),
+    }
+    write_json_atomic(spec_path, spec)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    timeout = cell.case.timeout_s * settings.timeout_scale
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*settings.cell_command, str(spec_path), str(result_path)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=cell_env(settings, extra_env), cwd=REPO_ROOT, start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        processes.add(proc.pid)
+        try:
+            proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            # The whole group: vLLM may have started helpers that would outlive the cell.
+            _killpg(proc.pid)
+            proc.wait()
+            processes.discard(proc.pid)
+    _cap_log(log)
+    outcome = _outcome(proc.returncode, timed_out, timeout, _load_result(result_path), _tail(log))
+    outcome["log"] = str(log.relative_to(run_dir.root))
+    return _finish(record, task, settings, outcome, started)
+
+
+def _capability(task: Task) -> list[int] | None:
+    if task.emulated_from is None or task.gpu.compute_capability is None:
+        return None
+    major, minor = task.gpu.compute_capability.split(".")
+    return [int(major), int(minor)]
+
+
+def _load_result(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _outcome(returncode: int, timed_out: bool, timeout: float, result: dict, log_tail: str) -> dict:
+    """What happened to the cell process, from its result file (possibly partial), exit status and log."""
+    outcome = dict(result)
+    exception = result.get("exception") or {}
+    text = "\n".join(filter(None, [exception.get("message"), exception.get("traceback_tail"), log_tail]))
+    if timed_out:
+        outcome["status"] = "timeout"
+        outcome["error_tail"] = f"no result within {timeout:g} s (phase {result.get('phase', 'start')})"
+    elif returncode < 0:
+        name = signal.Signals(-returncode).name
+        # SIGKILL/SIGTERM come from outside (OOM killer, an operator); other signals are the cell's own crash.
+        outcome["status"] = "killed" if -returncode in (signal.SIGKILL, signal.SIGTERM) else "crash"
+        outcome["error_tail"] = f"{name} in phase {result.get('phase', 'start')}: {last_exception_line(log_tail)}"
+        outcome["signature"] = classify(text, result.get("vllm_version"))
+        if outcome["signature"] == "unclassified":
+            outcome["signature"] = f"signal_{name}"
+    elif result.get("status") == "crash":
+        outcome["error_tail"] = last_exception_line(exception.get("message") or log_tail)
+        outcome["signature"] = classify(text, result.get("vllm_version"))
+    elif result.get("status") == "ok" and result.get("phase") == "done":
+        outcome["status"] = "ok"
+    else:
+        outcome["status"] = "error"
+        outcome["error_tail"] = (f"cell process exited {returncode} without a complete result: "
+                                 f"{last_exception_line(log_tail)}")
+    return outcome
+
+
+def _finish(record: dict, task: Task, settings: RunSettings, outcome: dict, started: float) -> dict:
+    record.update(outcome)
+    record.setdefault("vllm_version", settings.vllm_version)
+    record.setdefault("signature", None)
+    timings = dict(record.get("timings") or {})
+    timings["total_s"] = round(time.monotonic() - started, 3)
+    record["timings"] = timings
+    context = task.cell.context(task.gpu_name, task.gpu, record.get("vllm_version"), task.emulated_from is not None)
+    verdict, reason, results = judge(record, task.cell.case.expect, context)
+    record.update(expectations=results, verdict=verdict, reason=reason,
+                  finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    return record
+
+
+def skip_record(task: Task, reason: str, run_id: str) -> dict:
+    return {
+        "cell_id": task.cell.cell_id, "case": task.cell.case.name, "model": task.cell.model,
+        "axes": task.cell.axes, "gpu_class": task.gpu_name, "emulated_from": task.emulated_from,
+        "run_id": run_id, "status": "skipped", "verdict": "skip", "reason": reason, "expectations": [],
+    }
+
+
+def run_tasks(
+    tasks: list[Task],
+    settings: RunSettings,
+    jobs: int = 1,
+    on_record: Callable[[dict, int, int, bool], None] | None = None,
+    slot_env: Callable[[int], dict[str, str]] | None = None,
+) -> list[dict]:
+    """Run every task not already recorded in the run folder; returns all records, finished ones included.
+
+    `on_record(record, done, total, resumed)` is called once per cell as it finishes (progress lines).
+    `slot_env(slot)` gives each concurrent slot its environment (e.g. CUDA_VISIBLE_DEVICES for its GPU).
+    """
+    run_dir, total = settings.run_dir, len(tasks)
+    records: dict[str, dict] = {}
+    todo = []
+    for task in tasks:
+        existing = read_json(run_dir.record_path(task.cell.cell_id, task.gpu_name))
+        if existing is not None:
+            records[task.key] = existing
+            if on_record:
+                on_record(existing, len(records), total, True)
+        else:
+            todo.append(task)
+    processes = CellProcesses()
+    lock = threading.Lock()
+    free_slots = list(range(max(1, jobs)))
+
+    def one(task: Task) -> None:
+        with lock:
+            slot = free_slots.pop()
+        try:
+            context = task.cell.context(task.gpu_name, task.gpu, settings.vllm_version,
+                                        task.emulated_from is not None)
+            reason = task.cell.skip_reason(context)
+            if reason:
+                record = skip_record(task, reason, run_dir.root.name)
+            else:
+                record = run_cell(task, settings, processes, slot_env(slot) if slot_env else None)
+                retries = task.cell.case.retries
+                while record["verdict"] in ("fail", "error") and retries > 0:
+                    retries -= 1
+                    retry = run_cell(task, settings, processes, slot_env(slot) if slot_env else None)
+                    if retry["verdict"] == "pass":
+                        retry.update(verdict="fail", flaky=True,
+                                     reason=f"flaky: failed first ({record['reason']}), then passed")
+                    record = retry
+            if processes.stopping:
+                return
+            run_dir.write(record)
+        finally:
+            with lock:
+                free_slots.append(slot)
+        with lock:
+            records[task.key] = record
+            if on_record:
+                on_record(record, len(records), total, False)
+
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        futures = [pool.submit(one, t) for t in todo]
+        for f in futures:
+            f.result()
+    except BaseException:
+        processes.kill_all()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return [records[t.key] for t in tasks if t.key in records]

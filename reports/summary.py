@@ -1,0 +1,83 @@
+"""What one record shows in a matrix cell, and the matrix itself (cells × GPU classes) as a pandas frame."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+VERDICT_ORDER = ("fail", "error", "xfail", "pass", "skip")
+
+
+def _unique(values) -> list:
+    out = []
+    for v in values:
+        if v is not None and v not in out:
+            out.append(v)
+    return out
+
+
+def facts(record: dict) -> dict[str, str]:
+    """The resolved state in a few short strings: backend, KV dtype, query dtype, page size, signature."""
+    layers = record.get("layers") or []
+    out: dict[str, str] = {}
+    for role, prefix in (("target", ""), ("draft", "draft ")):
+        mine = [la for la in layers if la.get("role", "target") == role]
+        if not mine:
+            continue
+        out[f"{prefix}backend"] = "/".join(_unique(la.get("backend") for la in mine))
+        out[f"{prefix}kv"] = "/".join(_unique(la.get("kv_cache_dtype") for la in mine))
+    queries = []
+    for group in record.get("attn_groups") or []:
+        builder = group.get("builder") or {}
+        q = [builder.get(k) for k in ("q_data_type_prefill", "q_data_type_decode", "q_data_type")]
+        q = [x.replace("torch.", "") for x in q if x]
+        if q:
+            queries.append("/".join(_unique(q)))
+    if queries:
+        out["q"] = ",".join(_unique(queries))
+    pages = _unique(g.get("page_size_bytes") for g in record.get("kv_groups") or [])
+    if not pages:
+        pages = _unique(la.get("page_size_bytes") for la in layers)
+    if pages:
+        out["page"] = "/".join(str(p) for p in pages)
+    if record.get("signature"):
+        out["sig"] = record["signature"]
+    if record.get("emulated_from"):
+        out["emulated"] = f"on {record['emulated_from']}"
+    return out
+
+
+def cell_text(record: dict) -> str:
+    parts = [record["verdict"].upper()] + [f"{k} {v}" for k, v in facts(record).items()]
+    return " · ".join(parts)
+
+
+def frame(records: list[dict]) -> pd.DataFrame:
+    """One row per record with the fields reports need."""
+    rows = [
+        {
+            "cell_id": r["cell_id"],
+            "case": r.get("case"),
+            "gpu_class": r.get("gpu_class", "?"),
+            "verdict": r["verdict"],
+            "reason": r.get("reason", ""),
+            "text": cell_text(r),
+            "total_s": (r.get("timings") or {}).get("total_s"),
+            "log": r.get("log"),
+            "emulated_from": r.get("emulated_from"),
+        }
+        for r in records
+    ]
+    return pd.DataFrame(rows, columns=["cell_id", "case", "gpu_class", "verdict", "reason", "text", "total_s",
+                                       "log", "emulated_from"])
+
+
+def pivot(df: pd.DataFrame, value: str = "text") -> pd.DataFrame:
+    """Rows: cells (in first-seen order); columns: GPU classes."""
+    table = df.pivot_table(index="cell_id", columns="gpu_class", values=value, aggfunc="first")
+    order = list(dict.fromkeys(df["cell_id"]))
+    return table.reindex(order).fillna("")
+
+
+def counts(df: pd.DataFrame) -> dict[str, int]:
+    got = df["verdict"].value_counts().to_dict()
+    return {v: int(got.get(v, 0)) for v in VERDICT_ORDER if got.get(v)}

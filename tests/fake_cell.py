@@ -1,0 +1,60 @@
+"""A stand-in for `python -m harness.cell` that misbehaves on purpose, chosen by the cell's case name:
+ok, hang, segv, killed, crash, orphan (leaves a grandchild behind), noisy (megabytes of log), slow.
+It speaks the real cell protocol (SPEC.json in, RESULT.json out after each phase), so the harness under test
+is exactly the production one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def write(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(sys.argv[2])
+    behaviour = spec["cell_id"].split("[")[0]
+    result = {"vllm_version": "fake", "status": "ok", "phase": "init", "exception": None, "timings": {},
+              "layers": [], "kv_groups": [], "attn_groups": [], "probe_error": None}
+    write(out, result)
+    print(f"fake cell {spec['cell_id']}: {behaviour}", flush=True)
+    if behaviour == "hang":
+        time.sleep(3600)
+    if behaviour == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if behaviour == "killed":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if behaviour == "orphan":
+        # A grandchild in the cell's process group, as vLLM's helpers would be; the harness must reap it.
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        Path(out.with_suffix(".pid")).write_text(str(child.pid))
+    if behaviour == "noisy":
+        line = "x" * 1023 + "\n"
+        sys.stdout.write(line * 5 * 1024)
+        sys.stdout.flush()
+    if behaviour == "slow":
+        time.sleep(float(os.environ.get("FAKE_CELL_SLEEP", "2")))
+    if behaviour == "crash":
+        result.update(status="crash", exception={"type": "ValueError", "message": "No common block size for 32.",
+                                                 "traceback_tail": "ValueError: No common block size for 32."})
+        write(out, result)
+        sys.exit(1)
+    layers = [{"name": f"model.layers.{i}.self_attn.attn", "index": i, "role": "target",
+               "kv_cache_dtype": "auto", "backend": "FAKE", "spec_dtype": "bfloat16",
+               "page_size_bytes": 32768, "group": 0} for i in range(4)]
+    result.update(phase="done", layers=layers, tokens=[[1, 2, 3]], texts=["abc"])
+    write(out, result)
+
+
+if __name__ == "__main__":
+    main()

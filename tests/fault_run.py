@@ -1,0 +1,34 @@
+"""Runs a matrix of misbehaving fake cells through the real harness (`run_tasks`), as its own process so that
+tests can interrupt or kill the harness itself. Usage: fault_run.py CASES_DIR RUN_DIR [JOBS]"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from harness.records import RunDir
+from harness.runner import RunSettings, run_tasks
+from harness.session import Session
+from matrix.expand import expand_all
+from matrix.load import load_cases, load_models, load_pool
+
+FAKE_CELL = (sys.executable, str(Path(__file__).with_name("fake_cell.py")))
+
+
+def main() -> None:
+    cases_dir, run_root = Path(sys.argv[1]), Path(sys.argv[2])
+    jobs = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    pool, models = load_pool(cases_dir), load_models(cases_dir)
+    cells = expand_all(load_cases(sorted(p for p in cases_dir.glob("[!_]*.yaml"))), models, pool)
+    settings = RunSettings(run_dir=RunDir(run_root), models=models, built={"llama": cases_dir},
+                           vllm_version="fake", cache_dir=run_root.parent / "cache", cell_command=FAKE_CELL)
+    session = Session(settings, "cpu", pool["cpu"], None, pool)
+
+    def show(record, done, total, resumed):
+        print(f"[{done}/{total}] {record['verdict']} {record['cell_id']} {'resumed' if resumed else ''}", flush=True)
+
+    run_tasks(session.tasks(cells), settings, jobs=jobs, on_record=show)
+
+
+if __name__ == "__main__":
+    main()

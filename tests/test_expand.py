@@ -1,0 +1,71 @@
+"""Axes → cells: cross product, exclude, include, stable ids, GPU classes; conditions as terms/ranges/globs."""
+
+from __future__ import annotations
+
+from matrix.conditions import gpu_matches, matches, when_matches
+from matrix.expand import expand_case
+from matrix.load import load_case, load_models, load_pool
+from tests.conftest import write_case
+
+
+def cells_of(cases_dir, data):
+    path = write_case(cases_dir, "c", data)
+    return expand_case(load_case(path), load_models(cases_dir), load_pool(cases_dir), str(path))
+
+
+def test_cross_product_exclude_include_and_ids(cases_dir):
+    cells = cells_of(cases_dir, {
+        "model": "llama",
+        "matrix": {
+            "kv_cache_dtype": ["auto", "fp8"],
+            "kv_cache_dtype_skip_layers": [[], ["0", "3"]],
+            "exclude": [{"kv_cache_dtype": "auto", "kv_cache_dtype_skip_layers": ["0", "3"]}],
+            "include": [{"kv_cache_dtype": "bfloat16", "speculative": "llama-dflash"}],
+        },
+    })
+    assert [c.cell_id for c in cells] == [
+        "c[kv=auto,skip=-,spec=-]",
+        "c[kv=fp8,skip=-,spec=-]",
+        "c[kv=fp8,skip=0+3,spec=-]",
+        "c[kv=bfloat16,skip=-,spec=llama-dflash]",
+    ]
+    assert cells[2].axes["kv_cache_dtype_skip_layers"] == ["0", "3"]
+    assert cells[3].axes["kv_cache_dtype_skip_layers"] == []
+
+
+def test_backend_shown_in_ids_only_when_the_case_sets_one(cases_dir):
+    cells = cells_of(cases_dir, {"model": "llama", "matrix": {"attention_backend": [None, "FLASHINFER"]}})
+    assert [c.cell_id for c in cells] == ["c[kv=auto,skip=-,spec=-,attn=-]", "c[kv=auto,skip=-,spec=-,attn=FLASHINFER]"]
+
+
+def test_ids_are_stable_across_loads(cases_dir):
+    data = {"model": "llama", "matrix": {"kv_cache_dtype": ["fp8", "auto"]}}
+    assert [c.cell_id for c in cells_of(cases_dir, data)] == [c.cell_id for c in cells_of(cases_dir, data)]
+
+
+def test_gpu_filters(cases_dir):
+    by_range = cells_of(cases_dir, {"model": "llama", "gpus": [{"compute_capability": "<9.0"}]})[0]
+    assert set(by_range.gpu_classes) == {"L4", "A100", "A10"}
+    by_glob = cells_of(cases_dir, {"model": "llama", "gpus": ["RTX*", "cpu"]})[0]
+    assert set(by_glob.gpu_classes) == {"RTX-PRO-6000", "RTX-5090", "cpu"}
+    by_memory = cells_of(cases_dir, {"model": "llama", "gpus": [{"device": "cuda", "memory_gb": ">=96"}]})[0]
+    assert set(by_memory.gpu_classes) == {"H200", "B200", "RTX-PRO-6000"}
+
+
+def test_condition_values():
+    assert matches("fp8*", "fp8_e5m2") and not matches("fp8*", "auto")
+    assert matches(["auto", "bfloat16"], "auto")
+    assert matches(["0"], ["0"]) and not matches(["0"], ["0", "3"])
+    assert matches([[], ["0"]], []) and matches([[], ["0"]], ["0"])
+    assert matches(">=8.0,<9.0", "8.9") and not matches(">=8.0,<9.0", "9.0")
+    assert matches("<0.27", "0.26.0") and not matches("<0.27", None)
+    assert matches(4096, "4096")
+
+
+def test_when_with_gpu_and_version():
+    context = {"kv_cache_dtype": "fp8", "gpu": {"name": "L4", "compute_capability": "8.9", "device": "cuda"},
+               "vllm_version": "0.26.0"}
+    assert when_matches({"kv_cache_dtype": "fp8", "gpu": {"compute_capability": "<9.0"}}, context)
+    assert when_matches({"gpu": "L*", "vllm_version": ">=0.25"}, context)
+    assert not when_matches({"gpu": "cpu"}, context)
+    assert gpu_matches([{"device": "cpu"}, "L4"], context["gpu"])

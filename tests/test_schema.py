@@ -1,0 +1,93 @@
+"""Case files are validated strictly, and every error names the file, the case and the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from matrix.expand import expand_case
+from matrix.load import load_case, load_cases, load_models, load_pool
+from matrix.schema import CaseError
+from tests.conftest import write_case
+
+KNOWN = {"auto", "bfloat16", "fp8", "fp8_e5m2"}.__contains__
+
+
+def error_of(path, **kw) -> CaseError:
+    with pytest.raises(CaseError) as info:
+        load_case(path, **kw)
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "words"),
+    [
+        ({"model": "llama", "colour": "red"}, "colour", "Extra inputs are not permitted"),
+        ({"model": "llama", "timeout_s": "fast"}, "timeout_s", "valid number"),
+        ({"model": "llama", "matrix": {"kv_cache_dtype": "fp8"}}, "matrix.kv_cache_dtype", "valid list"),
+        ({"model": "llama", "matrix": {"kv_cache_dtype_skip_layers": [[0]]}},
+         "matrix.kv_cache_dtype_skip_layers.0.0", "valid string"),
+        ({"model": "llama", "expect": [{"when": {"kv_cache_dtype": "auto"}}]}, "expect.0", "at least one of"),
+        ({"model": "llama", "expect": [{"when": {"colour": "red"}, "crash": False}]}, "expect.0.when",
+         "unknown key 'colour'"),
+        ({"model": "llama", "expect": [{"layers": {"select": "middle", "kv_cache_dtype": "fp8"}}]},
+         "expect.0.layers.select", "unknown selector 'middle'"),
+        ({"model": "llama", "expect": [{"layers": {"kv_dtype": "fp8"}}]}, "expect.0", "unknown field(s) ['kv_dtype']"),
+        ({"model": "llama", "expect": [{"when": {"gpu": {"compute_capability": ">=nine"}}, "crash": False}]},
+         "expect.0.when", "invalid range"),
+        ({"model": "llama", "matrix": {"include": [{"kv_cache_dtype": "fp8", "speed": 1}]}},
+         "matrix.include.0.speed", "Extra inputs"),
+    ],
+)
+def test_bad_fields_are_named(cases_dir, data, field, words):
+    path = write_case(cases_dir, "bad", data)
+    err = error_of(path)
+    assert err.file == str(path) and err.case == "bad" and err.field == field
+    assert words in err.message
+    assert str(path) in str(err) and "case 'bad'" in str(err) and f"field '{field}'" in str(err)
+
+
+def test_unknown_dtype_is_checked_against_vllms_list(cases_dir):
+    path = write_case(cases_dir, "typo", {"model": "llama", "matrix": {"kv_cache_dtype": ["auto", "fp9"]}})
+    err = error_of(path, check_dtype=KNOWN)
+    assert (err.case, err.field) == ("typo", "matrix.kv_cache_dtype.1")
+    assert "unknown kv_cache_dtype 'fp9'" in err.message
+
+
+def test_not_yaml_and_not_a_mapping(cases_dir):
+    assert "not valid YAML" in error_of(write_case(cases_dir, "broken", "model: [llama\n")).message
+    assert "mapping of fields" in error_of(write_case(cases_dir, "list", "- a\n- b\n")).message
+
+
+def test_name_must_match_the_file(cases_dir):
+    err = error_of(write_case(cases_dir, "one", {"name": "two", "model": "llama"}))
+    assert err.field == "name" and "named by its file" in err.message
+
+
+def test_include_merges_shared_blocks_and_own_keys_win(cases_dir):
+    write_case(cases_dir, "_shared", {"model": "deepseek-mla", "timeout_s": 30,
+                                      "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})
+    case = load_case(write_case(cases_dir, "user", {"include": ["_shared.yaml"], "model": "llama"}))
+    assert case.model == "llama" and case.timeout_s == 30 and case.matrix.kv_cache_dtype == ["auto", "fp8"]
+
+
+def test_include_cannot_leave_the_folder(cases_dir):
+    err = error_of(write_case(cases_dir, "escape", {"include": ["../secret.yaml"], "model": "llama"}))
+    assert err.field == "include"
+
+
+def test_cross_references_are_checked_at_expansion(cases_dir):
+    models, pool = load_models(cases_dir), load_pool(cases_dir)
+    for data, field in (
+        ({"model": "gpt-7"}, "model"),
+        ({"model": "llama", "matrix": {"speculative": ["llama"]}}, "matrix.speculative"),
+        ({"model": "llama", "gpus": ["TPU*"]}, "gpus"),
+    ):
+        path = write_case(cases_dir, "xref", data)
+        with pytest.raises(CaseError) as info:
+            expand_case(load_case(path), models, pool, str(path))
+        assert info.value.field == field and info.value.case == "xref"
+
+
+def test_the_shipped_cases_load_and_expand():
+    cases = load_cases()
+    assert {c.name for c in cases} >= {"ct-llama", "llama-skip", "deepseek-mla", "glm-mla", "flashinfer-qdtype"}
