@@ -11,26 +11,42 @@ from pathlib import Path
 from harness.records import RUNS_DIR, RunDir
 from harness.runner import run_tasks
 from harness.session import DEFAULT_CACHE, dtype_checker, open_session
-from matrix.expand import Cell, expand_all
-from matrix.load import CASES_DIR, case_files, load_cases, load_models, load_pool
+from matrix.expand import Cell, expand_case
+from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
 from matrix.pool import PoolError
 from matrix.schema import CaseError
 from reports import html, junit, markdown
 
 
-def load_cells(args: argparse.Namespace) -> tuple[list[Cell], dict, dict]:
+def load_cells(args: argparse.Namespace, tolerant: bool = False) -> tuple[list[Cell], list[CaseError]]:
+    """The selected cells. With `tolerant`, a case file that fails to load or expand is set aside as an error
+    (the other cases still run); otherwise the first bad file stops the command."""
     cases_dir = Path(args.cases_dir)
     files = case_files(cases_dir)
     if args.case:
         files = [f for f in files if f.stem in args.case]
-    cases = load_cases(files, dtype_checker())
-    models, pool = load_models(cases_dir), load_pool(cases_dir)
-    cells = expand_all(cases, models, pool)
+    models, pool, check = load_models(cases_dir), load_pool(cases_dir), dtype_checker()
+    cells: list[Cell] = []
+    errors: list[CaseError] = []
+    for path in files:
+        try:
+            cells.extend(expand_case(load_case(path, check), models, pool, str(path)))
+        except CaseError as err:
+            if not tolerant:
+                raise
+            errors.append(err)
     if args.k:
         cells = [c for c in cells if _selected(c.cell_id, args.k)]
     if args.cell:
         cells = [c for c in cells if c.cell_id in args.cell]
-    return cells, models, pool
+    return cells, errors
+
+
+def invalid_case_record(err: CaseError, gpu_name: str) -> dict:
+    """A report entry (never a record file: a fixed file must not stay failed) for a case that did not load."""
+    case = err.case or Path(err.file).stem
+    return {"cell_id": f"{case}[invalid]", "case": case, "gpu_class": gpu_name, "status": "error",
+            "verdict": "error", "reason": str(err), "expectations": []}
 
 
 def _selected(cell_id: str, pattern: str) -> bool:
@@ -61,7 +77,9 @@ def write_reports(run_dir: RunDir, records: list[dict], title: str) -> dict[str,
 
 def cmd_run(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    cells, _, _ = load_cells(args)
+    cells, invalid = load_cells(args, tolerant=True)
+    for err in invalid:
+        print(f"kvmatrix: {err}", file=sys.stderr)
     session = open_session(args.gpu, args.emulate, args.run_id, Path(args.runs_dir), Path(args.cache_dir),
                            Path(args.cases_dir), args.hub, args.timeout_scale)
     tasks = session.tasks(cells)
@@ -70,8 +88,9 @@ def cmd_run(args: argparse.Namespace) -> int:
           + (f" (emulated on {session.emulated_from})" if session.emulated_from else "")
           + f", vLLM {settings.vllm_version}, run {session.run_dir.root}", flush=True)
     session.build_models(tasks)
-    records = run_tasks(tasks, settings, jobs=args.jobs or session.gpu.slots_per_device,
-                        on_record=progress_printer(started))
+    records = run_tasks(tasks, settings, jobs=args.jobs or session.slots, on_record=progress_printer(started),
+                        slot_env=session.slot_env)
+    records += [invalid_case_record(err, session.gpu_name) for err in invalid]
     paths = write_reports(session.run_dir, records, f"kvmatrix {session.run_dir.root.name}")
     print()
     print(paths["md"].read_text())
@@ -80,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    cells, _, _ = load_cells(args)
+    cells, _ = load_cells(args)
     for cell in cells:
         print(f"{cell.cell_id}  [{', '.join(cell.gpu_classes)}]")
     print(f"{len(cells)} cells", file=sys.stderr)
@@ -114,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--emulate", action="store_true", help="emulate --gpu's decisions on this machine's GPU")
     run.add_argument("--run-id", help="results folder name; the same id resumes (default: date-class-version)")
     run.add_argument("--runs-dir", default=str(RUNS_DIR))
-    run.add_argument("--jobs", type=int, default=0, help="cells at once (default: the class's slots)")
+    run.add_argument("--jobs", type=int, default=0,
+                     help="cells at once (default: GPUs x the class's slots_per_device; 1 on the CPU)")
     run.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="built models and compile/JIT caches")
     run.add_argument("--hub", action="store_true", help="use the registry's hub ids instead of tiny models")
     run.add_argument("--timeout-scale", type=float, default=1.0)

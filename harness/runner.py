@@ -63,7 +63,7 @@ class RunSettings:
 
 def shared_cache_env(cache_dir: Path) -> dict[str, str]:
     """Compile and JIT caches shared by every cell of a run: kernels one cell builds serve the next."""
-    folders = dict(zip(CACHE_ENV, ("vllm", "flashinfer", "inductor", "triton")))
+    folders = dict(zip(CACHE_ENV, ("vllm", "flashinfer", "inductor", "triton"), strict=True))
     return {var: str(cache_dir / sub) for var, sub in folders.items()}
 
 

@@ -43,6 +43,7 @@ class Session:
     gpu: GpuClass
     emulated_from: str | None
     pool: dict[str, GpuClass]
+    device_count: int = 0
 
     @property
     def run_dir(self) -> RunDir:
@@ -50,6 +51,22 @@ class Session:
 
     def tasks(self, cells: list[Cell]) -> list[Task]:
         return [Task(c, self.gpu_name, self.gpu, self.emulated_from) for c in cells if self.gpu_name in c.gpu_classes]
+
+    @property
+    def host(self) -> GpuClass:
+        """The class of the card cells really run on (the emulated class only steers vLLM's decisions)."""
+        return self.pool.get(self.emulated_from, self.gpu) if self.emulated_from else self.gpu
+
+    @property
+    def slots(self) -> int:
+        """Cells at once: every GPU of the machine, each packed with its class's `slots_per_device` cells."""
+        return max(1, self.device_count) * self.host.slots_per_device
+
+    def slot_env(self, slot: int) -> dict[str, str]:
+        """Each slot's cells see one GPU, so engines on different GPUs never meet (worker/slot → device)."""
+        if self.host.device != "cuda":
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": str(slot // self.host.slots_per_device % max(1, self.device_count))}
 
     def build_models(self, tasks: list[Task]) -> None:
         if not self.settings.use_hub:
@@ -67,11 +84,12 @@ def open_session(
     timeout_scale: float = 1.0,
 ) -> Session:
     pool = load_pool(cases_dir)
-    gpu_name, emulated_from = resolve(gpu, pool, detect_device(), emulate)
+    device = detect_device()
+    gpu_name, emulated_from = resolve(gpu, pool, device, emulate)
     version = installed_vllm_version()
     run_id = run_id or f"{time.strftime('%Y%m%d')}-{gpu_name}-vllm{version}"
     settings = RunSettings(
         run_dir=RunDir(Path(runs_dir) / run_id), models=load_models(cases_dir), built={},
         vllm_version=version, cache_dir=Path(cache_dir), use_hub=use_hub, timeout_scale=timeout_scale,
     )
-    return Session(settings, gpu_name, pool[gpu_name], emulated_from, pool)
+    return Session(settings, gpu_name, pool[gpu_name], emulated_from, pool, device.count)

@@ -52,7 +52,7 @@ def cell_id(case: Case, axes: dict[str, Any], show_backend: bool) -> str:
 
 def _combinations(case: Case) -> list[dict[str, Any]]:
     m = case.matrix
-    product = [dict(zip(AXES, values)) for values in itertools.product(*(getattr(m, a) for a in AXES))]
+    product = [dict(zip(AXES, values, strict=True)) for values in itertools.product(*(getattr(m, a) for a in AXES))]
     kept = [
         combo for combo in product
         if not any(all(matches(v, combo[k]) for k, v in ex.given().items()) for ex in m.exclude)

@@ -34,9 +34,10 @@ def facts(record: dict) -> dict[str, str]:
             queries.append("/".join(_unique(q)))
     if queries:
         out["q"] = ",".join(_unique(queries))
-    pages = _unique(g.get("page_size_bytes") for g in record.get("kv_groups") or [])
+    # Per layer: a group of mixed specs (UniformTypeKVCacheSpecs) reports the sum of its layers' pages.
+    pages = _unique(la.get("page_size_bytes") for la in layers)
     if not pages:
-        pages = _unique(la.get("page_size_bytes") for la in layers)
+        pages = _unique(g.get("page_size_bytes") for g in record.get("kv_groups") or [])
     if pages:
         out["page"] = "/".join(str(p) for p in pages)
     if record.get("signature"):
@@ -74,8 +75,8 @@ def frame(records: list[dict]) -> pd.DataFrame:
 def pivot(df: pd.DataFrame, value: str = "text") -> pd.DataFrame:
     """Rows: cells (in first-seen order); columns: GPU classes."""
     table = df.pivot_table(index="cell_id", columns="gpu_class", values=value, aggfunc="first")
-    order = list(dict.fromkeys(df["cell_id"]))
-    return table.reindex(order).fillna("")
+    rows, columns = list(dict.fromkeys(df["cell_id"])), list(dict.fromkeys(df["gpu_class"]))
+    return table.reindex(index=rows, columns=columns).fillna("")
 
 
 def counts(df: pd.DataFrame) -> dict[str, int]:

@@ -1,0 +1,56 @@
+"""Markdown, HTML and JUnit renderings of judged records (captured from real runs)."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from reports import html, junit, markdown
+from reports.summary import cell_text
+from tests.test_verdict import record, verdict
+
+
+def judged(case: str, cell_id: str, fixture: str, gpu: str = "cpu") -> dict:
+    rec = record(fixture) | {"cell_id": cell_id, "case": case, "gpu_class": gpu, "log": f"logs/{fixture}.log"}
+    rec["verdict"], rec["reason"], rec["expectations"] = verdict(case, cell_id, rec, gpu)
+    return rec
+
+
+RECORDS = [
+    judged("ct-llama", "ct-llama[kv=auto,skip=-,spec=-]", "ct_llama-auto"),
+    judged("ct-llama", "ct-llama[kv=bfloat16,skip=-,spec=-]", "ct_llama-auto"),  # a regression: fail
+    judged("deepseek-mla", "deepseek-mla[kv=fp8,skip=0,spec=-]", "deepseek_v2-fp8-skip0"),
+    judged("deepseek-mla", "deepseek-mla[kv=fp8,skip=0,spec=-]", "deepseek_v2-fp8-skip0", gpu="H200"),
+]
+
+
+def test_cell_text_shows_the_resolved_state():
+    assert cell_text(RECORDS[0]) == "PASS · backend CPU_ATTN · kv fp8 · page 16384"
+    assert cell_text(RECORDS[2]) == ("XFAIL · backend CPU_MLA · kv auto/fp8 · q bfloat16 · page 18432/9216"
+                                     " · sig dtype_mismatch_at_decode")
+
+
+def test_markdown_matrix_has_cells_by_gpu_class_and_reasons():
+    text = markdown.render(RECORDS, "t")
+    assert "4 cells: 2 fail, 1 xfail, 1 pass" in text
+    assert "kv_cache_dtype is 'fp8', expected 'bfloat16'" in text
+    assert "**XFAIL** `deepseek-mla[kv=fp8,skip=0,spec=-]` on cpu: expected failure dtype_mismatch_at_decode" in text
+    header = next(line for line in text.splitlines() if line.startswith("| cell"))
+    assert [c.strip() for c in header.strip("|").split("|")] == ["cell", "cpu", "H200"]
+
+
+def test_html_colours_links_and_filters():
+    page = html.render(RECORDS, "t")
+    assert page.count('<td class="fail"') == 2 and page.count('<td class="xfail"') == 1
+    assert '<a href="logs/ct_llama-auto.log">PASS</a>' in page
+    assert 'id="filter-verdict"' in page and 'data-cell="ct-llama[kv=auto,skip=-,spec=-]"' in page
+
+
+def test_junit_counts_and_kinds():
+    root = ET.fromstring(junit.render(RECORDS))
+    suites = {s.get("name"): s for s in root}
+    assert set(suites) == {"kvmatrix.cpu", "kvmatrix.H200"}
+    cpu = suites["kvmatrix.cpu"]
+    assert (cpu.get("tests"), cpu.get("failures"), cpu.get("skipped")) == ("3", "1", "1")
+    kinds = {c.get("name"): [e.tag for e in c if e.tag != "system-out"] for c in cpu}
+    assert kinds == {"ct-llama[kv=auto,skip=-,spec=-]": [], "ct-llama[kv=bfloat16,skip=-,spec=-]": ["failure"],
+                     "deepseek-mla[kv=fp8,skip=0,spec=-]": ["skipped"]}
