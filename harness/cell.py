@@ -1,0 +1,138 @@
+"""One cell in its own process: start vLLM with the spec's engine arguments, probe what it resolved, generate.
+
+    python -m harness.cell SPEC.json RESULT.json
+
+The parent owns timeouts, kills and verdicts. This process only records, and rewrites RESULT.json (atomically)
+when each phase starts and ends, so a segfault or kill mid-phase still leaves everything learned before it and
+the phase it died in. The probe runs before generation: a cell whose decode crashes keeps its resolved state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harness import vllm_compat
+from harness.probe import probe
+from harness.records import write_json_atomic
+
+MESSAGE_CAP = 4096
+TRACEBACK_CAP = 4096
+
+
+class CellResult:
+    def __init__(self, path: Path, cell_id: str):
+        self.path = path
+        self.data: dict[str, Any] = {
+            "cell_id": cell_id,
+            "vllm_version": vllm_compat.installed_vllm_version(),
+            "torch_version": None,
+            "python": platform.python_version(),
+            "status": "ok",
+            "phase": "import",
+            "exception": None,
+            "timings": {},
+            "emulation": None,
+            "worker_cache_dtype": None,
+            "tokens": [],
+            "texts": [],
+            "layers": [],
+            "kv_groups": [],
+            "attn_groups": [],
+            "probe_error": None,
+        }
+
+    def save(self) -> None:
+        write_json_atomic(self.path, self.data)
+
+    def run(self, phase: str, step: Callable[[], Any]) -> tuple[bool, Any]:
+        """Run one phase; on an exception, record it as the cell's crash. Returns (succeeded, value)."""
+        self.data["phase"] = phase
+        self.save()
+        started = time.monotonic()
+        try:
+            return True, step()
+        except (Exception, SystemExit) as exc:  # vLLM exits on some init errors; that is a crash too
+            traceback.print_exc()  # the log keeps the whole chain; the classifier reads its tail
+            self.data["status"] = "crash"
+            self.data["exception"] = describe(exc)
+            return False, None
+        finally:
+            self.data["timings"][f"{phase}_s"] = round(time.monotonic() - started, 3)
+            self.save()
+
+
+def describe(exc: BaseException) -> dict:
+    formatted = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc)[:MESSAGE_CAP],
+        "traceback_tail": formatted[-TRACEBACK_CAP:],
+    }
+
+
+def import_vllm(result: CellResult, capability: list[int] | None) -> Any:
+    if capability is not None:
+        # Before LLM(): vLLM reads the capability while it picks backends and checks dtypes.
+        patched = vllm_compat.emulate_device_capability(*capability, result.data["vllm_version"])
+        result.data["emulation"] = {"capability": list(capability), "patched_classes": patched}
+    import torch
+    import vllm
+
+    result.data["vllm_version"] = vllm.__version__
+    result.data["torch_version"] = torch.__version__
+    return vllm
+
+
+def probe_engine(result: CellResult, llm: Any, draft_layer_offset: int | None) -> None:
+    """Record the resolved state; a probe failure is the harness's problem, not the cell's crash."""
+    try:
+        state = llm.collective_rpc(probe, args=(draft_layer_offset,))[0]
+    except Exception:
+        traceback.print_exc()
+        result.data["probe_error"] = traceback.format_exc()[-TRACEBACK_CAP:]
+        return
+    result.data.update(state)
+
+
+def generate(result: CellResult, vllm: Any, llm: Any, prompts: list[str], max_tokens: int) -> None:
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    result.data["tokens"] = [list(o.outputs[0].token_ids) for o in outputs]
+    result.data["texts"] = [o.outputs[0].text for o in outputs]
+
+
+def main(spec_path: str, result_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    result = CellResult(Path(result_path), spec.get("cell_id", ""))
+    ok, vllm = result.run("import", lambda: import_vllm(result, spec.get("emulate_capability")))
+    if not ok:
+        return 1
+    ok, llm = result.run("init", lambda: vllm.LLM(**spec["engine_args"]))
+    if not ok:
+        return 1
+    result.run("probe", lambda: probe_engine(result, llm, spec.get("draft_layer_offset")))
+    ok, _ = result.run("generate", lambda: generate(result, vllm, llm, spec["prompts"], spec["max_tokens"]))
+    if not ok:
+        return 1
+    result.data["phase"] = "done"
+    result.save()
+    return 0
+
+
+if __name__ == "__main__":
+    # In-process engine: the probe then reaches the worker directly, and one process group holds everything.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    code = main(*sys.argv[1:3])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: vLLM's shutdown hooks can hang or crash after the result is already written,
+    # and the parent would then report a finished cell as timed out or killed.
+    os._exit(code)

@@ -1,0 +1,179 @@
+"""What vLLM resolved, read inside the worker: `llm.collective_rpc(probe, args=(draft_layer_offset,))`.
+
+The frontend's config can say `auto` while the workers run fp8, so everything here comes from the worker's model
+runner: each attention layer, the KV-cache groups that were allocated, and the attention metadata builders.
+Attribute paths come from vllm_compat; a missing attribute is recorded as null rather than raised, so one renamed
+attribute costs one field, not the record.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Any
+
+from harness import vllm_compat as compat
+
+_MISSING = object()
+
+
+def probe(worker: Any, draft_layer_offset: int | None = None) -> dict:
+    import vllm
+
+    version = vllm.__version__
+    runner = _first_path(worker, compat.MODEL_RUNNER_PATHS, version)
+    if runner is None:
+        raise RuntimeError(f"no model runner on {type(worker).__name__}")
+    forward_context = _first_path(runner, compat.FORWARD_CONTEXT_PATHS, version) or {}
+    attention = {name: m for name, m in forward_context.items() if hasattr(m, compat.LAYER_MARKER_ATTR)}
+    groups = list(getattr(_first_path(runner, compat.KV_CACHE_CONFIG_PATHS, version), "kv_cache_groups", None) or [])
+    draft = _draft_layer_names(runner, attention, draft_layer_offset, version)
+    return {
+        "worker_cache_dtype": _plain(_path(runner, "vllm_config.cache_config.cache_dtype")),
+        "layers": [_layer(name, module, groups, draft, version) for name, module in attention.items()],
+        "kv_groups": [_kv_group(i, group) for i, group in enumerate(groups)],
+        "attn_groups": _attn_groups(runner, version),
+    }
+
+
+def layer_index(name: str) -> int | None:
+    """The layer number in a module name: model.layers.3.self_attn.attn -> 3 (the first numeric part)."""
+    match = re.search(r"(?:^|\.)(\d+)(?:\.|$)", name)
+    return int(match.group(1)) if match else None
+
+
+def _layer(name: str, module: Any, groups: list, draft: set[str], version: str) -> dict:
+    group_index, spec = _spec_of(name, groups)
+    scales = compat.for_version(compat.LAYER_SCALE_ATTRS, version)[0]
+    return {
+        "name": name,
+        "index": layer_index(name),
+        "role": "draft" if name in draft else "target",
+        "kv_cache_dtype": _plain(getattr(module, "kv_cache_dtype", None)),
+        "backend": _layer_backend(module, version),
+        "spec_dtype": _plain(getattr(spec, "dtype", None)),
+        "page_size_bytes": _plain(getattr(spec, "page_size_bytes", None)),
+        "group": group_index,
+        **{key: _scale(module, attrs) for key, attrs in scales.items()},
+    }
+
+
+def _spec_of(name: str, groups: list) -> tuple[int | None, Any]:
+    """A layer's KV group and its own spec (a UniformTypeKVCacheSpecs group holds one spec per layer)."""
+    for i, group in enumerate(groups):
+        if name in (getattr(group, "layer_names", None) or ()):
+            spec = getattr(group, "kv_cache_spec", None)
+            per_layer = getattr(spec, compat.PER_LAYER_SPECS_ATTR, None)
+            return i, per_layer.get(name) if isinstance(per_layer, dict) else spec
+    return None, None
+
+
+def _draft_layer_names(runner: Any, attention: dict, offset: int | None, version: str) -> set[str]:
+    """The drafter's own record of its layers; else the spec's hint that draft layers number from `offset`."""
+    names = _first_path(runner, compat.DRAFT_LAYER_NAME_PATHS, version)
+    if names:
+        return set(names)
+    if offset is None:
+        return set()
+    indexed = {name: layer_index(name) for name in attention}
+    return {name for name, index in indexed.items() if index is not None and index >= offset}
+
+
+def _kv_group(index: int, group: Any) -> dict:
+    spec = getattr(group, "kv_cache_spec", None)
+    return {
+        "group": index,
+        "layer_names": list(getattr(group, "layer_names", None) or []),
+        "spec_type": type(spec).__name__ if spec is not None else None,
+        **{field: _plain(getattr(spec, field, None)) for field in compat.KV_SPEC_FIELDS},
+    }
+
+
+def _attn_groups(runner: Any, version: str) -> list[dict]:
+    out = []
+    nested = _first_path(runner, compat.ATTN_GROUPS_PATHS, version) or []
+    for g, subgroups in enumerate(nested):
+        for j, group in enumerate(subgroups):
+            builders = getattr(group, "metadata_builders", None) or []
+            out.append({
+                "group": _plain(getattr(group, "kv_cache_group_id", g)),
+                "subgroup": j,
+                "backend": _backend_name(getattr(group, "backend", None)),
+                "layer_names": list(getattr(group, "layer_names", None) or []),
+                # Further builders (one per micro-batch) are copies of the first.
+                "builder": _builder(builders[0], version) if builders else None,
+            })
+    return out
+
+
+def _builder(builder: Any, version: str) -> dict:
+    named = [a for attrs in compat.for_version(compat.BUILDER_DTYPE_ATTRS, version) for a in attrs]
+    fields: dict[str, Any] = {"class": type(builder).__name__}
+    fields.update({attr: _plain(getattr(builder, attr, None)) for attr in named})
+    for attr, value in vars(builder).items():
+        if attr not in fields and _is_dtype_like(attr, value):
+            fields[attr] = _plain(value)
+    return fields
+
+
+def _is_dtype_like(attr: str, value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.dtype) or ("dtype" in attr and isinstance(value, (str, type(None))))
+
+
+def _layer_backend(module: Any, version: str) -> str | None:
+    for method in compat.for_version(compat.LAYER_BACKEND_CALLS, version)[0]:
+        call = getattr(module, method, None)
+        if callable(call):
+            try:
+                return _backend_name(call())
+            except Exception:  # some layers raise before their backend is chosen; the attribute may still say
+                pass
+    for attr in compat.for_version(compat.LAYER_BACKEND_ATTRS, version)[0]:
+        name = _backend_name(getattr(module, attr, None))
+        if name:
+            return name
+    return None
+
+
+def _backend_name(backend: Any) -> str | None:
+    get_name = getattr(backend, "get_name", None)
+    return get_name() if callable(get_name) else None
+
+
+def _scale(module: Any, attrs: tuple[str, ...]) -> float | None:
+    for attr in attrs:
+        value = getattr(module, attr, None)
+        if value is not None:
+            try:
+                return float(value)
+            except (TypeError, ValueError, RuntimeError):  # a per-head tensor has no single value
+                return None
+    return None
+
+
+def _first_path(obj: Any, table: list, version: str) -> Any:
+    for paths in compat.for_version(table, version):
+        for path in paths:
+            value = _path(obj, path)
+            if value is not None:
+                return value
+    return None
+
+
+def _path(obj: Any, dotted: str) -> Any:
+    for attr in filter(None, dotted.split(".")):
+        obj = getattr(obj, attr, _MISSING)
+        if obj is _MISSING:
+            return None
+    return obj
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value: dtypes without the `torch.` prefix, enums by name."""
+    if isinstance(value, enum.Enum):  # before the int check: an IntEnum would print as its number
+        return value.name
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value).removeprefix("torch.")

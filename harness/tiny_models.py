@@ -1,0 +1,380 @@
+"""Tiny local HF-format checkpoints that real vLLM loads, built deterministically and offline.
+
+The matrix needs real (random but fixed) weights rather than `load_format="dummy"`: a `kv_cache_scheme`
+checkpoint needs positive `k_scale`/`v_scale` tensors, and a DFlash draft must pair with a real target.
+Every builder writes config.json, a byte-level BPE tokenizer trained here on a fixed corpus, and bf16
+safetensors whose tensors are drawn from a generator seeded by (seed, tensor name), so the bytes depend on
+neither dict order nor what was built before.
+
+    path = build("ct_llama", cache_dir, k_scale=1e-4)   # folder with config.json, tokenizer, weights
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import inspect
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+VOCAB = 320
+SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<mask>"]  # ids 0..3, fixed by training order
+BOS, EOS, PAD, MASK = range(4)
+HIDDEN, LAYERS, INTERMEDIATE, MAX_POS = 128, 4, 256, 512
+ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+
+# The tokenizer's training text: fixed, so its merges (and so the vocab) never change.
+CORPUS = """\
+The quick brown fox jumps over the lazy dog. A key value cache stores the keys and values of past tokens.
+vLLM pages the cache into blocks; each block holds sixteen tokens of every layer. Quantised caches keep
+eight bit floats with a per tensor scale, and attention reads them back in the model's own precision.
+Once upon a time there was a small model that could count: one, two, three, four, five, six, seven, eight,
+nine, ten. It liked numbers 0123456789 and punctuation (like this!) and questions? Yes: it answered them.
+def add(a, b):\n    return a + b\nprint(add(2, 3))\n
+Speculative decoding lets a draft propose tokens that the target verifies in one pass.
+"""
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer
+def _tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: any text encodes
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer)
+    # Llama-style prompts start with BOS; vLLM and AutoTokenizer both honour the post-processor.
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS)])
+    assert tok.get_vocab_size() <= VOCAB, tok.get_vocab_size()
+    return tok
+
+
+def _write_tokenizer(out: Path) -> None:
+    _tokenizer().save(str(out / "tokenizer.json"))
+    names = dict(bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    _write_json(out / "special_tokens_map.json", names)
+    _write_json(
+        out / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": MAX_POS,
+            **names,
+            "add_bos_token": True,
+            "clean_up_tokenization_spaces": False,
+        },
+    )
+
+
+# ------------------------------------------------------------------------------------------------ weights
+def _write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def _weights(shapes: dict[str, tuple[int, ...]], seed: int):
+    """bf16 tensors: norms are ones; matrices are N(0, 1/fan_in) so activations stay O(1) through the layers
+    (with the usual 0.02 the residual stream would swamp attention and KV precision would never show)."""
+    import torch
+
+    out = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            out[name] = torch.ones(shape, dtype=torch.bfloat16)
+            continue
+        if name.endswith("e_score_correction_bias"):  # router bias: fp32 zeros, as real GLM checkpoints
+            out[name] = torch.zeros(shape, dtype=torch.float32)
+            continue
+        digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+        gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+        std = 1.0 if "embed_tokens" in name else shape[-1] ** -0.5
+        out[name] = (torch.randn(shape, generator=gen) * std).to(torch.bfloat16)
+    return out
+
+
+def _save(out: Path, config: dict, shapes: dict, seed: int, extra=None) -> None:
+    from safetensors.torch import save_file
+
+    tensors = _weights(shapes, seed)
+    tensors.update(extra or {})
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(out / "config.json", config)
+    _write_json(out / "generation_config.json", {"bos_token_id": BOS, "eos_token_id": EOS, "do_sample": False})
+    _write_tokenizer(out)
+
+
+def _common(arch: str, model_type: str, layers: int = LAYERS) -> dict:
+    return {
+        "architectures": [arch],
+        "model_type": model_type,
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": layers,
+        "max_position_embeddings": MAX_POS,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": ROPE["rope_theta"],
+        "rope_parameters": dict(ROPE),
+        "bos_token_id": BOS,
+        "eos_token_id": EOS,
+        "pad_token_id": PAD,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "attention_bias": False,
+    }
+
+
+def _layer_shapes(cfg: dict, attn: dict[str, tuple[int, int]], prefix: str = "model.") -> dict:
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+    shapes = {}
+    for n in range(cfg["num_hidden_layers"]):
+        p = f"{prefix}layers.{n}."
+        shapes.update({f"{p}self_attn.{k}.weight": v for k, v in attn.items()})
+        shapes.update(
+            {
+                f"{p}mlp.gate_proj.weight": (i, h),
+                f"{p}mlp.up_proj.weight": (i, h),
+                f"{p}mlp.down_proj.weight": (h, i),
+                f"{p}input_layernorm.weight": (h,),
+                f"{p}post_attention_layernorm.weight": (h,),
+            }
+        )
+    return shapes
+
+
+def _head_shapes(cfg: dict) -> dict:
+    v, h = cfg["vocab_size"], cfg["hidden_size"]
+    return {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
+
+
+# ---------------------------------------------------------------------------------------------- llamas
+def _llama_config() -> dict:
+    # head_dim 64: a size every backend takes (CPU attention 32/64/80/..., FlashAttention, FlashInfer 64/128/256),
+    # so the same checkpoint runs on the CPU and on every GPU class; 2 KV heads exercise GQA.
+    return {**_common("LlamaForCausalLM", "llama"), "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
+
+
+def _llama_shapes(cfg: dict, qk_norm: bool = False, prefix: str = "model.") -> dict:
+    h, d = cfg["hidden_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+    attn = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q)}
+    if qk_norm:  # Qwen3-style per-head norms (the DFlash draft's layer)
+        attn |= {"q_norm": (d,), "k_norm": (d,)}
+    return _layer_shapes(cfg, attn, prefix)
+
+
+def build_llama(out: Path, seed: int = 0) -> None:
+    cfg = _llama_config()
+    _save(out, cfg, _head_shapes(cfg) | _llama_shapes(cfg), seed)
+
+
+def build_ct_llama(out: Path, seed: int = 0, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """`llama`'s weights (same seed, same tensors) declared as a compressed-tensors checkpoint with a static
+    per-tensor FP8 KV cache. Scale 1.0 fits these weights (|K|, |V| stay far below fp8's 448); a tiny scale
+    such as 1e-4 makes fp8 clip on purpose."""
+    import torch
+
+    if not (k_scale > 0 and v_scale > 0):
+        raise ValueError("k_scale and v_scale must be positive (vLLM rejects others on the FP8 path)")
+    cfg = _llama_config()
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "dense",
+        "quantization_status": "compressed",
+        "config_groups": {},
+        "ignore": ["lm_head"],
+        "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True},
+    }
+    scales = {}
+    for n in range(cfg["num_hidden_layers"]):
+        scales[f"model.layers.{n}.self_attn.k_scale"] = torch.tensor(k_scale, dtype=torch.float32)
+        scales[f"model.layers.{n}.self_attn.v_scale"] = torch.tensor(v_scale, dtype=torch.float32)
+    _save(out, cfg, _head_shapes(cfg) | _llama_shapes(cfg), seed, scales)
+
+
+def _dflash_config() -> dict:
+    t = _llama_config()
+    return {
+        **_common("DFlashDraftModel", "qwen3", layers=1),
+        "num_attention_heads": t["num_attention_heads"],
+        "num_key_value_heads": t["num_key_value_heads"],
+        "head_dim": t["head_dim"],
+        # block_size: the draft's parallel block (real DFlash drafts use 16); vLLM reads
+        # num_speculative_tokens from speculative_config, not from here.
+        "block_size": 4,
+        "num_target_layers": t["num_hidden_layers"],
+        # target_layer_ids count from 0 and vLLM captures the hidden state after layer id (input of id+1),
+        # so ids must stay below num_target_layers - 1: [0, 2] reads the inputs of layers 1 and 3.
+        "dflash_config": {"mask_token_id": MASK, "target_layer_ids": [0, 2]},
+    }
+
+
+def build_dflash_llama(out: Path, seed: int = 0) -> None:
+    """DFlash draft for `llama`: one Qwen3 layer plus `fc` (concatenated target hidden states -> hidden) and
+    `hidden_norm`. No embed_tokens / lm_head: vLLM shares the target's. Names have no `model.` prefix,
+    as in z-lab's DFlash checkpoints (vLLM's loader adds it)."""
+    cfg = _dflash_config()
+    h, n_aux = cfg["hidden_size"], len(cfg["dflash_config"]["target_layer_ids"])
+    shapes = _llama_shapes(cfg, qk_norm=True, prefix="")
+    shapes |= {"fc.weight": (h, h * n_aux), "hidden_norm.weight": (h,), "norm.weight": (h,)}
+    _save(out, cfg, shapes, seed + 1)  # its own stream, independent of the target's tensors
+
+
+# --------------------------------------------------------------------------------------------------- MLA
+def _mla_config(arch: str, model_type: str) -> dict:
+    # kv_lora_rank 512 + qk_rope_head_dim 64 = 576: the only latent head CPU MLA's decode kernel takes.
+    # q_lora_rank null keeps q_proj plain; first_k_dense_replace = layers makes every MLP dense, while
+    # n_routed_experts stays an int because transformers rejects null.
+    return {
+        **_common(arch, model_type),
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "kv_lora_rank": 512,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 32,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 64,
+        "first_k_dense_replace": LAYERS,
+        "moe_layer_freq": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "topk_method": "greedy",
+        "norm_topk_prob": False,
+        "routed_scaling_factor": 1.0,
+        "scoring_func": "softmax",
+    }
+
+
+def _mla_shapes(cfg: dict) -> dict:
+    h, nh, r = cfg["hidden_size"], cfg["num_attention_heads"], cfg["kv_lora_rank"]
+    nope, rope, v = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    attn = {
+        "q_proj": (nh * (nope + rope), h),
+        "kv_a_proj_with_mqa": (r + rope, h),
+        "kv_a_layernorm": (r,),
+        "kv_b_proj": (nh * (nope + v), r),
+        "o_proj": (h, nh * v),
+    }
+    return _head_shapes(cfg) | _layer_shapes(cfg, attn)
+
+
+def build_deepseek_v2(out: Path, seed: int = 0) -> None:
+    cfg = _mla_config("DeepseekV2ForCausalLM", "deepseek_v2")
+    _save(out, cfg, _mla_shapes(cfg), seed)
+
+
+def _glm_config() -> dict:
+    cfg = _mla_config("Glm4MoeLiteForCausalLM", "glm4_moe_lite")
+    # vLLM's Glm4MoeLite refuses a model without any MoE layer ("No Glm4MoE layer found in model.layers."),
+    # so only the last layer is MoE. transformers reads mlp_layer_types, vLLM first_k_dense_replace.
+    cfg["first_k_dense_replace"] = LAYERS - 1
+    cfg["mlp_layer_types"] = ["dense"] * (LAYERS - 1) + ["sparse"]
+    cfg["scoring_func"], cfg["topk_method"], cfg["norm_topk_prob"] = "sigmoid", "noaux_tc", True
+    return cfg
+
+
+def build_glm_mla(out: Path, seed: int = 0) -> None:
+    cfg = _glm_config()
+    shapes = _mla_shapes(cfg)
+    h, e, i = cfg["hidden_size"], cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+    p = f"model.layers.{LAYERS - 1}.mlp."
+    for k in ("gate_proj", "up_proj", "down_proj"):
+        del shapes[p + k + ".weight"]
+    ffn = {"gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i)}
+    shapes |= {p + "gate.weight": (e, h), p + "gate.e_score_correction_bias": (e,)}
+    for x in range(e):
+        shapes |= {f"{p}experts.{x}.{k}.weight": v for k, v in ffn.items()}
+    si = i * cfg["n_shared_experts"]
+    shapes |= {f"{p}shared_experts.{k}.weight": (si, h) if k != "down_proj" else (h, si) for k in ffn}
+    _save(out, cfg, shapes, seed)
+
+
+# -------------------------------------------------------------------------------------------------- API
+BUILDERS: dict[str, Callable] = {
+    "llama": build_llama,
+    "ct_llama": build_ct_llama,
+    "deepseek_v2": build_deepseek_v2,
+    "glm_mla": build_glm_mla,
+    "dflash_llama": build_dflash_llama,
+}
+_CONFIGS = {
+    "llama": _llama_config,
+    "ct_llama": _llama_config,
+    "dflash_llama": _dflash_config,
+    "deepseek_v2": lambda: _mla_config("DeepseekV2ForCausalLM", "deepseek_v2"),
+    "glm_mla": _glm_config,
+}
+
+
+def num_layers(name: str) -> int:
+    """Decoder layers of the built checkpoint (a DFlash draft's own layers, numbered after its target's)."""
+    return _CONFIGS[name]()["num_hidden_layers"]
+
+
+@functools.cache
+def _fingerprint() -> str:
+    """This module's source plus the library versions that shape the bytes: editing a builder rebuilds.
+    Read from package metadata, so finding a cached model does not import torch."""
+    src = inspect.getsource(inspect.getmodule(_fingerprint))
+    libs = "\0".join(importlib.metadata.version(m) for m in ("torch", "tokenizers", "safetensors"))
+    return hashlib.sha256(f"{src}\0{libs}".encode()).hexdigest()[:12]
+
+
+def folder_name(name: str, **options) -> str:
+    if name not in BUILDERS:
+        raise KeyError(f"unknown tiny model {name!r}; known: {sorted(BUILDERS)}")
+    inspect.signature(BUILDERS[name]).bind(None, **options)  # unknown options fail here, not mid-build
+    opts = "".join(f"-{k}={options[k]!r}" for k in sorted(options))
+    return f"{name}{opts}-{_fingerprint()}".replace("/", "_").replace(" ", "")
+
+
+def build(name: str, cache_dir: Path, **options) -> Path:
+    """Build (once) and return the checkpoint folder. Idempotent: a finished build is reused; the folder name
+    includes name, options and a hash of the builder's source config so a change rebuilds; writes into a temp
+    folder then renames atomically, so concurrent callers and killed builds never leave a half model."""
+    cache_dir = Path(cache_dir)
+    final = cache_dir / folder_name(name, **options)
+    if final.is_dir():
+        return final
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    _remove_orphans(cache_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-{final.name}-", dir=cache_dir))
+    try:
+        BUILDERS[name](tmp, **options)
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; a shared cache must be readable by other users
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+        try:
+            os.rename(tmp, final)  # atomic; fails if a concurrent builder got there first
+        except OSError:
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _remove_orphans(cache_dir: Path) -> None:
+    """Delete temp folders whose builder process is gone (a killed build); live builders' stay."""
+    for p in cache_dir.glob(".tmp-*"):
+        pid = int(p.name.split("-")[1])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(p, ignore_errors=True)
+        except PermissionError:
+            pass

