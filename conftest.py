@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from harness.runner import run_tasks
-from harness.session import Session, dtype_checker, open_session
+from harness.session import Session, vllm_vocabulary, open_session
 from matrix.expand import expand_case
 from matrix.load import CASES_DIR, load_case
 from matrix.schema import CaseError
@@ -40,7 +40,7 @@ def pytest_collect_file(parent: pytest.Collector, file_path):
 class CaseFile(pytest.File):
     def collect(self):
         session = _session(self.config)
-        case = load_case(self.path, dtype_checker())
+        case = load_case(self.path, vllm_vocabulary())
         cells = expand_case(case, session.settings.models, session.pool, str(self.path))
         for task in session.tasks(cells):
             yield CellItem.from_parent(self, name=task.cell.cell_id, task=task)

@@ -25,6 +25,7 @@ from harness.engine_args import engine_args_for
 from harness.records import RunDir, read_json, record_stem, write_json_atomic
 from harness.signatures import classify, last_exception_line
 from harness.verdict import judge
+from harness.vllm_compat import NOT_EMULABLE_SIGNATURES
 from matrix.expand import Cell
 from matrix.schema import GpuClass, ModelEntry
 
@@ -58,6 +59,7 @@ class RunSettings:
     use_hub: bool = False
     timeout_scale: float = 1.0
     env: dict[str, str] | None = None
+    fresh_caches: bool = False  # each cell its own empty caches (benchmarks: what sharing saves)
     cell_command: tuple[str, ...] = (sys.executable, "-m", "harness.cell")
 
 
@@ -67,9 +69,10 @@ def shared_cache_env(cache_dir: Path) -> dict[str, str]:
     return {var: str(cache_dir / sub) for var, sub in folders.items()}
 
 
-def cell_env(settings: RunSettings, extra: dict[str, str] | None = None) -> dict[str, str]:
+def cell_env(settings: RunSettings, extra: dict[str, str] | None = None, key: str = "") -> dict[str, str]:
     env = dict(os.environ)
-    env.update(shared_cache_env(settings.cache_dir))
+    caches = settings.cache_dir / "fresh" / key if settings.fresh_caches else settings.cache_dir
+    env.update(shared_cache_env(caches))
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
@@ -179,7 +182,7 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_
         proc = subprocess.Popen(
             [*settings.cell_command, str(spec_path), str(result_path)],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=cell_env(settings, extra_env), cwd=REPO_ROOT, start_new_session=True,
+            env=cell_env(settings, extra_env, task.key), cwd=REPO_ROOT, start_new_session=True,
             preexec_fn=_die_with_parent,
         )
         processes.add(proc.pid)
@@ -231,7 +234,9 @@ def _outcome(returncode: int, timed_out: bool, timeout: float, result: dict, log
         if outcome["signature"] == "unclassified":
             outcome["signature"] = f"signal_{name}"
     elif result.get("status") == "crash":
-        outcome["error_tail"] = last_exception_line(exception.get("message") or log_tail)
+        message = exception.get("message") or ""
+        outcome["error_tail"] = (f"{exception.get('type')}: {message}"[:500] if exception.get("type")
+                                 else last_exception_line(log_tail))
         outcome["signature"] = classify(text, result.get("vllm_version"))
     elif result.get("status") == "ok" and result.get("phase") == "done":
         outcome["status"] = "ok"
@@ -251,6 +256,9 @@ def _finish(record: dict, task: Task, settings: RunSettings, outcome: dict, star
     record["timings"] = timings
     context = task.cell.context(task.gpu_name, task.gpu, record.get("vllm_version"), task.emulated_from is not None)
     verdict, reason, results = judge(record, task.cell.case.expect, context)
+    if task.emulated_from and record.get("signature") in NOT_EMULABLE_SIGNATURES:
+        verdict, reason = "skip", f"not emulable on {task.emulated_from}: {record.get('error_tail')}"
+        record["not_emulable"] = True
     record.update(expectations=results, verdict=verdict, reason=reason,
                   finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     return record

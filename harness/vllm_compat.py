@@ -119,6 +119,35 @@ def _literal_strings(path: Path, name: str) -> list[str]:
     return []
 
 
+# Where EngineArgs (the fields `vllm.LLM(**kwargs)` accepts, and what `vllm serve` flags map to) is defined.
+ENGINE_ARGS_SOURCES = [("", "engine/arg_utils.py")]
+
+
+@functools.cache
+def known_engine_args() -> frozenset[str]:
+    """Field names of the installed vLLM's EngineArgs dataclass, read from its source; empty without vLLM.
+
+    Case files are validated against this, so a misspelt engine argument is a load error naming the field
+    rather than an engine crash on every cell (LLM() rejects unknown keywords only once it starts).
+    """
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        return frozenset()
+    package = Path(spec.origin).parent
+    for relative in for_version(ENGINE_ARGS_SOURCES, installed_vllm_version()):
+        try:
+            tree = ast.parse((package / relative).read_text())
+        except (OSError, SyntaxError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == "EngineArgs":
+                return frozenset(
+                    item.target.id for item in node.body
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                )
+    return frozenset()
+
+
 def _cache_dtypes_by_import() -> frozenset[str]:
     import typing
 
@@ -192,6 +221,10 @@ def emulate_device_capability(major: int, minor: int, version: str | None) -> li
 # ---------------------------------------------------------------------------------------------------------------
 # Failure signatures: (name, versions, regexes), first match wins, so specific ones come before general ones.
 # The regexes are searched case-insensitively in an exception message plus the log tail.
+
+# Failures that say the real card cannot run what an emulated class selected (e.g. FlashInfer's MLA kernels for
+# SM100 need the CUTLASS DSL): such a cell is `not emulable`, not a vLLM failure.
+NOT_EMULABLE_SIGNATURES = frozenset({"cutlass_missing"})
 
 SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("cutlass_missing", "", (

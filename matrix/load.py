@@ -7,14 +7,14 @@ YAML is read with `yaml.safe_load` only: case files are data, nothing in them is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from matrix.schema import Case, CaseError, GpuClass, ModelEntry, wrap_validation_error
+from matrix.schema import Case, CaseError, GpuClass, ModelEntry, Vocabulary, wrap_validation_error
 
 CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
 MODELS_FILE = "_models.yaml"
@@ -49,15 +49,18 @@ def _with_includes(path: Path, data: dict, case: str, seen: tuple[Path, ...] = (
             raise CaseError(str(path), case, "include", f"{name!r} is not a file in {path.parent}")
         if target in seen:
             raise CaseError(str(path), case, "include", f"{name!r} includes itself")
-        block = read_yaml(target)
+        try:
+            block = read_yaml(target)
+        except CaseError as err:
+            raise CaseError(str(path), case, "include", f"{name}: {err.message}") from None
         if not isinstance(block, dict):
-            raise CaseError(str(target), case, None, "an included file is a mapping")
+            raise CaseError(str(path), case, "include", f"{name} is not a mapping of fields")
         merged.update(_with_includes(target, block, case, (*seen, target)))
     merged.update(data)
     return merged
 
 
-def load_case(path: Path, check_dtype: Callable[[str], bool] | None = None) -> Case:
+def load_case(path: Path, vocabulary: Vocabulary | None = None) -> Case:
     name = path.stem
     data = read_yaml(path)
     if not isinstance(data, dict):
@@ -70,12 +73,12 @@ def load_case(path: Path, check_dtype: Callable[[str], bool] | None = None) -> C
         case = Case.model_validate(data)
     except ValidationError as err:
         raise wrap_validation_error(err, str(path), name) from None
-    if check_dtype is not None:
-        _check_dtypes(path, case, check_dtype)
+    if vocabulary is not None:
+        _check_vocabulary(path, case, vocabulary)
     return case
 
 
-def _check_dtypes(path: Path, case: Case, known: Callable[[str], bool]) -> None:
+def _check_vocabulary(path: Path, case: Case, vocabulary: Vocabulary) -> None:
     named = [(f"matrix.kv_cache_dtype.{i}", d) for i, d in enumerate(case.matrix.kv_cache_dtype)]
     named += [
         (f"matrix.include.{i}.kv_cache_dtype", c.kv_cache_dtype)
@@ -83,14 +86,16 @@ def _check_dtypes(path: Path, case: Case, known: Callable[[str], bool]) -> None:
         if c.kv_cache_dtype is not None
     ]
     for field, dtype in named:
-        if not known(dtype):
+        if vocabulary.kv_cache_dtypes and dtype not in vocabulary.kv_cache_dtypes:
             raise CaseError(str(path), case.name, field, f"unknown kv_cache_dtype {dtype!r} for the installed vLLM")
+    for name in case.engine_args:
+        if vocabulary.engine_args and name not in vocabulary.engine_args:
+            raise CaseError(str(path), case.name, f"engine_args.{name}",
+                            "not an engine argument of the installed vLLM (vllm.engine.arg_utils.EngineArgs)")
 
 
-def load_cases(
-    paths: Iterable[Path] | None = None, check_dtype: Callable[[str], bool] | None = None
-) -> list[Case]:
-    return [load_case(p, check_dtype) for p in (case_files() if paths is None else paths)]
+def load_cases(paths: Iterable[Path] | None = None, vocabulary: Vocabulary | None = None) -> list[Case]:
+    return [load_case(p, vocabulary) for p in (case_files() if paths is None else paths)]
 
 
 def _load_named(path: Path, cls: type, what: str) -> dict[str, Any]:

@@ -7,11 +7,21 @@ pydantic does the type work; this module adds the vocabulary (axes, selectors, r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from matrix.conditions import check_condition_value
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What the installed vLLM accepts, for checks no schema can make alone; an empty set is not checked
+    (no vLLM installed)."""
+
+    kv_cache_dtypes: frozenset[str] = frozenset()
+    engine_args: frozenset[str] = frozenset()
 
 
 class CaseError(ValueError):

@@ -6,10 +6,10 @@ import pytest
 
 from matrix.expand import expand_case
 from matrix.load import load_case, load_cases, load_models, load_pool
-from matrix.schema import CaseError
+from matrix.schema import CaseError, Vocabulary
 from tests.conftest import write_case
 
-KNOWN = {"auto", "bfloat16", "fp8", "fp8_e5m2"}.__contains__
+VLLM = Vocabulary(frozenset({"auto", "bfloat16", "fp8", "fp8_e5m2"}), frozenset({"max_model_len", "seed"}))
 
 
 def error_of(path, **kw) -> CaseError:
@@ -48,9 +48,15 @@ def test_bad_fields_are_named(cases_dir, data, field, words):
 
 def test_unknown_dtype_is_checked_against_vllms_list(cases_dir):
     path = write_case(cases_dir, "typo", {"model": "llama", "matrix": {"kv_cache_dtype": ["auto", "fp9"]}})
-    err = error_of(path, check_dtype=KNOWN)
+    err = error_of(path, vocabulary=VLLM)
     assert (err.case, err.field) == ("typo", "matrix.kv_cache_dtype.1")
     assert "unknown kv_cache_dtype 'fp9'" in err.message
+
+
+def test_engine_args_are_checked_against_vllms_engine_args(cases_dir):
+    path = write_case(cases_dir, "args", {"model": "llama", "engine_args": {"max_model_len": 128, "max_modle_len": 1}})
+    err = error_of(path, vocabulary=VLLM)
+    assert (err.case, err.field) == ("args", "engine_args.max_modle_len") and "not an engine argument" in err.message
 
 
 def test_not_yaml_and_not_a_mapping(cases_dir):
