@@ -23,7 +23,7 @@ else
 endif
 KVMATRIX := PYTHONPATH=$(CURDIR) $(RUN_PY) -m harness.cli
 
-.PHONY: matrix test env list lint clean
+.PHONY: matrix test env list lint clean pipeline bisect
 
 matrix: $(ENV_STAMP)
 	$(KVMATRIX) run $(if $(GPU),--gpu $(GPU)) $(if $(EMULATE),--emulate) $(if $(RUN_ID),--run-id $(RUN_ID)) \
@@ -34,6 +34,15 @@ test: $(ENV_STAMP)
 
 list: $(ENV_STAMP)
 	$(KVMATRIX) list $(if $(K),-k '$(K)')
+
+# Which vLLM release or commit changed a cell's verdict: `make bisect CELL='<cell id>' GOOD=0.30.0 BAD=0.32.0`
+# (releases); ARGS='--repo ../vllm' bisects a checkout's commits, adding --wheel-index URL uses per-commit wheels.
+bisect: $(ENV_STAMP)
+	$(KVMATRIX) bisect --cell '$(CELL)' --good '$(GOOD)' --bad '$(BAD)' $(ARGS)
+
+# The CI definitions (.buildkite/pipeline.yml, .github/workflows/kvmatrix.yml) are generated from cases/.
+pipeline: $(ENV_STAMP)
+	$(KVMATRIX) pipeline
 
 lint: $(ENV_STAMP)
 	$(RUN_PY) -m ruff check .

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from harness.runner import run_tasks
-from harness.session import Session, vllm_vocabulary, open_session
+from harness.session import Session, open_session, vllm_vocabulary
 from matrix.expand import expand_case
 from matrix.load import CASES_DIR, load_case
 from matrix.schema import CaseError

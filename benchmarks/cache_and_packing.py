@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--cold-shared", action="store_true", help="empty the shared caches before (b)")
     args = parser.parse_args()
     selection = argparse.Namespace(cases_dir=str(Path("cases").resolve()), case=None, k=args.k, cell=None)
-    cells, _ = load_cells(selection)
+    cells, _, _ = load_cells(selection)
     scratch = Path(tempfile.mkdtemp(prefix="kvm-bench-"))
     shared_cache = Path(args.cache_dir).resolve()
 

@@ -4,42 +4,50 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import os
 import sys
 import time
 from pathlib import Path
 
+from harness import history
+from harness.bisect import add_bisect_command
+from harness.diff import Diff, diff_records
+from harness.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
 from harness.records import RUNS_DIR, RunDir
 from harness.runner import run_tasks
-from harness.session import DEFAULT_CACHE, dtype_checker, open_session
+from harness.session import DEFAULT_CACHE, open_session, vllm_vocabulary
+from harness.waivers import WAIVERS_FILE, WaiverError, apply_waivers, cell_keys, load_waivers
 from matrix.expand import Cell, expand_case
 from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
 from matrix.pool import PoolError
 from matrix.schema import CaseError
-from reports import html, junit, markdown
+from reports import diff_md, html, junit, markdown, pipelines
 
 
-def load_cells(args: argparse.Namespace, tolerant: bool = False) -> tuple[list[Cell], list[CaseError]]:
-    """The selected cells. With `tolerant`, a case file that fails to load or expand is set aside as an error
-    (the other cases still run); otherwise the first bad file stops the command."""
+def load_cells(args: argparse.Namespace, tolerant: bool = False) -> tuple[list[Cell], list[CaseError], list[Cell]]:
+    """(selected cells, case files set aside, every cell of the matrix). With `tolerant`, a case file that fails
+    to load or expand is set aside as an error (the other cases still run); otherwise it stops the command."""
     cases_dir = Path(args.cases_dir)
     files = case_files(cases_dir)
-    if args.case:
-        files = [f for f in files if f.stem in args.case]
-    models, pool, check = load_models(cases_dir), load_pool(cases_dir), dtype_checker()
+    models, pool, vocabulary = load_models(cases_dir), load_pool(cases_dir), vllm_vocabulary()
     cells: list[Cell] = []
     errors: list[CaseError] = []
     for path in files:
         try:
-            cells.extend(expand_case(load_case(path, check), models, pool, str(path)))
+            cells.extend(expand_case(load_case(path, vocabulary), models, pool, str(path)))
         except CaseError as err:
             if not tolerant:
                 raise
             errors.append(err)
+    every = cells
+    if args.case:
+        cells = [c for c in cells if c.case.name in args.case]
+        errors = [e for e in errors if e.case in args.case]
     if args.k:
         cells = [c for c in cells if _selected(c.cell_id, args.k)]
     if args.cell:
         cells = [c for c in cells if c.cell_id in args.cell]
-    return cells, errors
+    return cells, errors, every
 
 
 def invalid_case_record(err: CaseError, gpu_name: str) -> dict:
@@ -56,32 +64,34 @@ def _selected(cell_id: str, pattern: str) -> bool:
 def progress_printer(started: float):
     def show(record: dict, done: int, total: int, resumed: bool) -> None:
         took = (record.get("timings") or {}).get("total_s")
-        took_text = "resumed" if resumed else (f"{took:.1f} s" if took is not None else "")
+        took_text = "resumed" if resumed else (f"{took:.1f} s" if took is not None else "not run")
         note = "" if record["verdict"] == "pass" else f"  {record.get('reason', '')}"
         print(f"[{done:>3}/{total} {time.monotonic() - started:7.1f} s] {record['verdict'].upper():5} "
               f"{record['cell_id']} @{record.get('gpu_class')} ({took_text}){note}", flush=True)
     return show
 
 
-def write_reports(run_dir: RunDir, records: list[dict], title: str) -> dict[str, Path]:
+def write_reports(run_dir: RunDir, records: list[dict], title: str, header: str = "") -> dict[str, Path]:
     out = {
         "md": run_dir.root / "matrix.md",
         "html": run_dir.root / "matrix.html",
         "junit": run_dir.root / "junit.xml",
     }
-    out["md"].write_text(markdown.render(records, title))
-    out["html"].write_text(html.render(records, title))
+    out["md"].write_text(markdown.render(records, title, header))
+    out["html"].write_text(html.render(records, title, header))
     out["junit"].write_text(junit.render(records))
     return out
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    cells, invalid = load_cells(args, tolerant=True)
+    cells, invalid, every = load_cells(args, tolerant=True)
     for err in invalid:
         print(f"kvmatrix: {err}", file=sys.stderr)
     session = open_session(args.gpu, args.emulate, args.run_id, Path(args.runs_dir), Path(args.cache_dir),
                            Path(args.cases_dir), args.hub, args.timeout_scale)
+    check_free_disk(Path(args.runs_dir), args.min_free_gb)
+    claim_run_folder(session.run_dir.root, cases_fingerprint(Path(args.cases_dir)), args.force)
     tasks = session.tasks(cells)
     settings = session.settings
     print(f"kvmatrix: {len(tasks)} cells for {session.gpu_name}"
@@ -90,16 +100,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     session.build_models(tasks)
     records = run_tasks(tasks, settings, jobs=args.jobs or session.slots, on_record=progress_printer(started),
                         slot_env=session.slot_env)
+    records, problems = apply_known_failures(Path(args.cases_dir), records, every, session)
     records += [invalid_case_record(err, session.gpu_name) for err in invalid]
-    paths = write_reports(session.run_dir, records, f"kvmatrix {session.run_dir.root.name}")
+    paths = write_reports(session.run_dir, records, f"kvmatrix {session.run_dir.root.name}",
+                          header="\n".join(f"- waivers: {p}" for p in problems))
     print()
     print(paths["md"].read_text())
     print(f"reports: {paths['md']} {paths['html']} {paths['junit']}  ({time.monotonic() - started:.0f} s total)")
-    return 1 if any(r["verdict"] in ("fail", "error") for r in records) else 0
+    failed = any(r["verdict"] in ("fail", "error") for r in records) or any(p.is_error for p in problems)
+    return 1 if failed else 0
+
+
+def apply_known_failures(cases_dir: Path, records: list[dict], every: list[Cell], session) -> tuple[list, list]:
+    """Known failures (cases/_waivers.txt) become xfail; the waived records are written back, so that history
+    and diffs see what the report shows."""
+    path = cases_dir / WAIVERS_FILE.name
+    if not path.exists():
+        return records, []
+    waivers = load_waivers(path, session.pool)
+    waived, problems = apply_waivers(records, waivers, known_cells=cell_keys(every))
+    for before, after in zip(records, waived, strict=True):
+        if after is not before:
+            session.run_dir.write(after)
+    for problem in problems:
+        print(f"kvmatrix: {problem}", file=sys.stderr)
+    return waived, problems
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    cells, _ = load_cells(args)
+    cells, _, _ = load_cells(args)
     for cell in cells:
         print(f"{cell.cell_id}  [{', '.join(cell.gpu_classes)}]")
     print(f"{len(cells)} cells", file=sys.stderr)
@@ -115,6 +144,70 @@ def cmd_report(args: argparse.Namespace) -> int:
     paths = write_reports(run_dir, records, args.title)
     print(paths["md"].read_text())
     return 0
+
+
+def cmd_history_import(args: argparse.Namespace) -> int:
+    db = history.open_db(args.db)
+    for folder in args.run_dirs:
+        runs = history.import_run(db, Path(folder), args.vllm_commit)
+        print(f"{folder}: " + (", ".join(f"{run} @{gpu}" for run, gpu in runs) or "no records"))
+    return 0
+
+
+def cmd_history_runs(args: argparse.Namespace) -> int:
+    print(history.runs_frame(history.open_db(args.db)).to_markdown(index=False))
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    db = history.open_db(args.db)
+    run_id = args.run
+    if run_id and Path(run_id).is_dir():  # a run folder: import it first (importing again changes nothing)
+        history.import_run(db, Path(run_id))
+        run_id = Path(run_id).name
+    run_id = run_id or history.latest_run(db)
+    classes = [g for g in history.classes_of(db, run_id) if not args.gpu or g in args.gpu] if run_id else []
+    if not classes:
+        print(f"kvmatrix: no run {run_id or ''} with those GPU classes in {args.db}", file=sys.stderr)
+        return 2
+    if args.against and not history.classes_of(db, args.against):
+        print(f"kvmatrix: no run {args.against} in {args.db}", file=sys.stderr)
+        return 2
+    comparisons = []
+    for gpu in classes:
+        baseline = args.against or history.previous_run(db, run_id, gpu)
+        if baseline and gpu not in history.classes_of(db, baseline):
+            baseline = None
+        diff = (diff_records(history.records_of(db, baseline, gpu), history.records_of(db, run_id, gpu))
+                if baseline else Diff())
+        comparisons.append(diff_md.Comparison(gpu, run_id, baseline, diff))
+    text = diff_md.render(comparisons, f"What changed in {run_id}")
+    print(text, end="")
+    if args.md:
+        Path(args.md).write_text(text)
+    if args.html:
+        out = Path(args.html)
+        # Records name their log relative to their run folder; the page may be written elsewhere.
+        logs = os.path.relpath(Path(args.runs_dir) / run_id, out.parent) + "/"
+        out.write_text(html.render(history.records_of(db, run_id), f"kvmatrix {run_id}", log_prefix=logs,
+                                   diff=comparisons))
+    new_failures = any(c.diff.new_failures for c in comparisons)
+    return 1 if new_failures and args.fail_on == "new" else 0
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    stale = []
+    for path, text in pipelines.generated(Path(args.cases_dir)).items():
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(path)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path}")
+    for path in stale:
+        print(f"kvmatrix: {path} is out of date: run `make pipeline`", file=sys.stderr)
+    return 1 if stale else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="built models and compile/JIT caches")
     run.add_argument("--hub", action="store_true", help="use the registry's hub ids instead of tiny models")
     run.add_argument("--timeout-scale", type=float, default=1.0)
+    run.add_argument("--force", action="store_true", help="resume a results folder made with other case files")
+    run.add_argument("--min-free-gb", type=float, default=2.0, help="refuse to start with less free disk")
     run.set_defaults(func=cmd_run)
 
     lst = sub.add_parser("list", help="list the cells the cases expand to")
@@ -149,6 +244,36 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", help="folder for the reports (default: the first run folder)")
     rep.add_argument("--title", default="kvmatrix")
     rep.set_defaults(func=cmd_report)
+
+    hist = sub.add_parser("history", help="the results history (SQLite)")
+    hist_sub = hist.add_subparsers(dest="history_command", required=True)
+    imp = hist_sub.add_parser("import", help="import run folders; importing each machine's folder merges them")
+    imp.add_argument("run_dirs", nargs="+")
+    imp.add_argument("--db", default=str(history.DEFAULT_DB))
+    imp.add_argument("--vllm-commit", help="the vLLM commit the run used, where its records do not say")
+    imp.set_defaults(func=cmd_history_import)
+    runs = hist_sub.add_parser("runs", help="list the runs of the history with their verdict counts")
+    runs.add_argument("--db", default=str(history.DEFAULT_DB))
+    runs.set_defaults(func=cmd_history_runs)
+
+    dif = sub.add_parser("diff", help="what changed since each GPU class's previous run, or since a named run")
+    dif.add_argument("run", nargs="?", help="run id in the history, or a run folder (imported first); "
+                                            "default: the latest run")
+    dif.add_argument("--against", help="compare with this run instead of each class's previous one")
+    dif.add_argument("--db", default=str(history.DEFAULT_DB))
+    dif.add_argument("--gpu", action="append", help="only this GPU class; repeatable")
+    dif.add_argument("--md", help="also write the Markdown to this file")
+    dif.add_argument("--html", help="write the run's HTML report, with the diff at the top, to this file")
+    dif.add_argument("--runs-dir", default=str(RUNS_DIR), help="where run folders (and their logs) are")
+    dif.add_argument("--fail-on", choices=["new", "never"], default="new",
+                     help="exit 1 when a cell newly fails (default), or never")
+    dif.set_defaults(func=cmd_diff)
+
+    pipe = sub.add_parser("pipeline", help="write the Buildkite and GitHub Actions files from the pool and cases")
+    pipe.add_argument("--cases-dir", default=str(CASES_DIR))
+    pipe.add_argument("--check", action="store_true", help="only check that the files are up to date")
+    pipe.set_defaults(func=cmd_pipeline)
+    add_bisect_command(sub)
     return parser
 
 
@@ -156,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CaseError, PoolError) as err:
+    except (CaseError, PoolError, GuardError, WaiverError) as err:
         print(f"kvmatrix: {err}", file=sys.stderr)
         return 2
 

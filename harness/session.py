@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.models import build_models
-from harness.vllm_compat import installed_vllm_version, known_engine_args, known_kv_cache_dtypes
 from harness.records import RUNS_DIR, RunDir
 from harness.runner import REPO_ROOT, RunSettings, Task
+from harness.vllm_compat import installed_vllm_version, known_engine_args, known_kv_cache_dtypes
 from matrix.expand import Cell
 from matrix.load import CASES_DIR, load_models, load_pool
 from matrix.pool import detect_device, resolve

@@ -136,10 +136,16 @@ class CrashExpected(Strict):
 
 
 class RefusalExpected(Strict):
-    """vLLM must refuse this configuration with this signature (a correct, clear rejection: the cell passes)."""
+    """vLLM must refuse this configuration with one of these signatures (a correct, clear rejection: the cell
+    passes). With `optional`, running is fine too (the other checks then decide): "run it right or refuse it
+    clearly", never crash any other way."""
 
-    signature: str
+    signature: str | list[str]
+    optional: bool = False
     reason: str | None = None
+
+    def allows(self, signature: str | None) -> bool:
+        return signature in ([self.signature] if isinstance(self.signature, str) else self.signature)
 
 
 class RecordCheck(Strict):

@@ -1,5 +1,6 @@
-"""The matrix as one self-contained HTML page for people: colour by verdict, filters by cell and verdict,
-each cell linking to its log."""
+"""The matrix as one self-contained HTML page for people: what changed since the baseline run at the top, then
+the matrix with colour by verdict, filters by cell and verdict (pre-set by `?cell=...&verdict=...` or the same
+after `#`), each cell linking to its log."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import jinja2
 
+from reports.diff_md import Comparison, detail, move
 from reports.summary import VERDICT_ORDER, counts, facts, frame
 
 _ENV = jinja2.Environment(
@@ -15,7 +17,8 @@ _ENV = jinja2.Environment(
 )
 
 
-def render(records: list[dict], title: str = "kvmatrix", header: str = "", log_prefix: str = "") -> str:
+def render(records: list[dict], title: str = "kvmatrix", header: str = "", log_prefix: str = "",
+           diff: list[Comparison] | None = None) -> str:
     df = frame(records)
     gpus = list(dict.fromkeys(df["gpu_class"])) if not df.empty else []
     by_key = {(r["cell_id"], r.get("gpu_class", "?")): r for r in records}
@@ -35,5 +38,15 @@ def render(records: list[dict], title: str = "kvmatrix", header: str = "", log_p
                      "verdicts": sorted({e["verdict"] for e in entries if e})})
     return _ENV.get_template("matrix.html.j2").render(
         title=title, header=header, gpus=gpus, rows=rows, n_cells=len(df),
-        counts=counts(df) if not df.empty else {}, verdicts=VERDICT_ORDER,
+        counts=counts(df) if not df.empty else {}, verdicts=VERDICT_ORDER, diff=_diff_view(diff or []),
     )
+
+
+def _diff_view(comparisons: list[Comparison]) -> list[dict]:
+    return [
+        {"heading": comp.heading, "compared": comp.baseline is not None, "unchanged": comp.diff.unchanged,
+         "sections": [{"title": title, "changes": [
+             {"cell_id": ch.cell_id, "verdict": ch.after or "gone", "move": move(ch), "detail": detail(ch)}
+             for ch in changes]} for title, changes in comp.diff.sections()]}
+        for comp in comparisons
+    ]

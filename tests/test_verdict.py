@@ -95,3 +95,20 @@ def test_draft_skip_is_checked_on_the_draft_only():
     draft[0]["kv_cache_dtype"] = "fp8"  # as if the skip list did not reach the draft
     got, reason, _ = verdict("llama-dflash", "llama-dflash[kv=fp8,skip=4,spec=llama-dflash]", rec)
     assert got == "fail" and "model.layers.4" in reason
+
+
+def test_run_it_right_or_refuse_it_clearly(cases_dir):
+    """`refuse: {optional: true}`: a cell may refuse with a listed signature or run (then its checks decide)."""
+    from tests.conftest import write_case
+
+    path = write_case(cases_dir, "either", {"model": "llama", "matrix": {"kv_cache_dtype": ["fp8"]}, "expect": [
+        {"refuse": {"signature": ["no_valid_backend", "fp8_e5m2_with_fp8_checkpoint"], "optional": True}},
+        {"layers": {"kv_cache_dtype": "fp8"}}]})
+    (cell,) = expand_case(load_case(path), load_models(cases_dir), POOL, str(path))
+    context = cell.context("cpu", POOL["cpu"], "0.32.0", False)
+    assert judge(record("llama-fp8"), cell.case.expect, context)[0] == "pass"
+    assert judge(record("ct_llama-fp8_e5m2"), cell.case.expect, context)[:1] == ("pass",)
+    assert judge(record("llama-auto"), cell.case.expect, context)[0] == "fail"  # ran, but not fp8
+    crashed = record("deepseek_v2-fp8")
+    verdict_, reason, _ = judge(crashed, cell.case.expect, context)
+    assert verdict_ == "fail" and reason.startswith("crashed with dtype_mismatch_at_decode")

