@@ -47,7 +47,7 @@ class RunDir:
     def records(self) -> list[dict]:
         out = []
         for path in sorted(self.root.glob("*.json")):
-            if path.name == "run.json":
+            if path.name == "run.json" or path.name.startswith("."):  # .tmp-*: a write not yet renamed
                 continue
             rec = read_json(path)
             if rec is not None:

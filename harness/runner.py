@@ -113,6 +113,8 @@ class CellProcesses:
     def add(self, pgid: int) -> None:
         with self._lock:
             self._pgids.add(pgid)
+            if self.stopping:  # started while the harness was being stopped
+                _killpg(pgid)
 
     def discard(self, pgid: int) -> None:
         with self._lock:
@@ -132,11 +134,18 @@ except (OSError, AttributeError):
     _prctl = None
 
 
-def _die_with_parent() -> None:
-    """In the cell process before exec: Linux kills it if the harness dies (even by SIGKILL), so a killed harness
-    leaves no cell running on. Elsewhere a no-op."""
-    if _prctl is not None:
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """For the cell process before exec: Linux kills it if the harness dies (even by SIGKILL), so a killed harness
+    leaves no cell running on. A harness that died between fork and this call is caught by the parent check.
+    Elsewhere a no-op."""
+
+    def arm() -> None:
+        if _prctl is not None:
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    return arm
 
 
 def _killpg(pgid: int) -> None:
@@ -183,7 +192,7 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_
             [*settings.cell_command, str(spec_path), str(result_path)],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=cell_env(settings, extra_env, task.key), cwd=REPO_ROOT, start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with_parent(os.getpid()),
         )
         processes.add(proc.pid)
         try:
@@ -300,6 +309,8 @@ def run_tasks(
     free_slots = list(range(max(1, jobs)))
 
     def one(task: Task) -> None:
+        if processes.stopping:
+            return
         with lock:
             slot = free_slots.pop()
         try:

@@ -81,7 +81,8 @@ def test_killed_harness_resumes_without_redoing_cells(cases_dir, tmp_path, how):
     assert 2 <= len(before) < 4
     assert all(json.loads(p.read_text())["verdict"] == "pass" for p in run.glob("*.json"))
     time.sleep(0.5)
-    leftovers = subprocess.run(["pgrep", "-f", "fake_cell.py"], capture_output=True, text=True).stdout.split()
+    # This run's cells only (their command line names this run's folder): other tests may run cells meanwhile.
+    leftovers = subprocess.run(["pgrep", "-f", f"fake_cell.py {run}"], capture_output=True, text=True).stdout.split()
     assert [pid for pid in leftovers if alive(int(pid))] == [], "a killed harness must not leave cells running"
 
     rerun = subprocess.run([*FAULT_RUN, str(cases_dir), str(run)], env={**ENV, "FAKE_CELL_SLEEP": "0"},
