@@ -144,10 +144,13 @@ def _bisect_in_worktree(plan: Plan, checkout: Path, good: str, bad: str, result:
     seen = {s.ref for s in result.steps}
     result.steps += [s for ref, s in recorded_steps(plan).items() if ref not in seen]
     result.first_bad = first_bad
-    result.last_good = _git(checkout, "rev-parse", f"{first_bad}^")
+    # With skipped commits in the way, the last good is the parent of the oldest commit that may be the first bad.
+    oldest = min(result.candidates or [first_bad], key=lambda ref: int(_git(checkout, "rev-list", "--count", ref)))
+    result.last_good = _git(checkout, "rev-parse", f"{oldest}^")
     if result.step(result.last_good) is None:  # not run yet (the first bad's parent was never a midpoint)
         result.steps.append(_step_at(plan, checkout, result.last_good, "last good"))
-    result.conclusion = f"the verdict changed at commit {first_bad[:12]}"
+    result.conclusion = (f"the verdict changed in one of {len(result.candidates)} commits" if result.candidates
+                         else f"the verdict changed at commit {first_bad[:12]}")
     return _name_refs(checkout, result)
 
 

@@ -109,6 +109,12 @@ def generate(result: CellResult, vllm: Any, llm: Any, prompts: list[str], max_to
     result.data["texts"] = [o.outputs[0].text for o in outputs]
 
 
+def measure_accuracy(result: CellResult, llm: Any, accuracy: dict) -> None:
+    from harness.lm_eval_engine import evaluate  # lm_eval is needed by accuracy cases only
+
+    result.data["accuracy"] = evaluate(llm, accuracy)
+
+
 def main(spec_path: str, result_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     result = CellResult(Path(result_path), spec.get("cell_id", ""))
@@ -122,6 +128,10 @@ def main(spec_path: str, result_path: str) -> int:
     ok, _ = result.run("generate", lambda: generate(result, vllm, llm, spec["prompts"], spec["max_tokens"]))
     if not ok:
         return 1
+    if spec.get("accuracy"):
+        ok, _ = result.run("accuracy", lambda: measure_accuracy(result, llm, spec["accuracy"]))
+        if not ok:
+            return 1
     result.data["phase"] = "done"
     result.save()
     return 0

@@ -14,7 +14,7 @@ from harness.bisect import add_bisect_command
 from harness.diff import Diff, diff_records
 from harness.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
 from harness.records import RUNS_DIR, RunDir
-from harness.runner import run_tasks
+from harness.runner import Task, judge_record, reclassify, run_tasks
 from harness.session import DEFAULT_CACHE, open_session, vllm_vocabulary
 from harness.waivers import WAIVERS_FILE, WaiverError, apply_waivers, cell_keys, load_waivers
 from matrix.expand import Cell, expand_case
@@ -71,13 +71,14 @@ def progress_printer(started: float):
     return show
 
 
-def write_reports(run_dir: RunDir, records: list[dict], title: str, header: str = "") -> dict[str, Path]:
+def write_reports(run_dir: RunDir, records: list[dict], title: str, header: str = "",
+                  compare_to: str | None = None) -> dict[str, Path]:
     out = {
         "md": run_dir.root / "matrix.md",
         "html": run_dir.root / "matrix.html",
         "junit": run_dir.root / "junit.xml",
     }
-    out["md"].write_text(markdown.render(records, title, header))
+    out["md"].write_text(markdown.render(records, title, header, compare_to))
     out["html"].write_text(html.render(records, title, header))
     out["junit"].write_text(junit.render(records))
     return out
@@ -127,6 +128,26 @@ def apply_known_failures(cases_dir: Path, records: list[dict], every: list[Cell]
     return waived, problems
 
 
+def cmd_rejudge(args: argparse.Namespace) -> int:
+    """Judge stored records again under the current case files and signature table, without running vLLM."""
+    cells, _, _ = load_cells(args)
+    by_id = {c.cell_id: c for c in cells}
+    pool = load_pool(Path(args.cases_dir))
+    for folder in args.run_dirs:
+        run_dir = RunDir(Path(folder))
+        records = []
+        for record in run_dir.records():
+            cell, gpu = by_id.get(record["cell_id"]), record.get("gpu_class")
+            if cell is not None and gpu in pool and record.get("status") != "skipped":
+                reclassify(record, run_dir)
+                judge_record(record, Task(cell, gpu, pool[gpu], record.get("emulated_from")), run_dir)
+                run_dir.write(record)
+            records.append(record)
+        paths = write_reports(run_dir, records, f"kvmatrix {run_dir.root.name}")
+        print(paths["md"].read_text())
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     cells, _, _ = load_cells(args)
     for cell in cells:
@@ -141,7 +162,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         records.extend(RunDir(Path(folder)).records())
     run_dir = RunDir(Path(args.out or args.run_dirs[0]))
     run_dir.root.mkdir(parents=True, exist_ok=True)
-    paths = write_reports(run_dir, records, args.title)
+    paths = write_reports(run_dir, records, args.title, compare_to=args.compare_to)
     print(paths["md"].read_text())
     return 0
 
@@ -239,10 +260,16 @@ def build_parser() -> argparse.ArgumentParser:
     selection(lst)
     lst.set_defaults(func=cmd_list)
 
+    rej = sub.add_parser("rejudge", help="judge stored records again under the current cases (no vLLM runs)")
+    selection(rej)
+    rej.add_argument("run_dirs", nargs="+")
+    rej.set_defaults(func=cmd_rejudge)
+
     rep = sub.add_parser("report", help="render the reports of one or more run folders")
     rep.add_argument("run_dirs", nargs="+")
     rep.add_argument("--out", help="folder for the reports (default: the first run folder)")
     rep.add_argument("--title", default="kvmatrix")
+    rep.add_argument("--compare-to", help="list how every other GPU class differs from this one, cell by cell")
     rep.set_defaults(func=cmd_report)
 
     hist = sub.add_parser("history", help="the results history (SQLite)")

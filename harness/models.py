@@ -12,7 +12,7 @@ from matrix.schema import ModelEntry
 def build_models(tasks: list, models: dict[str, ModelEntry], cache_dir: Path) -> dict[str, Path]:
     """name → checkpoint folder for every registry model the tasks use. A model that fails to build is left
     out (its cells then end as `error` naming it); the others still run."""
-    from harness import tiny_models  # torch is imported only when models are built
+    from harness import tiny_models, trained_models  # torch is imported only when models are built
 
     built: dict[str, Path] = {}
     for name in dict.fromkeys(n for t in tasks for n in models_needed(t.cell)):
@@ -20,7 +20,8 @@ def build_models(tasks: list, models: dict[str, ModelEntry], cache_dir: Path) ->
         if entry.tiny is None:
             continue
         try:
-            built[name] = tiny_models.build(entry.tiny, cache_dir)
+            builder = trained_models if entry.tiny in trained_models.BUILDERS else tiny_models
+            built[name] = builder.build(entry.tiny, cache_dir)
         except Exception as err:  # noqa: BLE001 - any builder failure must not stop the other models
             print(f"kvmatrix: building {name} ({entry.tiny}) failed: {err!r}", file=sys.stderr)
     return built

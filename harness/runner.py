@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.accuracy_plan import accuracy_spec, baselines_first, offline_reason
+from harness.accuracy_verdict import judge_accuracy
 from harness.engine_args import engine_args_for
 from harness.records import RunDir, read_json, record_stem, write_json_atomic
 from harness.signatures import classify, last_exception_line
@@ -183,6 +185,7 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_
         "prompts": cell.case.generate.prompts,
         "max_tokens": cell.case.generate.max_tokens,
         "emulate_capability": _capability(task),
+        "accuracy": accuracy_spec(cell, settings.use_hub),
     }
     write_json_atomic(spec_path, spec)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -263,14 +266,35 @@ def _finish(record: dict, task: Task, settings: RunSettings, outcome: dict, star
     timings = dict(record.get("timings") or {})
     timings["total_s"] = round(time.monotonic() - started, 3)
     record["timings"] = timings
+    judge_record(record, task, settings.run_dir)
+    record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return record
+
+
+def judge_record(record: dict, task: Task, run_dir: RunDir) -> dict:
+    """Set a record's verdict, reason and per-rule results from the case's expectations (and the baseline's
+    accuracy); also used to judge stored records again after a case or signature change."""
     context = task.cell.context(task.gpu_name, task.gpu, record.get("vllm_version"), task.emulated_from is not None)
     verdict, reason, results = judge(record, task.cell.case.expect, context)
+    if task.cell.baseline_id is not None:
+        verdict, reason = judge_accuracy(record, task.cell, run_dir, task.gpu_name, context, verdict, reason,
+                                         results)
+    record.pop("not_emulable", None)
     if task.emulated_from and record.get("signature") in NOT_EMULABLE_SIGNATURES:
         verdict, reason = "skip", f"not emulable on {task.emulated_from}: {record.get('error_tail')}"
         record["not_emulable"] = True
-    record.update(expectations=results, verdict=verdict, reason=reason,
-                  finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    record.update(expectations=results, verdict=verdict, reason=reason)
     return record
+
+
+def reclassify(record: dict, run_dir: RunDir) -> None:
+    """Name a stored crash again with the current signature table (its exception and log tail are kept)."""
+    if record.get("status") != "crash" or str(record.get("signature") or "").startswith("signal_"):
+        return
+    exception = record.get("exception") or {}
+    log_tail = _tail(run_dir.root / record["log"]) if record.get("log") else ""
+    text = "\n".join(filter(None, [exception.get("message"), exception.get("traceback_tail"), log_tail]))
+    record["signature"] = classify(text, record.get("vllm_version"))
 
 
 def skip_record(task: Task, reason: str, run_id: str) -> dict:
@@ -316,7 +340,7 @@ def run_tasks(
         try:
             context = task.cell.context(task.gpu_name, task.gpu, settings.vllm_version,
                                         task.emulated_from is not None)
-            reason = task.cell.skip_reason(context)
+            reason = task.cell.skip_reason(context) or offline_reason(task.cell, settings.models, settings.use_hub)
             if reason:
                 record = skip_record(task, reason, run_dir.root.name)
             else:
@@ -342,9 +366,10 @@ def run_tasks(
 
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
-        futures = [pool.submit(one, t) for t in todo]
-        for f in futures:
-            f.result()
+        for wave in baselines_first(todo):  # a compared cell reads its baseline's finished record
+            futures = [pool.submit(one, t) for t in wave]
+            for f in futures:
+                f.result()
     except BaseException:
         processes.kill_all()
         pool.shutdown(wait=True, cancel_futures=True)

@@ -241,9 +241,10 @@ def _mla_config(arch: str, model_type: str) -> dict:
         "num_key_value_heads": 4,
         "kv_lora_rank": 512,
         "q_lora_rank": None,
-        "qk_nope_head_dim": 32,
+        # 128 / 128: the dims GPU MLA prefill backends take (FLASH_ATTN rejected nope 32 / v 32 on the H200).
+        "qk_nope_head_dim": 128,
         "qk_rope_head_dim": 64,
-        "v_head_dim": 32,
+        "v_head_dim": 128,
         "n_routed_experts": 4,
         "num_experts_per_tok": 2,
         "n_shared_experts": 1,

@@ -18,6 +18,7 @@ class Cell:
     axes: dict[str, Any]
     gpu_classes: tuple[str, ...]
     source: str = field(default="", compare=False)
+    baseline_id: str | None = None  # the cell whose accuracy this one is compared with (accuracy cases only)
 
     @property
     def model(self) -> str:
@@ -38,6 +39,13 @@ class Cell:
             if when_matches(rule.when, context):
                 return rule.reason
         return None
+
+
+def baseline_axes(case: Case) -> dict[str, Any] | None:
+    """The axes of the cell that every accuracy cell of the case is compared with: the model as it ships."""
+    if case.accuracy is None:
+        return None
+    return {**AXIS_DEFAULTS, "kv_cache_dtype": case.accuracy.baseline_kv_cache_dtype}
 
 
 def cell_id(case: Case, axes: dict[str, Any], show_backend: bool) -> str:
@@ -85,8 +93,12 @@ def expand_case(
     if not gpu_classes:
         raise CaseError(source, case.name, "gpus", f"matches no GPU class of the pool ({sorted(pool)})")
     combos = _combinations(case)
+    baseline = baseline_axes(case)
+    if baseline is not None and baseline not in combos:
+        combos.insert(0, baseline)  # a compared cell needs its baseline in the same run
     show_backend = any(c["attention_backend"] is not None for c in combos)
-    cells = [Cell(cell_id(case, c, show_backend), case, c, gpu_classes, source) for c in combos]
+    baseline_id = cell_id(case, baseline, show_backend) if baseline is not None else None
+    cells = [Cell(cell_id(case, c, show_backend), case, c, gpu_classes, source, baseline_id) for c in combos]
     ids = [c.cell_id for c in cells]
     if len(set(ids)) != len(ids):
         raise CaseError(source, case.name, "matrix", "two cells have the same id")

@@ -219,6 +219,44 @@ class Generation(Strict):
     max_tokens: int = Field(default=8, ge=1)
 
 
+class ExpectedDrop(Strict):
+    """A configuration known to cost accuracy (a deliberately harmful one, or a tracked bug): a significant drop
+    there is `xfail`; no drop fails (the loss is gone: update the case)."""
+
+    when: dict[str, Any] = Field(default_factory=dict)
+    reason: str
+    link: str | None = None
+
+    @field_validator("when")
+    @classmethod
+    def check_when(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _check_when(value)
+
+
+class PinnedScore(Strict):
+    """The baseline's score must be within `rtol` of `value` (how vLLM's own lm-eval configs pin a metric)."""
+
+    value: float
+    rtol: float = Field(default=0.08, ge=0)
+
+
+class Accuracy(Strict):
+    """lm-eval accuracy of every cell, compared paired (same samples) with the case's baseline cell: the same
+    axes with `baseline_kv_cache_dtype`, no skipped layers, no speculation, no forced backend."""
+
+    task: str
+    metric: str = "exact_match,none"  # lm-eval's results key: `<metric>,<filter>`
+    limit: int | None = Field(default=None, ge=1)
+    num_fewshot: int | None = Field(default=None, ge=0)
+    # A cell fails when its drop is significant (the interval excludes zero) and larger than `max_drop`.
+    max_drop: float = Field(default=0.0, ge=0, le=1)
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+    # `auto` is the model dtype for plain checkpoints; an FP8-KV checkpoint's `auto` is fp8, so it sets bfloat16.
+    baseline_kv_cache_dtype: str = "auto"
+    pinned: PinnedScore | None = None
+    expected_drops: list[ExpectedDrop] = Field(default_factory=list)
+
+
 class Case(Strict):
     name: str
     description: str = ""
@@ -231,6 +269,7 @@ class Case(Strict):
     retries: int = Field(default=0, ge=0)
     skip: list[SkipRule] = Field(default_factory=list)
     expect: list[Expectation] = Field(default_factory=list)
+    accuracy: Accuracy | None = None
 
     @field_validator("gpus")
     @classmethod

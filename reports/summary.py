@@ -40,11 +40,25 @@ def facts(record: dict) -> dict[str, str]:
         pages = _unique(g.get("page_size_bytes") for g in record.get("kv_groups") or [])
     if pages:
         out["page"] = "/".join(str(p) for p in pages)
+    out.update(_accuracy_facts(record))
     if record.get("signature"):
         out["sig"] = record["signature"]
     if record.get("emulated_from"):
         out["emulated"] = f"on {record['emulated_from']}"
     return out
+
+
+def _accuracy_facts(record: dict) -> dict[str, str]:
+    """The cell's score; against its baseline, the paired delta with its interval and the number of samples."""
+    accuracy, versus = record.get("accuracy"), record.get("accuracy_vs_baseline") or {}
+    if not accuracy:
+        return {}
+    if "delta" not in versus:
+        return {"acc": f"{accuracy['score']:.3f} n={accuracy['n']}" + (f" ({versus['missing']})" if versus else "")}
+    low, high = versus["interval"]
+    return {"acc": f"{versus['score']:.3f}",
+            "Δacc": f"{versus['delta']:+.3f} [{low:+.3f}, {high:+.3f}] n={versus['n']}",
+            "same": f"{versus['identical_fraction']:.1%}"}
 
 
 def cell_text(record: dict) -> str:

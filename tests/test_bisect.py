@@ -187,6 +187,7 @@ def test_bisect_finds_the_regressing_commit_in_a_local_history(tmp_path):
     history = build_history(tmp_path / "vllm-repo", changes=12, regression_at=7)
     result = bisect(CELL, history.commits[0], history.commits[-1], repo=history.repo, folder=tmp_path / "bisect")
     text = render(result)
+    print(text)  # steps and their times, shown with `pytest -s` or on failure
     assert result.first_bad == history.regression, text
     assert result.last_good == history.commits[history.commits.index(history.regression) - 1], text
     by_bisection = [s for s in result.steps if s.label == "bisect"]

@@ -1,0 +1,88 @@
+"""Accuracy → verdict: a cell's per-sample scores against its baseline cell's, paired on the same samples.
+
+The baseline cell (matrix/expand.py: `Cell.baseline_id`) runs first and its record is read from the run folder.
+A cell fails when its drop is significant (the interval excludes zero) and larger than the case's `max_drop`;
+under an `expected_drops` rule that same drop is `xfail`, and no drop fails (the loss is gone: update the case).
+Only a cell that otherwise passes is re-judged: a crash or a failed check already decides.
+"""
+
+from __future__ import annotations
+
+import math
+
+from harness.paired_stats import divergence, paired_delta
+from harness.records import RunDir, read_json
+from matrix.conditions import when_matches
+from matrix.expand import Cell
+from matrix.schema import Accuracy
+
+
+def compare(record: dict, baseline: dict | None, baseline_id: str, confidence: float) -> dict:
+    """What the record carries as `accuracy_vs_baseline`: delta, interval, n, p-value, divergence, or why not."""
+    out: dict = {"baseline": baseline_id}
+    mine, theirs = record.get("accuracy"), (baseline or {}).get("accuracy")
+    if not theirs:
+        return {**out, "missing": "no baseline" + ("" if baseline is None else " accuracy: the baseline cell "
+                                                   f"ended {baseline.get('verdict')} ({baseline.get('reason')})")}
+    if not mine:
+        return {**out, "missing": "this cell recorded no accuracy"}
+    index = {d: i for i, d in enumerate(theirs["doc_ids"])}
+    pairs = [(index[d], i) for i, d in enumerate(mine["doc_ids"]) if d in index]
+    if not pairs:
+        return {**out, "missing": "no sample in common with the baseline"}
+    out.update(paired_delta([theirs["samples"][b] for b, _ in pairs], [mine["samples"][c] for _, c in pairs],
+                            confidence))
+    out.update(divergence([theirs["tokens"][b] for b, _ in pairs], [mine["tokens"][c] for _, c in pairs]))
+    return out
+
+
+def describe(comparison: dict) -> str:
+    low, high = comparison["interval"]
+    return (f"accuracy {comparison['score']:.3f} vs baseline {comparison['baseline_score']:.3f}: "
+            f"delta {comparison['delta']:+.3f} [{low:+.3f}, {high:+.3f}] at {comparison['confidence']:.0%}, "
+            f"n={comparison['n']}")
+
+
+def judge_accuracy(
+    record: dict, cell: Cell, run_dir: RunDir, gpu_name: str, context: dict, verdict: str, reason: str,
+    results: list[dict],
+) -> tuple[str, str]:
+    """(verdict, reason) after accuracy; adds `accuracy_vs_baseline` to the record and a row to `results`."""
+    accuracy: Accuracy = cell.case.accuracy
+    if verdict != "pass":
+        return verdict, reason
+    if cell.cell_id == cell.baseline_id:
+        return _judge_baseline(record, accuracy, results, verdict, reason)
+    baseline = read_json(run_dir.record_path(cell.baseline_id, gpu_name))
+    comparison = compare(record, baseline, cell.baseline_id, accuracy.confidence)
+    record["accuracy_vs_baseline"] = comparison
+    rule = f"accuracy vs {cell.baseline_id}: max_drop {accuracy.max_drop}"
+    if "missing" in comparison:
+        results.append({"rule": rule, "ok": True, "detail": comparison["missing"]})
+        return verdict, f"{reason}; {comparison['missing']}"
+    text = describe(comparison)
+    dropped = comparison["significant"] and comparison["delta"] < -accuracy.max_drop
+    expected = next((r for r in accuracy.expected_drops if when_matches(r.when, context)), None)
+    if expected is not None:
+        link = f" ({expected.link})" if expected.link else ""
+        results.append({"rule": f"{rule}, expected drop", "ok": dropped, "detail": text})
+        if dropped:
+            return "xfail", f"expected accuracy drop{link}: {text}; {expected.reason}"
+        return "fail", f"expected accuracy drop did not happen{link}: {text}"
+    results.append({"rule": rule, "ok": not dropped, "detail": text})
+    if dropped:
+        return "fail", f"significant accuracy drop beyond {accuracy.max_drop}: {text}"
+    return verdict, f"{reason}; {text}"
+
+
+def _judge_baseline(record: dict, accuracy: Accuracy, results: list[dict], verdict: str, reason: str):
+    mine = record.get("accuracy")
+    if not mine:
+        return "error", "an accuracy case's baseline recorded no accuracy"
+    text = f"baseline accuracy {mine['score']:.3f} (n={mine['n']})"
+    if accuracy.pinned is None:
+        return verdict, f"{reason}; {text}"
+    pinned = accuracy.pinned
+    ok = math.isclose(mine["score"], pinned.value, rel_tol=pinned.rtol)
+    results.append({"rule": f"accuracy pinned at {pinned.value} (rtol {pinned.rtol})", "ok": ok, "detail": text})
+    return (verdict, f"{reason}; {text}") if ok else ("fail", f"{text}, pinned at {pinned.value} ± {pinned.rtol:.0%}")

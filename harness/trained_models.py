@@ -1,0 +1,216 @@
+"""Tiny models the project trains itself, so that accuracy has a real signal offline: a 2-layer Llama that
+reverses digit strings (`48213=` → `31284`), trained deterministically on the CPU in a few minutes.
+
+Reversal is the task because every answer token must be read back from the prompt's KV cache, so whatever a
+KV-cache setting does to keys and values shows up in exact match; chance is ~0 (10^-len).
+
+    path = build("trained_llama", cache_dir)                     # trained checkpoint with its tokenizer
+    path = build("trained_llama_ct", cache_dir, k_scale=0.01)    # the same weights as an FP8-KV checkpoint
+
+Folders are named by builder, options and a hash of this module's source plus library versions (the scheme of
+tiny_models), built in a temp folder and renamed atomically.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import inspect
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<mask>"]
+BOS, EOS, PAD = 0, 1, 2
+MIN_DIGITS, MAX_DIGITS = 4, 9
+SEED = 0
+STEPS, BATCH, LR = 800, 48, 3e-3
+THREADS = 1  # fixed: CPU reductions depend on the thread count; one thread is also fastest on a busy 2-core box
+
+
+def task_example(rng: random.Random) -> tuple[str, str]:
+    """(prompt, answer) of the reversal task; the same text the lm-eval task's JSONL holds."""
+    digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(MIN_DIGITS, MAX_DIGITS)))
+    return f"{digits}=", digits[::-1]
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer
+def _tokenizer():
+    """Character level (every byte one token, no merges): digits are never merged, so the task is the same at
+    every position, and any text still encodes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + alphabet)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS)])
+    return tok
+
+
+def _write_tokenizer(out: Path, max_len: int) -> None:
+    _tokenizer().save(str(out / "tokenizer.json"))
+    names = dict(bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    _write_json(out / "special_tokens_map.json", names)
+    _write_json(out / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
+                                                 "model_max_length": max_len, **names, "add_bos_token": True,
+                                                 "clean_up_tokenization_spaces": False})
+
+
+def _write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------- model
+def _llama_config() -> dict:
+    # head_dim 64 fits every backend (CPU attention, FlashAttention, FlashInfer); 2 KV heads exercise GQA.
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": len(SPECIAL_TOKENS) + 256,
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 256, "hidden_act": "silu",
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "attention_bias": False,
+    }
+
+
+def _batch(rng: random.Random, tok, size: int):
+    """Token ids and labels; the loss is on the answer and its end-of-line only (the prompt is random)."""
+    import torch
+
+    rows, labels = [], []
+    for _ in range(size):
+        prompt, answer = task_example(rng)
+        p = tok.encode(prompt).ids
+        a = tok.encode(answer + "\n", add_special_tokens=False).ids
+        rows.append(p + a)
+        labels.append([-100] * len(p) + a)
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+    lab = torch.tensor([la + [-100] * (width - len(la)) for la in labels])
+    return ids, lab
+
+
+def _log(message: str) -> None:
+    print(f"kvmatrix: training trained_llama: {message}", file=sys.stderr, flush=True)
+
+
+def train_llama(steps: int = STEPS, log: Callable[[str], None] = _log):
+    """The trained fp32 model (transformers), deterministic for a given torch build and machine kind."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(SEED)
+    torch.set_num_threads(THREADS)
+    torch.use_deterministic_algorithms(True)
+    cfg = _llama_config()
+    model = LlamaForCausalLM(LlamaConfig(**{**cfg, "torch_dtype": "float32"}))
+    tok, rng = _tokenizer(), random.Random(SEED)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=LR, total_steps=steps, pct_start=0.1)
+    model.train()
+    for step in range(steps):
+        ids, lab = _batch(rng, tok, BATCH)
+        loss = model(input_ids=ids, labels=lab).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 200 == 0 or step == steps - 1:
+            log(f"step {step} loss {loss.item():.4f}")
+    return model.eval()
+
+
+def _save(out: Path, cfg: dict, tensors: dict) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(out / "config.json", cfg)
+    _write_json(out / "generation_config.json", {"bos_token_id": BOS, "eos_token_id": EOS, "do_sample": False})
+    _write_tokenizer(out, cfg["max_position_embeddings"])
+
+
+def build_trained_llama(out: Path) -> None:
+    import torch
+
+    model = train_llama()
+    tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    _save(out, _llama_config(), tensors)
+
+
+def build_trained_llama_ct(out: Path, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """The trained weights declared as a compressed-tensors checkpoint with a static per-tensor FP8 KV cache
+    (the ct_llama recipe of tiny_models). Scales far from |K|/448, |V|/448 make fp8 clip or underflow."""
+    import torch
+    from safetensors.torch import load_file
+
+    if not (k_scale > 0 and v_scale > 0):
+        raise ValueError("k_scale and v_scale must be positive (vLLM rejects others on the FP8 path)")
+    trained = build("trained_llama", out.parent)
+    cfg = _llama_config()
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "dense", "quantization_status": "compressed",
+        "config_groups": {}, "ignore": ["lm_head"],
+        "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True},
+    }
+    tensors = load_file(str(trained / "model.safetensors"))
+    for n in range(cfg["num_hidden_layers"]):
+        tensors[f"model.layers.{n}.self_attn.k_scale"] = torch.tensor(k_scale, dtype=torch.float32)
+        tensors[f"model.layers.{n}.self_attn.v_scale"] = torch.tensor(v_scale, dtype=torch.float32)
+    _save(out, cfg, tensors)
+
+
+# -------------------------------------------------------------------------------------------------- API
+BUILDERS: dict[str, Callable] = {
+    "trained_llama": build_trained_llama,
+    "trained_llama_ct": build_trained_llama_ct,
+    # Scale 0.01 clips |K|, |V| above 4.48: measured 0.99 → 0.65 exact match (1e-4 gives 0.0, 100 changes nothing).
+    "trained_llama_ct_clipping": functools.partial(build_trained_llama_ct, k_scale=0.01, v_scale=0.01),
+}
+
+
+@functools.cache
+def _fingerprint() -> str:
+    src = inspect.getsource(inspect.getmodule(_fingerprint))
+    libs = "\0".join(importlib.metadata.version(m) for m in ("torch", "transformers", "tokenizers", "safetensors"))
+    return hashlib.sha256(f"{src}\0{libs}".encode()).hexdigest()[:12]
+
+
+def folder_name(name: str, **options) -> str:
+    if name not in BUILDERS:
+        raise KeyError(f"unknown trained model {name!r}; known: {sorted(BUILDERS)}")
+    inspect.signature(BUILDERS[name]).bind(None, **options)
+    opts = "".join(f"-{k}={options[k]!r}" for k in sorted(options))
+    return f"{name}{opts}-{_fingerprint()}".replace("/", "_").replace(" ", "")
+
+
+def build(name: str, cache_dir: Path, **options) -> Path:
+    """Build (once) and return the checkpoint folder: idempotent, atomic (temp folder + rename)."""
+    cache_dir = Path(cache_dir)
+    final = cache_dir / folder_name(name, **options)
+    if final.is_dir():
+        return final
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-{final.name}-", dir=cache_dir))
+    try:
+        BUILDERS[name](tmp, **options)
+        tmp.chmod(0o755)
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final

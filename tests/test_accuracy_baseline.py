@@ -1,0 +1,121 @@
+"""Accuracy cases: each cell's baseline derived from the axes, baselines run first, and the paired verdict."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from harness.accuracy_plan import baselines_first, offline_reason
+from harness.accuracy_verdict import judge_accuracy
+from harness.records import RunDir
+from matrix.expand import expand_case
+from matrix.load import load_case, load_models, load_pool
+from matrix.schema import CaseError
+from tests.conftest import write_case
+
+ACCURACY = {"task": "tiny_reverse", "limit": 10, "max_drop": 0.05}
+
+
+def cells_of(cases_dir, data):
+    path = write_case(cases_dir, "c", data)
+    return expand_case(load_case(path), load_models(cases_dir), load_pool(cases_dir), str(path))
+
+
+def test_every_cell_is_compared_with_the_plain_auto_cell(cases_dir):
+    cells = cells_of(cases_dir, {"model": "llama", "accuracy": ACCURACY, "matrix": {
+        "kv_cache_dtype": ["auto", "fp8"], "kv_cache_dtype_skip_layers": [[], ["0"]],
+        "attention_backend": [None, "FLASHINFER"]}})
+    assert {c.baseline_id for c in cells} == {"c[kv=auto,skip=-,spec=-,attn=-]"}
+    assert len(cells) == 8  # nothing added: the baseline is in the matrix
+
+
+def test_a_missing_baseline_cell_is_added_first(cases_dir):
+    cells = cells_of(cases_dir, {"model": "llama", "accuracy": ACCURACY,
+                                 "matrix": {"kv_cache_dtype": ["fp8"], "speculative": ["llama-dflash"]}})
+    assert [c.cell_id for c in cells] == ["c[kv=auto,skip=-,spec=-]", "c[kv=fp8,skip=-,spec=llama-dflash]"]
+    assert cells[0].axes == {"kv_cache_dtype": "auto", "kv_cache_dtype_skip_layers": [], "speculative": None,
+                             "attention_backend": None}
+
+
+def test_a_checkpoint_with_fp8_kv_names_its_own_baseline_dtype(cases_dir):
+    cells = cells_of(cases_dir, {"model": "ct-llama", "matrix": {"kv_cache_dtype": ["bfloat16", "auto"]},
+                                 "accuracy": {**ACCURACY, "baseline_kv_cache_dtype": "bfloat16"}})
+    assert [c.baseline_id for c in cells] == ["c[kv=bfloat16,skip=-,spec=-]"] * 2
+
+
+def test_cases_without_accuracy_have_no_baseline(cases_dir):
+    cells = cells_of(cases_dir, {"model": "llama", "matrix": {"kv_cache_dtype": ["fp8"]}})
+    assert [c.baseline_id for c in cells] == [None]
+
+
+def test_accuracy_block_is_validated(cases_dir):
+    with pytest.raises(CaseError, match="max_drop"):
+        cells_of(cases_dir, {"model": "llama", "accuracy": {**ACCURACY, "max_drop": 2}})
+    with pytest.raises(CaseError, match="expected_drops"):
+        cells_of(cases_dir, {"model": "llama", "accuracy": {**ACCURACY, "expected_drops": [{"when": {"nope": 1},
+                                                                                               "reason": "x"}]}})
+
+
+def test_baselines_run_in_a_wave_before_the_others(cases_dir):
+    cells = cells_of(cases_dir, {"model": "llama", "accuracy": ACCURACY, "matrix": {"kv_cache_dtype": ["fp8", "auto"]}})
+    tasks = [SimpleNamespace(cell=c) for c in cells]
+    assert [[t.cell.cell_id for t in wave] for wave in baselines_first(tasks)] == [
+        ["c[kv=auto,skip=-,spec=-]"], ["c[kv=fp8,skip=-,spec=-]"]]
+
+
+def test_hub_only_models_are_skipped_offline(cases_dir):
+    models = load_models(cases_dir)
+    (cell,) = cells_of(cases_dir, {"model": "llama", "accuracy": ACCURACY})
+    (hub_only,) = cells_of(cases_dir, {"model": "llama-3-8b-instruct-full"})
+    assert "needs hub access" in offline_reason(hub_only, models, use_hub=False)
+    assert offline_reason(hub_only, models, use_hub=True) is None
+    assert offline_reason(cell, models, use_hub=False) is None
+
+
+# --- the verdict, on records shaped like the cell process writes them ------------------------------------------
+def record(cell_id: str, samples: list[float], tokens: list[list[int]] | None = None) -> dict:
+    n = len(samples)
+    return {"cell_id": cell_id, "verdict": "pass", "accuracy": {
+        "task": "t", "metric": "exact_match,none", "score": sum(samples) / n, "n": n, "doc_ids": list(range(n)),
+        "samples": samples, "tokens": tokens or [[i] for i in range(n)]}}
+
+
+def judged(cases_dir, tmp_path, cell_samples, baseline_samples, **accuracy):
+    cells = cells_of(cases_dir, {"model": "llama", "matrix": {"kv_cache_dtype": ["auto", "fp8"]},
+                                 "accuracy": {**ACCURACY, **accuracy}})
+    run_dir = RunDir(tmp_path / "run")
+    if baseline_samples is not None:
+        run_dir.write({**record(cells[0].cell_id, baseline_samples), "gpu_class": "cpu"})
+    mine = record(cells[1].cell_id, cell_samples)
+    results: list[dict] = []
+    context = cells[1].context("cpu", load_pool(cases_dir)["cpu"], None, False)
+    verdict, reason = judge_accuracy(mine, cells[1], run_dir, "cpu", context, "pass", "2 checks hold", results)
+    return verdict, reason, mine, results
+
+
+def test_a_significant_drop_beyond_the_allowed_one_fails(cases_dir, tmp_path):
+    verdict, reason, mine, results = judged(cases_dir, tmp_path, [1.0] * 60 + [0.0] * 40, [1.0] * 100)
+    assert verdict == "fail" and "significant accuracy drop" in reason and "n=100" in reason
+    comparison = mine["accuracy_vs_baseline"]
+    assert comparison["delta"] == pytest.approx(-0.4) and comparison["interval"][1] < 0
+    assert results[-1]["ok"] is False
+
+
+def test_a_drop_within_the_allowed_one_passes(cases_dir, tmp_path):
+    verdict, _, mine, _ = judged(cases_dir, tmp_path, [1.0] * 60 + [0.0] * 40, [1.0] * 100, max_drop=0.5)
+    assert verdict == "pass" and mine["accuracy_vs_baseline"]["significant"]
+
+
+def test_an_expected_drop_is_xfail_and_its_absence_fails(cases_dir, tmp_path):
+    expected = {"expected_drops": [{"when": {"kv_cache_dtype": "fp8"}, "reason": "scales off on purpose"}]}
+    verdict, reason, *_ = judged(cases_dir, tmp_path, [0.0] * 100, [1.0] * 100, **expected)
+    assert verdict == "xfail" and "scales off on purpose" in reason
+    verdict, reason, *_ = judged(cases_dir, tmp_path, [1.0] * 100, [1.0] * 100, **expected)
+    assert verdict == "fail" and reason.startswith("expected accuracy drop did not happen")
+
+
+def test_no_baseline_record_is_reported_not_failed(cases_dir, tmp_path):
+    verdict, reason, mine, _ = judged(cases_dir, tmp_path, [1.0] * 10, None)
+    assert verdict == "pass" and mine["accuracy_vs_baseline"]["missing"] == "no baseline"
+    assert reason.endswith("no baseline")
