@@ -16,11 +16,10 @@ import hashlib
 import importlib.metadata
 import inspect
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from harness.model_cache import build_once
 
 VOCAB = 320
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<mask>"]  # ids 0..3, fixed by training order
@@ -344,38 +343,7 @@ def folder_name(name: str, **options) -> str:
 
 
 def build(name: str, cache_dir: Path, **options) -> Path:
-    """Build (once) and return the checkpoint folder. Idempotent: a finished build is reused; the folder name
-    includes name, options and a hash of the builder's source config so a change rebuilds; writes into a temp
-    folder then renames atomically, so concurrent callers and killed builds never leave a half model."""
-    cache_dir = Path(cache_dir)
-    final = cache_dir / folder_name(name, **options)
-    if final.is_dir():
-        return final
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    _remove_orphans(cache_dir)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-{final.name}-", dir=cache_dir))
-    try:
-        BUILDERS[name](tmp, **options)
-        tmp.chmod(0o755)  # mkdtemp makes it 0700; a shared cache must be readable by other users
-        for f in tmp.iterdir():
-            f.chmod(0o644)
-        try:
-            os.rename(tmp, final)  # atomic; fails if a concurrent builder got there first
-        except OSError:
-            if not final.is_dir():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    """Build (once) and return the checkpoint folder. The folder name includes name, options and a hash of this
+    module's source, so a change rebuilds; see model_cache.build_once for the atomic, concurrent-safe part."""
+    return build_once(cache_dir, folder_name(name, **options), lambda out: BUILDERS[name](out, **options))
 
-
-def _remove_orphans(cache_dir: Path) -> None:
-    """Delete temp folders whose builder process is gone (a killed build); live builders' stay."""
-    for p in cache_dir.glob(".tmp-*"):
-        pid = int(p.name.split("-")[1])
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(p, ignore_errors=True)
-        except PermissionError:
-            pass

@@ -18,13 +18,12 @@ import hashlib
 import importlib.metadata
 import inspect
 import json
-import os
 import random
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from harness.model_cache import build_once
 
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<mask>"]
 BOS, EOS, PAD = 0, 1, 2
@@ -194,23 +193,5 @@ def folder_name(name: str, **options) -> str:
 
 
 def build(name: str, cache_dir: Path, **options) -> Path:
-    """Build (once) and return the checkpoint folder: idempotent, atomic (temp folder + rename)."""
-    cache_dir = Path(cache_dir)
-    final = cache_dir / folder_name(name, **options)
-    if final.is_dir():
-        return final
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-{final.name}-", dir=cache_dir))
-    try:
-        BUILDERS[name](tmp, **options)
-        tmp.chmod(0o755)
-        for f in tmp.iterdir():
-            f.chmod(0o644)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    """Build (once) and return the checkpoint folder: idempotent, atomic (model_cache.build_once)."""
+    return build_once(cache_dir, folder_name(name, **options), lambda out: BUILDERS[name](out, **options))
