@@ -56,7 +56,10 @@ CREATE INDEX IF NOT EXISTS results_by_cell ON results (gpu_class, cell_id);
 def open_db(path: Path | str = DEFAULT_DB) -> sqlite3.Connection:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path)
+    # Several CI jobs (or xdist workers) may import at once: wait for the lock rather than fail, and let readers
+    # go on while one writes (WAL).
+    db = sqlite3.connect(path, timeout=60)
+    db.execute("PRAGMA journal_mode=WAL")
     db.executescript(_SCHEMA)
     return db
 
@@ -152,3 +155,10 @@ def previous_run(db: sqlite3.Connection, run_id: str, gpu_class: str) -> str | N
         (run_id, gpu_class),
     ).fetchone()
     return row[0] if row else None
+
+
+def last_timings(db: sqlite3.Connection, gpu_class: str) -> dict[str, float]:
+    """Each cell's wall time on this GPU class in the latest run that timed it: what the scheduler expects."""
+    rows = db.execute("SELECT cell_id, total_s FROM results WHERE gpu_class = ? AND total_s IS NOT NULL"
+                      " ORDER BY finished_at, run_id", (gpu_class,))
+    return dict(rows.fetchall())  # later runs' rows overwrite earlier ones
