@@ -85,3 +85,21 @@ def test_the_shipped_cases_survive_the_same_checks(tmp_path):
         shutil.copy(CASES_DIR / name, tmp_path / name)
     for path in tmp_path.glob("[!_]*.yaml"):
         expand_case(load_case(path), MODELS, POOL, str(path))
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.one_of(
+    st.text(max_size=40),
+    st.builds(lambda p, g, link, until: " ".join(filter(None, [p, g, link, until])),
+              st.sampled_from(["ct-llama[*", "*", "x[kv=fp8,skip=-,spec=-]", "", "[", "gpu=L4"]),
+              st.sampled_from(["", "gpu=L4", "gpu=TPU", "gpu=", "gpu=cpu,L4"]),
+              st.sampled_from(["", "https://github.com/vllm-project/vllm/issues/1", "not-a-link", "#frag"]),
+              st.sampled_from(["", "until=2027-01-31", "until=2027-02-30", "until=tomorrow"]))), max_size=6))
+def test_generated_waiver_files(lines):
+    from harness.waivers import WaiverError, parse_waivers
+
+    try:
+        parse_waivers("\n".join(lines), "gen_waivers.txt", gpu_classes=list(POOL))
+    except WaiverError as err:
+        assert err.file == "gen_waivers.txt" and 1 <= err.line <= len(lines)
+        assert str(err).startswith(f"gen_waivers.txt:{err.line}: ")
