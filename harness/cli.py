@@ -99,8 +99,10 @@ def cmd_run(args: argparse.Namespace) -> int:
           + (f" (emulated on {session.emulated_from})" if session.emulated_from else "")
           + f", vLLM {settings.vllm_version}, run {session.run_dir.root}", flush=True)
     session.build_models(tasks)
+    # Longest first by the last timings in the history (when there is one): no long cell starts last.
+    expected = history.last_timings(history.open_db(args.db), session.gpu_name) if Path(args.db).exists() else {}
     records = run_tasks(tasks, settings, jobs=args.jobs or session.slots, on_record=progress_printer(started),
-                        slot_env=session.slot_env)
+                        slot_env=session.slot_env, expected_s=expected)
     records, problems = apply_known_failures(Path(args.cases_dir), records, every, session)
     records += [invalid_case_record(err, session.gpu_name) for err in invalid]
     paths = write_reports(session.run_dir, records, f"kvmatrix {session.run_dir.root.name}",
@@ -254,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout-scale", type=float, default=1.0)
     run.add_argument("--force", action="store_true", help="resume a results folder made with other case files")
     run.add_argument("--min-free-gb", type=float, default=2.0, help="refuse to start with less free disk")
+    run.add_argument("--db", default=str(history.DEFAULT_DB),
+                     help="history database whose last timings order the cells, longest first")
     run.set_defaults(func=cmd_run)
 
     lst = sub.add_parser("list", help="list the cells the cases expand to")

@@ -194,7 +194,8 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_
         proc = subprocess.Popen(
             [*settings.cell_command, str(spec_path), str(result_path)],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=cell_env(settings, extra_env, task.key), cwd=REPO_ROOT, start_new_session=True,
+            env=cell_env(settings, {**cell.case.env, **(extra_env or {})}, task.key), cwd=REPO_ROOT,
+            start_new_session=True,
             preexec_fn=_die_with_parent(os.getpid()),
         )
         processes.add(proc.pid)
@@ -305,19 +306,10 @@ def skip_record(task: Task, reason: str, run_id: str) -> dict:
     }
 
 
-def run_tasks(
-    tasks: list[Task],
-    settings: RunSettings,
-    jobs: int = 1,
-    on_record: Callable[[dict, int, int, bool], None] | None = None,
-    slot_env: Callable[[int], dict[str, str]] | None = None,
-) -> list[dict]:
-    """Run every task not already recorded in the run folder; returns all records, finished ones included.
-
-    `on_record(record, done, total, resumed)` is called once per cell as it finishes (progress lines).
-    `slot_env(slot)` gives each concurrent slot its environment (e.g. CUDA_VISIBLE_DEVICES for its GPU).
-    """
-    run_dir, total = settings.run_dir, len(tasks)
+def finished_records(
+    tasks: list[Task], run_dir: RunDir, on_record: Callable[[dict, int, int, bool], None] | None = None
+) -> tuple[dict[str, dict], list[Task]]:
+    """Resuming: (the records already in the run folder by task key, the tasks still to run)."""
     records: dict[str, dict] = {}
     todo = []
     for task in tasks:
@@ -325,9 +317,51 @@ def run_tasks(
         if existing is not None:
             records[task.key] = existing
             if on_record:
-                on_record(existing, len(records), total, True)
+                on_record(existing, len(records), len(tasks), True)
         else:
             todo.append(task)
+    return records, todo
+
+
+def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict | None = None) -> dict:
+    """The judged record of one task: a skip, or its cell run (again, `retries` times, while it fails)."""
+    context = task.cell.context(task.gpu_name, task.gpu, settings.vllm_version, task.emulated_from is not None)
+    reason = task.cell.skip_reason(context) or offline_reason(task.cell, settings.models, settings.use_hub)
+    if reason:
+        return skip_record(task, reason, settings.run_dir.root.name)
+    record = run_cell(task, settings, processes, extra_env)
+    retries = task.cell.case.retries
+    while record["verdict"] in ("fail", "error") and retries > 0:
+        retries -= 1
+        retry = run_cell(task, settings, processes, extra_env)
+        if retry["verdict"] == "pass":
+            retry.update(verdict="fail", flaky=True, reason=f"flaky: failed first ({record['reason']}), then passed")
+        record = retry
+    return record
+
+
+def run_tasks(
+    tasks: list[Task],
+    settings: RunSettings,
+    jobs: int = 1,
+    on_record: Callable[[dict, int, int, bool], None] | None = None,
+    slot_env: Callable[[int], dict[str, str]] | None = None,
+    expected_s: dict[str, float] | None = None,
+) -> list[dict]:
+    """Run every task not already recorded in the run folder; returns all records, finished ones included, in
+    the order of `tasks`.
+
+    `on_record(record, done, total, resumed)` is called once per cell as it finishes (progress lines).
+    `slot_env(slot)` gives each concurrent slot its environment (e.g. CUDA_VISIBLE_DEVICES for its GPU).
+    `expected_s` (cell id → expected seconds, e.g. the last run's) starts cells longest first, grouped by model
+    and backend (harness/schedule.py); without it they start in the given order.
+    """
+    from harness.schedule import order_tasks  # schedule imports this module's Task
+
+    run_dir, total = settings.run_dir, len(tasks)
+    records, todo = finished_records(tasks, run_dir, on_record)
+    if expected_s is not None:
+        todo = order_tasks(todo, expected_s)
     processes = CellProcesses()
     lock = threading.Lock()
     free_slots = list(range(max(1, jobs)))
@@ -338,21 +372,7 @@ def run_tasks(
         with lock:
             slot = free_slots.pop()
         try:
-            context = task.cell.context(task.gpu_name, task.gpu, settings.vllm_version,
-                                        task.emulated_from is not None)
-            reason = task.cell.skip_reason(context) or offline_reason(task.cell, settings.models, settings.use_hub)
-            if reason:
-                record = skip_record(task, reason, run_dir.root.name)
-            else:
-                record = run_cell(task, settings, processes, slot_env(slot) if slot_env else None)
-                retries = task.cell.case.retries
-                while record["verdict"] in ("fail", "error") and retries > 0:
-                    retries -= 1
-                    retry = run_cell(task, settings, processes, slot_env(slot) if slot_env else None)
-                    if retry["verdict"] == "pass":
-                        retry.update(verdict="fail", flaky=True,
-                                     reason=f"flaky: failed first ({record['reason']}), then passed")
-                    record = retry
+            record = cell_record(task, settings, processes, slot_env(slot) if slot_env else None)
             if processes.stopping:
                 return
             run_dir.write(record)

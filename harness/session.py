@@ -10,7 +10,7 @@ from pathlib import Path
 from harness.models import build_models
 from harness.records import RUNS_DIR, RunDir
 from harness.runner import REPO_ROOT, RunSettings, Task
-from harness.vllm_compat import installed_vllm_version, known_engine_args, known_kv_cache_dtypes
+from harness.vllm_compat import installed_vllm_version, known_engine_args, known_env_vars, known_kv_cache_dtypes
 from matrix.expand import Cell
 from matrix.load import CASES_DIR, load_models, load_pool
 from matrix.pool import detect_device, resolve
@@ -21,7 +21,7 @@ DEFAULT_CACHE = REPO_ROOT / ".cache"
 
 def vllm_vocabulary() -> Vocabulary:
     """Case files are checked against the installed vLLM's own dtype names and engine arguments."""
-    return Vocabulary(known_kv_cache_dtypes(), known_engine_args())
+    return Vocabulary(known_kv_cache_dtypes(), known_engine_args(), known_env_vars())
 
 
 @dataclass

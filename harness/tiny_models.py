@@ -303,6 +303,162 @@ def build_glm_mla(out: Path, seed: int = 0) -> None:
     _save(out, cfg, shapes, seed)
 
 
+# ------------------------------------------------------------------------------- shapes from transformers
+def _transformers_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """Parameter names and shapes of `cfg`'s architecture as transformers lays it out (built on the meta device:
+    no memory), for architectures whose checkpoint layout is long to write by hand (Gemma-3, NemotronH).
+    Tied parameters appear once, as in a saved checkpoint."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**cfg)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return {name: tuple(param.shape) for name, param in model.named_parameters()}
+
+
+# ------------------------------------------------------------------------------------ sliding window (Gemma)
+# Regression class 8: `kv_cache_dtype_skip_layers: ["sliding_window"]` needs layers that have a window.
+GEMMA_LAYER_TYPES = ["sliding_attention", "full_attention"] * (LAYERS // 2)  # Gemma-2's alternation: 0, 2 slide
+
+
+def _gemma3_config() -> dict:
+    cfg = {
+        **_common("Gemma3ForCausalLM", "gemma3_text"),
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "query_pre_attn_scalar": 64,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "layer_types": GEMMA_LAYER_TYPES,
+        # Shorter than max_model_len, so the window is real; a multiple of every block size seen (16, 32, 128).
+        "sliding_window": 32,
+        "rope_parameters": {
+            "full_attention": dict(ROPE),
+            "sliding_attention": dict(ROPE),
+        },
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "tie_word_embeddings": True,  # as every Gemma checkpoint: no lm_head tensor
+    }
+    del cfg["hidden_act"], cfg["rope_theta"]
+    return cfg
+
+
+def build_gemma3(out: Path, seed: int = 0) -> None:
+    cfg = _gemma3_config()
+    _save(out, cfg, _transformers_shapes(cfg), seed)
+
+
+# ------------------------------------------------------------------------------- hybrid attention + Mamba-2
+# Regression class 10: a model whose Mamba state shares the KV page pool with its attention layers.
+NEMOTRON_H_PATTERN = "M*M*"  # Mamba-2, attention, Mamba-2, attention: layers 1 and 3 have a KV cache
+
+
+def _nemotron_h_config() -> dict:
+    cfg = {
+        **_common("NemotronHForCausalLM", "nemotron_h"),
+        "hybrid_override_pattern": NEMOTRON_H_PATTERN,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 32,  # 8 x 32 = 2 x hidden, Mamba-2's usual expansion
+        # State 128 as the real Nemotron-H: the per-sequence state (~136 KiB at fp32) then outweighs an attention
+        # page even at CPU's 128-token block, so it pins the shared page size (#55196) on every platform.
+        "ssm_state_size": 128,
+        "n_groups": 1,
+        "conv_kernel": 4,
+        "chunk_size": 64,
+        "use_conv_bias": True,
+        "use_bias": False,
+        "mamba_hidden_act": "silu",
+        "mlp_hidden_act": "relu2",
+        "mlp_bias": False,
+        "layer_norm_epsilon": 1e-5,
+        "residual_in_fp32": False,
+    }
+    del cfg["hidden_act"]
+    return cfg
+
+
+def build_nemotron_h(out: Path, seed: int = 0) -> None:
+    cfg = _nemotron_h_config()
+    _save(out, cfg, _transformers_shapes(cfg), seed)
+
+
+# ---------------------------------------------------------------------------------------------- EAGLE-3
+def _eagle3_config() -> dict:
+    t = _llama_config()
+    return {
+        **_common("LlamaForCausalLMEagle3", "llama", layers=1),
+        "num_attention_heads": t["num_attention_heads"],
+        "num_key_value_heads": t["num_key_value_heads"],
+        "head_dim": t["head_dim"],
+        "draft_vocab_size": VOCAB,  # the full vocab: no d2t / t2d mapping tensors needed
+        "target_hidden_size": t["hidden_size"],
+        # The target's hidden states at these layers' inputs feed `fc`; any three of the 4 target layers.
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]},
+    }
+
+
+def build_eagle3_llama(out: Path, seed: int = 0) -> None:
+    """EAGLE-3 draft for `llama`, laid out as the published EAGLE-3 checkpoints: one `midlayer` whose q/k/v take
+    [embeds, hidden] (2 x hidden), `fc` over three target hidden states, its own lm_head; no embed_tokens
+    (vLLM shares the target's)."""
+    cfg = _eagle3_config()
+    h, d = cfg["hidden_size"], cfg["head_dim"]
+    q, kv, i = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d, cfg["intermediate_size"]
+    n_aux = len(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    shapes = {
+        "midlayer.self_attn.q_proj.weight": (q, 2 * h),
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.o_proj.weight": (h, q),
+        "midlayer.mlp.gate_proj.weight": (i, h),
+        "midlayer.mlp.up_proj.weight": (i, h),
+        "midlayer.mlp.down_proj.weight": (h, i),
+        "midlayer.input_layernorm.weight": (h,),
+        "midlayer.hidden_norm.weight": (h,),
+        "midlayer.post_attention_layernorm.weight": (h,),
+        "fc.weight": (h, h * n_aux),
+        "norm.weight": (h,),
+        "lm_head.weight": (cfg["draft_vocab_size"], h),
+    }
+    _save(out, cfg, shapes, seed + 2)  # its own stream, independent of the target's and the DFlash draft's
+
+
+# ------------------------------------------------------------------------------------- sparse MLA (GPU only)
+def _deepseek_v32_config() -> dict:
+    """DeepSeek-V3.2 (the family `fp8_ds_mla` exists for), shrunk to what ran on an H200 with vLLM 0.26.0
+    (vllm-facts.md). Its sparse backends are CUDA-only and its dims (64 heads, index_topk 2048) make real
+    weights pointless: the checkpoint is config + tokenizer and the registry loads it with load_format dummy."""
+    return {
+        **_mla_config("DeepseekV32ForCausalLM", "deepseek_v32"),
+        "hidden_size": 512,
+        "intermediate_size": 1024,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+        "q_lora_rank": 256,
+        "index_topk": 2048,
+        "index_n_heads": 64,
+        "index_head_dim": 128,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 256,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": True,
+    }
+
+
+def build_deepseek_v32(out: Path, seed: int = 0) -> None:
+    del seed  # no weights: load_format dummy
+    _write_json(out / "config.json", _deepseek_v32_config())
+    _write_json(out / "generation_config.json", {"bos_token_id": BOS, "eos_token_id": EOS, "do_sample": False})
+    _write_tokenizer(out)
+
+
 # -------------------------------------------------------------------------------------------------- API
 BUILDERS: dict[str, Callable] = {
     "llama": build_llama,
@@ -310,13 +466,23 @@ BUILDERS: dict[str, Callable] = {
     "deepseek_v2": build_deepseek_v2,
     "glm_mla": build_glm_mla,
     "dflash_llama": build_dflash_llama,
+    "gemma3": build_gemma3,
+    "nemotron_h": build_nemotron_h,
+    "eagle3_llama": build_eagle3_llama,
+    "deepseek_v32": build_deepseek_v32,
 }
+# Builders that write no weights (their registry entry loads them with load_format dummy).
+CONFIG_ONLY = {"deepseek_v32"}
 _CONFIGS = {
     "llama": _llama_config,
     "ct_llama": _llama_config,
     "dflash_llama": _dflash_config,
     "deepseek_v2": lambda: _mla_config("DeepseekV2ForCausalLM", "deepseek_v2"),
     "glm_mla": _glm_config,
+    "gemma3": _gemma3_config,
+    "nemotron_h": _nemotron_h_config,
+    "eagle3_llama": _eagle3_config,
+    "deepseek_v32": _deepseek_v32_config,
 }
 
 
@@ -330,7 +496,7 @@ def _fingerprint() -> str:
     """This module's source plus the library versions that shape the bytes: editing a builder rebuilds.
     Read from package metadata, so finding a cached model does not import torch."""
     src = inspect.getsource(inspect.getmodule(_fingerprint))
-    libs = "\0".join(importlib.metadata.version(m) for m in ("torch", "tokenizers", "safetensors"))
+    libs = "\0".join(importlib.metadata.version(m) for m in ("torch", "tokenizers", "safetensors", "transformers"))
     return hashlib.sha256(f"{src}\0{libs}".encode()).hexdigest()[:12]
 
 

@@ -148,6 +148,32 @@ def known_engine_args() -> frozenset[str]:
     return frozenset()
 
 
+ENV_SOURCES = [("", "envs.py")]
+# Variables the harness itself sets for every cell (in-process engine, shared caches): a case may not change them.
+HARNESS_OWNED_ENV = frozenset({"VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT"})
+
+
+@functools.cache
+def known_env_vars() -> frozenset[str]:
+    """The environment variables the installed vLLM reads (keys of `vllm.envs.environment_variables`), minus the
+    ones the harness owns: the allow-list for a case file's `env:`. Empty without vLLM."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        return frozenset()
+    package = Path(spec.origin).parent
+    for relative in for_version(ENV_SOURCES, installed_vllm_version()):
+        try:
+            tree = ast.parse((package / relative).read_text())
+        except (OSError, SyntaxError):
+            continue
+        for node in tree.body:
+            target = node.target if isinstance(node, ast.AnnAssign) else None
+            if getattr(target, "id", None) == "environment_variables" and isinstance(node.value, ast.Dict):
+                names = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+                return frozenset(names - HARNESS_OWNED_ENV)
+    return frozenset()
+
+
 def _cache_dtypes_by_import() -> frozenset[str]:
     import typing
 

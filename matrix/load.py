@@ -88,6 +88,11 @@ def _check_vocabulary(path: Path, case: Case, vocabulary: Vocabulary) -> None:
     for field, dtype in named:
         if vocabulary.kv_cache_dtypes and dtype not in vocabulary.kv_cache_dtypes:
             raise CaseError(str(path), case.name, field, f"unknown kv_cache_dtype {dtype!r} for the installed vLLM")
+    for name in case.env:
+        if name not in vocabulary.env_vars:
+            raise CaseError(str(path), case.name, f"env.{name}",
+                            "not an environment variable the installed vLLM reads (vllm.envs); case files may "
+                            "set only those")
     for name in case.engine_args:
         if vocabulary.engine_args and name not in vocabulary.engine_args:
             raise CaseError(str(path), case.name, f"engine_args.{name}",

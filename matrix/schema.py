@@ -22,6 +22,7 @@ class Vocabulary:
 
     kv_cache_dtypes: frozenset[str] = frozenset()
     engine_args: frozenset[str] = frozenset()
+    env_vars: frozenset[str] = frozenset()
 
 
 class CaseError(ValueError):
@@ -264,6 +265,9 @@ class Case(Strict):
     gpus: list[str | dict[str, Any]] = Field(default_factory=lambda: ["*"])
     matrix: MatrixAxes = Field(default_factory=MatrixAxes)
     engine_args: dict[str, Any] = Field(default_factory=dict)
+    # Environment for the cell process: only variables the installed vLLM reads (checked at load), never
+    # PATH, LD_PRELOAD or the harness's own.
+    env: dict[str, str] = Field(default_factory=dict)
     generate: Generation = Field(default_factory=Generation)
     timeout_s: float = Field(default=600, gt=0)
     retries: int = Field(default=0, ge=0)

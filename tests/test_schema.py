@@ -97,3 +97,22 @@ def test_cross_references_are_checked_at_expansion(cases_dir):
 def test_the_shipped_cases_load_and_expand():
     cases = load_cases()
     assert {c.name for c in cases} >= {"ct-llama", "llama-skip", "deepseek-mla", "glm-mla", "flashinfer-qdtype"}
+
+
+def test_case_env_is_limited_to_variables_vllm_reads(cases_dir):
+    vllm = Vocabulary(env_vars=frozenset({"VLLM_USE_FLASHINFER_SAMPLER"}))
+    ok = write_case(cases_dir, "envok", {"model": "llama", "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"}})
+    assert load_case(ok, vllm).env == {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    for name in ("LD_PRELOAD", "PATH", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        err = error_of(write_case(cases_dir, "envbad", {"model": "llama", "env": {name: "x"}}), vocabulary=vllm)
+        assert (err.case, err.field) == ("envbad", f"env.{name}") and "may set only those" in err.message
+    err = error_of(write_case(cases_dir, "envtype", {"model": "llama", "env": {"VLLM_USE_FLASHINFER_SAMPLER": 0}}))
+    assert err.field == "env.VLLM_USE_FLASHINFER_SAMPLER"
+
+
+def test_vllms_own_variables_are_the_allow_list():
+    from harness.vllm_compat import known_env_vars
+
+    names = known_env_vars()
+    assert "VLLM_USE_FLASHINFER_SAMPLER" in names and "VLLM_ENABLE_V1_MULTIPROCESSING" not in names
+    assert not {"PATH", "LD_PRELOAD", "PYTHONPATH"} & names

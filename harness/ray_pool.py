@@ -1,0 +1,155 @@
+"""Cells as Ray tasks, for a pool larger than one machine.
+
+Each GPU class is a Ray resource: by default a custom resource `gpu_class:<class>` that every node of the class
+declares with its slot count (`ray start --resources '{"gpu_class:L4": 4}'`), or, with `real_gpus`, Ray's own
+`accelerator_type` with a GPU share of 1/slots_per_device (Ray then sets the task's CUDA_VISIBLE_DEVICES, which
+the cell process inherits). A cell goes to a node of the class it really runs on (the host class when emulating)
+and runs there exactly as locally (`cell_record`: one cell process, retries, judging) in a scratch run folder;
+its record and log come back to the driver, which writes them into the run folder as `run_tasks` does (same
+`RunDir.write`, same resume: finished cells are not sent again).
+
+A node that dies takes its running cells with it; Ray runs them again on another node of the class
+(`max_retries`). A cell that cannot be observed (retries spent, or no live node of its class for
+`unplaceable_after_s`) is reported as an `error` naming why and is not written, so that a rerun with the same run
+id runs it again: every cell ends either in the run folder or in the returned records, none lost.
+
+Every node needs this repository importable (on PYTHONPATH) in the same Python environment; tiny models are built
+on a node whose disk lacks the driver's builds (the build is cached and atomic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from harness.accuracy_plan import baselines_first
+from harness.engine_args import models_needed
+from harness.models import build_models
+from harness.records import RunDir, record_stem
+from harness.runner import CellProcesses, RunSettings, Task, cell_record, finished_records, judge_record, skip_record
+from matrix.schema import GpuClass
+
+
+def host_class(task: Task) -> str:
+    return task.emulated_from or task.gpu_name
+
+
+def placement(task: Task, real_gpus: bool = False, pool: dict[str, GpuClass] | None = None,
+              accelerator_types: dict[str, str] | None = None) -> tuple[str, dict]:
+    """(the Ray resource that marks nodes of the task's class, the task's Ray options)."""
+    host = host_class(task)
+    if real_gpus:
+        accelerator = (accelerator_types or {}).get(host, host)  # pool names are Ray's (H100, A100, L4) by default
+        slots = (pool or {}).get(host, task.gpu).slots_per_device
+        return f"accelerator_type:{accelerator}", {"num_cpus": 0, "num_gpus": 1 / slots,
+                                                   "accelerator_type": accelerator}
+    resource = f"gpu_class:{host}"
+    return resource, {"num_cpus": 0, "resources": {resource: 1}}
+
+
+def _built_here(task: Task, settings: RunSettings) -> dict[str, Path]:
+    needed = [n for n in models_needed(task.cell) if settings.models[n].tiny is not None]
+    if settings.use_hub or all(n in settings.built and Path(settings.built[n]).exists() for n in needed):
+        return settings.built
+    return {**settings.built, **build_models([task], settings.models, settings.cache_dir / "models")}
+
+
+def run_on_node(task: Task, settings: RunSettings, baselines: list[dict]) -> tuple[dict, bytes | None]:
+    """On the node: the task's judged record and its cell log. The baseline records it is compared with are
+    written into the scratch run folder first, so that judging reads them as it would locally."""
+    scratch = Path(tempfile.mkdtemp(prefix="kvmatrix-ray-"))
+    try:
+        here = dataclasses.replace(settings, run_dir=RunDir(scratch / settings.run_dir.root.name),
+                                   built=_built_here(task, settings))
+        for baseline in baselines:
+            here.run_dir.write(baseline)
+        record = cell_record(task, here, CellProcesses())
+        log = here.run_dir.log_path(task.cell.cell_id, task.gpu_name)
+        return record, log.read_bytes() if record.get("log") and log.exists() else None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def unobserved_record(task: Task, settings: RunSettings, why: str) -> dict:
+    """A cell the pool could not run: an `error` for the report, never a record file (a rerun runs it)."""
+    why = f"{why} (not recorded: a rerun with the same run id runs it again)"
+    record = {**skip_record(task, why, settings.run_dir.root.name), "status": "error", "error_tail": why,
+              "vllm_version": settings.vllm_version, "signature": None,
+              "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return judge_record(record, task, settings.run_dir)
+
+
+def run_tasks_on_ray(
+    tasks: list[Task],
+    settings: RunSettings,
+    on_record: Callable[[dict, int, int, bool], None] | None = None,
+    real_gpus: bool = False,
+    pool: dict[str, GpuClass] | None = None,
+    accelerator_types: dict[str, str] | None = None,
+    max_retries: int = 3,
+    unplaceable_after_s: float = 60.0,
+) -> list[dict]:
+    """`run_tasks` over a Ray cluster the caller has joined (`ray.init(address=...)`); same arguments and
+    records, in the order of `tasks`. Cells start baselines first, then the rest, as Ray places them."""
+    import ray  # only a Ray pool needs Ray
+
+    remote = ray.remote(run_on_node)
+    run_dir, total = settings.run_dir, len(tasks)
+    records, todo = finished_records(tasks, run_dir, on_record)
+
+    def keep(task: Task, record: dict, log: bytes | None, written: bool) -> None:
+        if written:
+            if log is not None:
+                path = run_dir.log_path(task.cell.cell_id, task.gpu_name)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(log)
+            run_dir.write(record)
+        records[task.key] = record
+        if on_record:
+            on_record(record, len(records), total, False)
+
+    for wave in baselines_first(todo):  # a compared cell is judged against its baseline's finished record
+        pending: dict = {}
+        for task in wave:
+            resource, options = placement(task, real_gpus, pool, accelerator_types)
+            baseline = records.get(record_stem(task.cell.baseline_id or "", task.gpu_name))
+            ref = remote.options(max_retries=max_retries, retry_exceptions=False, **options).remote(
+                task, settings, [baseline] if baseline and task.cell.baseline_id != task.cell.cell_id else [])
+            pending[ref] = (task, resource)
+        try:
+            _drain(ray, pending, keep, settings, unplaceable_after_s)
+        except BaseException:
+            for ref in pending:  # the driver is stopping: no cell may run on unrecorded
+                ray.cancel(ref, force=True)
+            raise
+    return [records[t.key] for t in tasks if t.key in records]
+
+
+def _drain(ray, pending: dict, keep: Callable, settings: RunSettings, unplaceable_after_s: float) -> None:
+    """Collect results as they come; give up on cells whose class has had no live node for a while."""
+    missing_since: dict[str, float] = {}
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+        for ref in done:
+            task, _ = pending.pop(ref)
+            try:
+                record, log = ray.get(ref)
+            except ray.exceptions.RayError as err:  # the node died more often than max_retries, or Ray failed
+                keep(task, unobserved_record(task, settings, f"lost on the Ray pool: {type(err).__name__}: "
+                                             f"{str(err).splitlines()[0] if str(err) else ''}"), None, False)
+                continue
+            keep(task, record, log, True)
+        live = ray.cluster_resources()
+        now = time.monotonic()
+        for ref, (task, resource) in list(pending.items()):
+            if resource in live:
+                missing_since.pop(resource, None)
+            elif now - missing_since.setdefault(resource, now) >= unplaceable_after_s:
+                ray.cancel(ref)
+                del pending[ref]
+                keep(task, unobserved_record(task, settings, f"no live node with resource {resource} for "
+                                             f"{unplaceable_after_s:g} s"), None, False)

@@ -1,0 +1,35 @@
+"""The order a run starts its cells in: baseline cells first (compared cells read their finished records), then
+cells that share a model and attention backend next to each other (the kernels one compiles serve the others
+while they are still warm), groups with the longest cell first and each group longest first, so that a long
+cell never starts last while the other slots sit idle. Expected costs come from the previous run's timings
+(`history.last_timings`); a cell never timed costs `default_s`, more than most, since it may compile cold."""
+
+from __future__ import annotations
+
+from harness.runner import Task
+
+DEFAULT_COST_S = 60.0
+
+
+def order_tasks(tasks: list[Task], expected_s: dict[str, float], default_s: float = DEFAULT_COST_S) -> list[Task]:
+    """`expected_s` maps a cell id to its expected seconds on the tasks' GPU class (the tasks of one run share
+    a class). Ties keep the given order, so an unknown matrix runs as written, grouped."""
+
+    def cost(task: Task) -> float:
+        return expected_s.get(task.cell.cell_id, default_s)
+
+    def group(task: Task) -> tuple:
+        return task.cell.model, task.cell.axes.get("attention_backend")
+
+    def is_baseline(task: Task) -> bool:
+        return task.cell.baseline_id == task.cell.cell_id
+
+    ordered: list[Task] = []
+    for wave in ([t for t in tasks if is_baseline(t)], [t for t in tasks if not is_baseline(t)]):
+        groups: dict[tuple, list[Task]] = {}
+        for task in wave:
+            groups.setdefault(group(task), []).append(task)
+        members = [sorted(g, key=cost, reverse=True) for g in groups.values()]  # sorted() is stable
+        for g in sorted(members, key=lambda g: cost(g[0]), reverse=True):
+            ordered.extend(g)
+    return ordered

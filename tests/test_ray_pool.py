@@ -1,0 +1,102 @@
+"""The Ray pool on a local multi-node cluster (Ray's own `cluster_utils`: several raylets on this machine):
+cells of two emulated GPU classes go to nodes declaring their class as a custom resource, one node is killed
+while it runs a cell, and every cell ends accounted for: run again elsewhere and recorded in the run folder
+exactly as a local run records it, or reported (a class with no node) and left for a rerun."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.records import RunDir
+from harness.runner import RunSettings, Task
+from matrix.expand import expand_all
+from matrix.load import load_cases, load_models, load_pool
+from tests.conftest import write_case
+
+ray = pytest.importorskip("ray", reason="ray is not installed: the Ray pool is optional (pip install ray)")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from harness.ray_pool import run_tasks_on_ray  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE_CELL = REPO / "tests" / "fake_cell.py"
+# The fake cell, noting each start in a marker file named by the task, so the test sees where and when cells ran.
+MARKED_CELL = ("sh", "-c", 'echo started >> "$KVM_MARKERS/$(basename "$2" .spec.json)"; exec "$0" "$@"',
+               sys.executable, str(FAKE_CELL))
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the nodes' workers import harness/
+    monkeypatch.setenv("RAY_DEDUP_LOGS", "0")
+    # The head (where the driver runs) is the A100 node; the two L4 nodes have one slot each.
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20,
+                                                            "resources": {"gpu_class:A100": 2}})
+    nodes = {name: cluster.add_node(num_cpus=1, object_store_memory=80 << 20, resources={"gpu_class:L4": 1})
+             for name in ("L4-a", "L4-b")}
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+    yield cluster, nodes
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def test_cells_survive_a_node_killed_mid_run(cluster, cases_dir, tmp_path):
+    cluster, nodes = cluster
+    write_case(cases_dir, "slow", {"model": "llama", "gpus": ["L4", "A100"], "timeout_s": 60,
+                                   "matrix": {"kv_cache_dtype": ["auto", "bfloat16", "fp8"]}})
+    write_case(cases_dir, "ok", {"model": "llama", "gpus": ["L4", "H100"], "timeout_s": 60,
+                                 "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})  # no node is an H100
+    pool, models = load_pool(cases_dir), load_models(cases_dir)
+    cells = expand_all(load_cases(sorted(cases_dir.glob("[!_]*.yaml"))), models, pool)
+    tasks = [Task(c, gpu, pool[gpu]) for c in cells for gpu in c.gpu_classes]
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    run_dir = RunDir(tmp_path / "run")
+    settings = RunSettings(run_dir=run_dir, models=models, built={"llama": cases_dir}, vllm_version="fake",
+                           cache_dir=tmp_path / "cache", cell_command=MARKED_CELL,
+                           env={"FAKE_CELL_SLEEP": "2", "KVM_MARKERS": str(markers)})
+
+    def l4_slow_started() -> int:
+        return len(list(markers.glob("L4--slow*")))
+
+    killed = []
+
+    def kill_l4_node_mid_cell():
+        deadline = time.monotonic() + 40
+        while l4_slow_started() < 2 and time.monotonic() < deadline:  # each L4 node (one slot) runs a slow cell
+            time.sleep(0.05)
+        cluster.remove_node(nodes["L4-a"], allow_graceful=False)
+        killed.append(time.monotonic())
+
+    thread = threading.Thread(target=kill_l4_node_mid_cell)
+    thread.start()
+    started = time.monotonic()
+    records = run_tasks_on_ray(tasks, settings, unplaceable_after_s=3)
+    thread.join()
+    assert killed, "the node was never killed"
+
+    by_key = {(r["cell_id"], r["gpu_class"]): r for r in records}
+    assert set(by_key) == {(t.cell.cell_id, t.gpu_name) for t in tasks}  # every cell accounted for
+    for (cell_id, gpu), record in by_key.items():
+        if gpu == "H100":
+            assert record["verdict"] == "error" and "no live node with resource gpu_class:H100" in record["reason"]
+            assert run_dir.read(cell_id, gpu) is None  # reported, left for a rerun
+        else:
+            assert record["verdict"] == "pass", record
+            assert run_dir.read(cell_id, gpu) == record  # written as a local run writes it
+            assert (run_dir.root / record["log"]).read_text().startswith(f"fake cell {cell_id}")
+    starts = {p.name: len(p.read_text().split()) for p in markers.iterdir()}
+    assert max(starts[k] for k in starts if k.startswith("L4--slow")) == 2  # the killed node's cell ran again
+    assert all(n == 1 for k, n in starts.items() if not k.startswith("L4--slow"))
+
+    # Resume: finished cells are not sent again; only the unobserved ones are reported again.
+    again = run_tasks_on_ray(tasks, settings, unplaceable_after_s=0)
+    assert [r["cell_id"] for r in again] == [r["cell_id"] for r in records]
+    assert sum(len(p.read_text().split()) for p in markers.iterdir()) == sum(starts.values())
+    assert time.monotonic() - started < 60

@@ -1,0 +1,81 @@
+"""Scheduling: baselines first, cells sharing a model and backend together, longest first by the last run's
+timings from the history; `run_tasks` starts cells in that order and still returns them in the given one."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from harness import history
+from harness.records import RunDir
+from harness.runner import RunSettings, Task, run_tasks
+from harness.schedule import order_tasks
+from matrix.expand import expand_case
+from matrix.load import load_case, load_models, load_pool
+from tests.conftest import write_case
+
+FAKE_CELL = (sys.executable, str(Path(__file__).with_name("fake_cell.py")))
+
+
+def tasks_of(cases_dir, name, matrix, model="llama"):
+    path = write_case(cases_dir, name, {"model": model, "gpus": ["cpu"], "matrix": matrix})
+    pool = load_pool(cases_dir)
+    return [Task(c, "cpu", pool["cpu"]) for c in expand_case(load_case(path), load_models(cases_dir), pool)]
+
+
+def ids(tasks):
+    return [t.cell.cell_id for t in tasks]
+
+
+def test_longest_first_within_groups_of_model_and_backend(cases_dir):
+    tasks = tasks_of(cases_dir, "a", {"kv_cache_dtype": ["auto", "fp8"], "attention_backend": [None, "TRITON_ATTN"]})
+    tasks += tasks_of(cases_dir, "b", {"kv_cache_dtype": ["auto", "fp8"]}, model="ct-llama")
+    expected = {"a[kv=auto,skip=-,spec=-,attn=-]": 10, "a[kv=fp8,skip=-,spec=-,attn=-]": 30,
+                "a[kv=auto,skip=-,spec=-,attn=TRITON_ATTN]": 5, "a[kv=fp8,skip=-,spec=-,attn=TRITON_ATTN]": 8,
+                "b[kv=auto,skip=-,spec=-]": 40}  # b[kv=fp8] was never timed: the default, 60 s
+    assert ids(order_tasks(tasks, expected)) == [
+        "b[kv=fp8,skip=-,spec=-]", "b[kv=auto,skip=-,spec=-]",  # the group holding the longest cell
+        "a[kv=fp8,skip=-,spec=-,attn=-]", "a[kv=auto,skip=-,spec=-,attn=-]",
+        "a[kv=fp8,skip=-,spec=-,attn=TRITON_ATTN]", "a[kv=auto,skip=-,spec=-,attn=TRITON_ATTN]",
+    ]
+
+
+def test_unknown_costs_keep_the_given_order(cases_dir):
+    tasks = tasks_of(cases_dir, "a", {"kv_cache_dtype": ["auto", "bfloat16", "fp8"]})
+    assert ids(order_tasks(tasks, {})) == ids(tasks)
+
+
+def test_baselines_start_before_every_compared_cell(cases_dir):
+    tasks = tasks_of(cases_dir, "a", {"kv_cache_dtype": ["fp8", "bfloat16", "auto"]})
+    baseline = "a[kv=auto,skip=-,spec=-]"
+    tasks = [dataclasses.replace(t, cell=dataclasses.replace(t.cell, baseline_id=baseline)) for t in tasks]
+    ordered = order_tasks(tasks, {baseline: 1, "a[kv=fp8,skip=-,spec=-]": 50, "a[kv=bfloat16,skip=-,spec=-]": 5})
+    assert ids(ordered) == [baseline, "a[kv=fp8,skip=-,spec=-]", "a[kv=bfloat16,skip=-,spec=-]"]
+
+
+def test_last_timings_are_the_latest_run_that_timed_each_cell(tmp_path):
+    db = history.open_db(tmp_path / "h.sqlite")
+
+    def rec(cell, run, day, total_s, gpu="cpu"):
+        return {"cell_id": cell, "run_id": run, "gpu_class": gpu, "verdict": "pass",
+                "finished_at": f"2026-11-{day:02d}T02:00:00Z", "timings": {"total_s": total_s}}
+
+    history.import_records(db, [rec("x", "night-2", 2, 20.0), rec("y", "night-2", 2, 7.0),
+                                rec("x", "h", 2, 99, "H200")])
+    history.import_records(db, [rec("x", "night-1", 1, 10.0), rec("z", "night-1", 1, 3.0)])
+    history.import_records(db, [{**rec("y", "night-3", 3, 0), "timings": {}}])  # a skip: never timed
+    assert history.last_timings(db, "cpu") == {"x": 20.0, "y": 7.0, "z": 3.0}
+
+
+def test_run_tasks_starts_in_schedule_order_and_returns_in_given_order(cases_dir, tmp_path):
+    write_case(cases_dir, "ok", {"model": "llama", "gpus": ["cpu"], "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})
+    pool, models = load_pool(cases_dir), load_models(cases_dir)
+    tasks = [Task(c, "cpu", pool["cpu"]) for c in expand_case(load_case(cases_dir / "ok.yaml"), models, pool)]
+    settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models=models, built={"llama": cases_dir},
+                           vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL)
+    started: list[str] = []
+    records = run_tasks(tasks, settings, on_record=lambda r, *_: started.append(r["cell_id"]),
+                        expected_s={"ok[kv=fp8,skip=-,spec=-]": 9.0, "ok[kv=auto,skip=-,spec=-]": 1.0})
+    assert started == ["ok[kv=fp8,skip=-,spec=-]", "ok[kv=auto,skip=-,spec=-]"]
+    assert [r["cell_id"] for r in records] == ids(tasks) and all(r["verdict"] == "pass" for r in records)
