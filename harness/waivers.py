@@ -68,7 +68,8 @@ def parse_waivers(text: str, file: str = "<waivers>", gpu_classes: Iterable[str]
     known = list(gpu_classes) if gpu_classes is not None else None
     waivers: list[Waiver] = []
     seen: dict[tuple[str, tuple[str, ...]], int] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
+    # Lines as editors number them: "\n" only (str.splitlines also breaks at \x1e, \x85, \u2028, ...).
+    for number, raw in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
         tokens = _COMMENT.sub("", raw).split()
         if not tokens:
             continue
