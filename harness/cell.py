@@ -103,7 +103,8 @@ def probe_engine(result: CellResult, llm: Any, draft_layer_offset: int | None) -
 
 
 def generate(result: CellResult, vllm: Any, llm: Any, prompts: list[str], max_tokens: int) -> None:
-    params = vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    # ignore_eos: every cell emits exactly max_tokens, so greedy outputs compare position by position.
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     result.data["tokens"] = [list(o.outputs[0].token_ids) for o in outputs]
     result.data["texts"] = [o.outputs[0].text for o in outputs]

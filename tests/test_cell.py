@@ -60,7 +60,7 @@ def test_checkpoint_kv_scheme_turns_auto_into_fp8(tmp_path: Path, models) -> Non
     assert sorted(by_index(result)) == [0, 1, 2, 3]
     for layer in result["layers"]:
         assert (layer["role"], layer["kv_cache_dtype"], layer["spec_dtype"]) == ("target", "fp8", "uint8")
-        assert layer["page_size_bytes"] == 16384 and layer["group"] == 0
+        assert layer["page_size_bytes"] == 32768 and layer["group"] == 0  # 2 KV heads x 64 x block 128, 1 byte
         assert layer["backend"] == "CPU_ATTN" and layer["k_scale"] == 1.0
     (group,) = result["kv_groups"]
     assert (group["spec_type"], group["dtype"], group["kv_quant_mode"]) == ("FullAttentionSpec", "uint8",
@@ -99,7 +99,7 @@ def test_dflash_draft_layer_is_found_and_skippable(tmp_path: Path, models) -> No
     layers = by_index(result)
     assert [layers[i]["role"] for i in range(5)] == ["target"] * 4 + ["draft"]
     assert (layers[4]["kv_cache_dtype"], layers[4]["spec_dtype"], layers[4]["page_size_bytes"]) == (
-        "auto", "bfloat16", 32768)
+        "auto", "bfloat16", 65536)
     assert {layers[i]["spec_dtype"] for i in range(4)} == {"uint8"}
 
 
