@@ -1,0 +1,64 @@
+"""The tiny models behind regression classes 6, 7 (sparse), 8 and 10: what makes each one fit its class.
+
+Whether vLLM runs them is what their case files check (cases/gemma3-sliding-skip.yaml, nemotron-h-hybrid.yaml,
+llama-eagle3.yaml; deepseek-v32-sparse-mla.yaml is GPU-only); here, without vLLM, the checkpoints themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness import tiny_models as tm  # noqa: E402
+
+
+def _config(name: str, cache: Path) -> dict:
+    return json.loads((tm.build(name, cache) / "config.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["gemma3", "nemotron_h"])
+def test_transformers_loads_every_tensor(name, tmp_path):
+    """Names and shapes come from transformers' own layout: loading reports nothing missing or unexpected."""
+    from transformers import AutoModelForCausalLM
+
+    _, info = AutoModelForCausalLM.from_pretrained(tm.build(name, tmp_path), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+
+
+def test_gemma3_has_sliding_and_full_layers(tmp_path):
+    cfg = _config("gemma3", tmp_path)
+    # The case selects layers [0, 2] as sliding and [1, 3] as full: the config must say the same.
+    assert cfg["layer_types"] == ["sliding_attention", "full_attention"] * 2
+    assert cfg["sliding_window"] < 256  # below the harness's max_model_len: the window is real
+
+
+def test_nemotron_h_state_outweighs_an_attention_page(tmp_path):
+    cfg = _config("nemotron_h", tmp_path)
+    assert [i for i, c in enumerate(cfg["hybrid_override_pattern"]) if c == "*"] == [1, 3]
+    ssm = cfg["mamba_num_heads"] * cfg["mamba_head_dim"] * cfg["ssm_state_size"] * 4  # fp32 state
+    attn_page_bf16 = 128 * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 2  # CPU block 128, K and V
+    assert ssm > attn_page_bf16  # else the state would not pin the page (class 10's point)
+
+
+def test_eagle3_draft_fits_the_llama_target(tmp_path):
+    from safetensors import safe_open
+
+    draft, target = _config("eagle3_llama", tmp_path), tm._llama_config()
+    assert draft["target_hidden_size"] == target["hidden_size"] and draft["draft_vocab_size"] == target["vocab_size"]
+    assert max(draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"]) < target["num_hidden_layers"]
+    with safe_open(tm.build("eagle3_llama", tmp_path) / "model.safetensors", "pt") as f:
+        assert "model.embed_tokens.weight" not in f.keys()  # shared with the target
+        assert list(f.get_slice("midlayer.self_attn.q_proj.weight").get_shape()) == [256, 2 * 128]
+
+
+def test_sparse_mla_is_config_only(tmp_path):
+    folder = tm.build("deepseek_v32", tmp_path)
+    cfg = _config("deepseek_v32", tmp_path)
+    assert not (folder / "model.safetensors").exists() and "deepseek_v32" in tm.CONFIG_ONLY
+    assert cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"] == 576 and cfg["index_topk"] == 2048
