@@ -61,7 +61,9 @@ def _built_here(task: Task, settings: RunSettings) -> dict[str, Path]:
 def run_on_node(task: Task, settings: RunSettings, baselines: list[dict]) -> tuple[dict, bytes | None]:
     """On the node: the task's judged record and its cell log. The baseline records it is compared with are
     written into the scratch run folder first, so that judging reads them as it would locally."""
-    scratch = Path(tempfile.mkdtemp(prefix="kvmatrix-ray-"))
+    # Under the run's cache folder rather than /tmp: what a killed worker leaves is found, and cleared with it.
+    (settings.cache_dir / "ray-scratch").mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=settings.cache_dir / "ray-scratch"))
     try:
         here = dataclasses.replace(settings, run_dir=RunDir(scratch / settings.run_dir.root.name),
                                    built=_built_here(task, settings))
@@ -116,9 +118,8 @@ def run_tasks_on_ray(
         pending: dict = {}
         for task in wave:
             resource, options = placement(task, real_gpus, pool, accelerator_types)
-            baseline = records.get(record_stem(task.cell.baseline_id or "", task.gpu_name))
             ref = remote.options(max_retries=max_retries, retry_exceptions=False, **options).remote(
-                task, settings, [baseline] if baseline and task.cell.baseline_id != task.cell.cell_id else [])
+                task, settings, _baselines_of(task, records))
             pending[ref] = (task, resource)
         try:
             _drain(ray, pending, keep, settings, unplaceable_after_s)
@@ -127,6 +128,15 @@ def run_tasks_on_ray(
                 ray.cancel(ref, force=True)
             raise
     return [records[t.key] for t in tasks if t.key in records]
+
+
+def _baselines_of(task: Task, records: dict[str, dict]) -> list[dict]:
+    """The finished baseline record a compared cell is judged against (none for a baseline or a plain cell)."""
+    baseline_id = task.cell.baseline_id
+    if baseline_id is None or baseline_id == task.cell.cell_id:
+        return []
+    record = records.get(record_stem(baseline_id, task.gpu_name))
+    return [record] if record is not None else []
 
 
 def _drain(ray, pending: dict, keep: Callable, settings: RunSettings, unplaceable_after_s: float) -> None:

@@ -25,6 +25,7 @@ from harness.accuracy_plan import accuracy_spec, baselines_first, offline_reason
 from harness.accuracy_verdict import judge_accuracy
 from harness.engine_args import engine_args_for
 from harness.records import RunDir, read_json, record_stem, write_json_atomic
+from harness.schedule import order_tasks
 from harness.signatures import classify, last_exception_line
 from harness.verdict import judge
 from harness.vllm_compat import NOT_EMULABLE_SIGNATURES
@@ -356,8 +357,6 @@ def run_tasks(
     `expected_s` (cell id → expected seconds, e.g. the last run's) starts cells longest first, grouped by model
     and backend (harness/schedule.py); without it they start in the given order.
     """
-    from harness.schedule import order_tasks  # schedule imports this module's Task
-
     run_dir, total = settings.run_dir, len(tasks)
     records, todo = finished_records(tasks, run_dir, on_record)
     if expected_s is not None:

@@ -6,7 +6,10 @@ cell never starts last while the other slots sit idle. Expected costs come from 
 
 from __future__ import annotations
 
-from harness.runner import Task
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the runner imports this module
+    from harness.runner import Task
 
 DEFAULT_COST_S = 60.0
 

@@ -18,10 +18,11 @@ from matrix.expand import expand_all
 from matrix.load import load_cases, load_models, load_pool
 from tests.conftest import write_case
 
-ray = pytest.importorskip("ray", reason="ray is not installed: the Ray pool is optional (pip install ray)")
+ray = pytest.importorskip("ray", reason="ray is not importable: the Ray pool is optional (pip install ray)",
+                         exc_type=ImportError)
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from harness.ray_pool import run_tasks_on_ray  # noqa: E402
+from harness.ray_pool import placement, run_tasks_on_ray  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_CELL = REPO / "tests" / "fake_cell.py"
@@ -33,7 +34,6 @@ MARKED_CELL = ("sh", "-c", 'echo started >> "$KVM_MARKERS/$(basename "$2" .spec.
 @pytest.fixture
 def cluster(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the nodes' workers import harness/
-    monkeypatch.setenv("RAY_DEDUP_LOGS", "0")
     # The head (where the driver runs) is the A100 node; the two L4 nodes have one slot each.
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20,
                                                             "resources": {"gpu_class:A100": 2}})
@@ -60,7 +60,7 @@ def test_cells_survive_a_node_killed_mid_run(cluster, cases_dir, tmp_path):
     run_dir = RunDir(tmp_path / "run")
     settings = RunSettings(run_dir=run_dir, models=models, built={"llama": cases_dir}, vllm_version="fake",
                            cache_dir=tmp_path / "cache", cell_command=MARKED_CELL,
-                           env={"FAKE_CELL_SLEEP": "2", "KVM_MARKERS": str(markers)})
+                           env={"FAKE_CELL_SLEEP": "3", "KVM_MARKERS": str(markers)})
 
     def l4_slow_started() -> int:
         return len(list(markers.glob("L4--slow*")))
@@ -100,3 +100,15 @@ def test_cells_survive_a_node_killed_mid_run(cluster, cases_dir, tmp_path):
     assert [r["cell_id"] for r in again] == [r["cell_id"] for r in records]
     assert sum(len(p.read_text().split()) for p in markers.iterdir()) == sum(starts.values())
     assert time.monotonic() - started < 60
+
+
+def test_placement_by_class_resource_or_accelerator_type(cases_dir):
+    write_case(cases_dir, "c", {"model": "llama", "gpus": ["L4"]})
+    pool = load_pool(cases_dir)
+    (cell,) = expand_all(load_cases([cases_dir / "c.yaml"]), load_models(cases_dir), pool)
+    emulated = Task(cell, "L4", pool["L4"], emulated_from="H200")  # runs on an H200, decides as an L4
+    assert placement(emulated) == ("gpu_class:H200", {"num_cpus": 0, "resources": {"gpu_class:H200": 1}})
+    assert placement(emulated, real_gpus=True, pool=pool) == (
+        "accelerator_type:H200", {"num_cpus": 0, "num_gpus": 1 / 4, "accelerator_type": "H200"})
+    assert placement(Task(cell, "L4", pool["L4"]), real_gpus=True, accelerator_types={"L4": "NVIDIA_L4"})[0] == (
+        "accelerator_type:NVIDIA_L4")
