@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import inspect
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -44,3 +48,24 @@ def _remove_orphans(cache_dir: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
         except (PermissionError, ValueError, IndexError):
             pass
+
+
+# The libraries whose versions shape a built checkpoint's bytes.
+_BUILD_LIBRARIES = ("torch", "tokenizers", "safetensors", "transformers")
+
+
+def source_fingerprint(module_name: str) -> str:
+    """A builder module's source plus the library versions that shape the bytes: editing a builder rebuilds.
+    Versions come from package metadata, so finding a cached model does not import torch."""
+    src = inspect.getsource(sys.modules[module_name])
+    libs = "\0".join(importlib.metadata.version(m) for m in _BUILD_LIBRARIES)
+    return hashlib.sha256(f"{src}\0{libs}".encode()).hexdigest()[:12]
+
+
+def folder_name(builders: dict[str, Callable], name: str, fingerprint: str, **options) -> str:
+    """`<name>-<option=value>...-<fingerprint>`; unknown names and options fail here, not mid-build."""
+    if name not in builders:
+        raise KeyError(f"unknown model builder {name!r}; known: {sorted(builders)}")
+    inspect.signature(builders[name]).bind(None, **options)
+    opts = "".join(f"-{k}={options[k]!r}" for k in sorted(options))
+    return f"{name}{opts}-{fingerprint}".replace("/", "_").replace(" ", "")

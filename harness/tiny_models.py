@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
-import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.model_cache import build_once
+from harness.model_cache import build_once, source_fingerprint
+from harness.model_cache import folder_name as model_folder_name
 
 VOCAB = 320
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<mask>"]  # ids 0..3, fixed by training order
@@ -493,19 +492,11 @@ def num_layers(name: str) -> int:
 
 @functools.cache
 def _fingerprint() -> str:
-    """This module's source plus the library versions that shape the bytes: editing a builder rebuilds.
-    Read from package metadata, so finding a cached model does not import torch."""
-    src = inspect.getsource(inspect.getmodule(_fingerprint))
-    libs = "\0".join(importlib.metadata.version(m) for m in ("torch", "tokenizers", "safetensors", "transformers"))
-    return hashlib.sha256(f"{src}\0{libs}".encode()).hexdigest()[:12]
+    return source_fingerprint(__name__)
 
 
 def folder_name(name: str, **options) -> str:
-    if name not in BUILDERS:
-        raise KeyError(f"unknown tiny model {name!r}; known: {sorted(BUILDERS)}")
-    inspect.signature(BUILDERS[name]).bind(None, **options)  # unknown options fail here, not mid-build
-    opts = "".join(f"-{k}={options[k]!r}" for k in sorted(options))
-    return f"{name}{opts}-{_fingerprint()}".replace("/", "_").replace(" ", "")
+    return model_folder_name(BUILDERS, name, _fingerprint(), **options)
 
 
 def build(name: str, cache_dir: Path, **options) -> Path:

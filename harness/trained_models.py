@@ -14,16 +14,14 @@ tiny_models), built in a temp folder and renamed atomically.
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib.metadata
-import inspect
 import json
 import random
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.model_cache import build_once
+from harness.model_cache import build_once, source_fingerprint
+from harness.model_cache import folder_name as model_folder_name
 
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<mask>"]
 BOS, EOS, PAD = 0, 1, 2
@@ -179,17 +177,11 @@ BUILDERS: dict[str, Callable] = {
 
 @functools.cache
 def _fingerprint() -> str:
-    src = inspect.getsource(inspect.getmodule(_fingerprint))
-    libs = "\0".join(importlib.metadata.version(m) for m in ("torch", "transformers", "tokenizers", "safetensors"))
-    return hashlib.sha256(f"{src}\0{libs}".encode()).hexdigest()[:12]
+    return source_fingerprint(__name__)
 
 
 def folder_name(name: str, **options) -> str:
-    if name not in BUILDERS:
-        raise KeyError(f"unknown trained model {name!r}; known: {sorted(BUILDERS)}")
-    inspect.signature(BUILDERS[name]).bind(None, **options)
-    opts = "".join(f"-{k}={options[k]!r}" for k in sorted(options))
-    return f"{name}{opts}-{_fingerprint()}".replace("/", "_").replace(" ", "")
+    return model_folder_name(BUILDERS, name, _fingerprint(), **options)
 
 
 def build(name: str, cache_dir: Path, **options) -> Path:
