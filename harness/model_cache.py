@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import inspect
@@ -62,10 +63,26 @@ def source_fingerprint(module_name: str) -> str:
     return hashlib.sha256(f"{src}\0{libs}".encode()).hexdigest()[:12]
 
 
-def folder_name(builders: dict[str, Callable], name: str, fingerprint: str, **options) -> str:
-    """`<name>-<option=value>...-<fingerprint>`; unknown names and options fail here, not mid-build."""
-    if name not in builders:
-        raise KeyError(f"unknown model builder {name!r}; known: {sorted(builders)}")
-    inspect.signature(builders[name]).bind(None, **options)
-    opts = "".join(f"-{k}={options[k]!r}" for k in sorted(options))
-    return f"{name}{opts}-{fingerprint}".replace("/", "_").replace(" ", "")
+class BuilderFamily:
+    """A module's builders (`name -> builder(out, **options)`) with their cache folders: `<name>-<option=value>...-
+    <fingerprint of the module's source>`, so editing a builder rebuilds and unknown names or options fail before
+    anything is built."""
+
+    def __init__(self, module_name: str, builders: dict[str, Callable]):
+        self.module_name, self.builders = module_name, builders
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        return source_fingerprint(self.module_name)
+
+    def folder_name(self, name: str, **options) -> str:
+        if name not in self.builders:
+            raise KeyError(f"unknown model builder {name!r}; known: {sorted(self.builders)}")
+        inspect.signature(self.builders[name]).bind(None, **options)
+        opts = "".join(f"-{k}={options[k]!r}" for k in sorted(options))
+        return f"{name}{opts}-{self.fingerprint}".replace("/", "_").replace(" ", "")
+
+    def build(self, name: str, cache_dir: Path, **options) -> Path:
+        """Build (once) and return the checkpoint folder (build_once: idempotent, atomic, concurrent-safe)."""
+        return build_once(cache_dir, self.folder_name(name, **options),
+                          lambda out: self.builders[name](out, **options))

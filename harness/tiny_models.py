@@ -11,14 +11,12 @@ neither dict order nor what was built before.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.model_cache import build_once, source_fingerprint
-from harness.model_cache import folder_name as model_folder_name
+from harness.model_cache import BuilderFamily
 
 VOCAB = 320
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<mask>"]  # ids 0..3, fixed by training order
@@ -490,17 +488,7 @@ def num_layers(name: str) -> int:
     return _CONFIGS[name]()["num_hidden_layers"]
 
 
-@functools.cache
-def _fingerprint() -> str:
-    return source_fingerprint(__name__)
-
-
-def folder_name(name: str, **options) -> str:
-    return model_folder_name(BUILDERS, name, _fingerprint(), **options)
-
-
-def build(name: str, cache_dir: Path, **options) -> Path:
-    """Build (once) and return the checkpoint folder. The folder name includes name, options and a hash of this
-    module's source, so a change rebuilds; see model_cache.build_once for the atomic, concurrent-safe part."""
-    return build_once(cache_dir, folder_name(name, **options), lambda out: BUILDERS[name](out, **options))
+_FAMILY = BuilderFamily(__name__, BUILDERS)
+folder_name = _FAMILY.folder_name
+build = _FAMILY.build  # build(name, cache_dir, **options) -> checkpoint folder, built once
 

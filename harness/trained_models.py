@@ -20,8 +20,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.model_cache import build_once, source_fingerprint
-from harness.model_cache import folder_name as model_folder_name
+from harness.model_cache import BuilderFamily
 
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<mask>"]
 BOS, EOS, PAD = 0, 1, 2
@@ -175,15 +174,6 @@ BUILDERS: dict[str, Callable] = {
 }
 
 
-@functools.cache
-def _fingerprint() -> str:
-    return source_fingerprint(__name__)
-
-
-def folder_name(name: str, **options) -> str:
-    return model_folder_name(BUILDERS, name, _fingerprint(), **options)
-
-
-def build(name: str, cache_dir: Path, **options) -> Path:
-    """Build (once) and return the checkpoint folder: idempotent, atomic (model_cache.build_once)."""
-    return build_once(cache_dir, folder_name(name, **options), lambda out: BUILDERS[name](out, **options))
+_FAMILY = BuilderFamily(__name__, BUILDERS)
+folder_name = _FAMILY.folder_name
+build = _FAMILY.build  # build(name, cache_dir, **options) -> checkpoint folder, built once

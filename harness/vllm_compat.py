@@ -94,23 +94,31 @@ def known_kv_cache_dtypes() -> frozenset[str]:
     Read from the source of `CacheDType = Literal[...]` (milliseconds); only when that does not parse is the
     module imported and the Literal read with typing.get_args.
     """
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None:
+    if importlib.util.find_spec("vllm") is None:
         return frozenset()
-    package = Path(spec.origin).parent
-    for relative in for_version(CACHE_DTYPE_SOURCES, installed_vllm_version()):
-        names = _literal_strings(package / relative, "CacheDType")
+    for body in _installed_sources(CACHE_DTYPE_SOURCES):
+        names = _literal_strings(body, "CacheDType")
         if names:
             return frozenset(names)
     return _cache_dtypes_by_import()
 
 
-def _literal_strings(path: Path, name: str) -> list[str]:
-    try:
-        tree = ast.parse(path.read_text())
-    except (OSError, SyntaxError):
-        return []
-    for node in tree.body:
+def _installed_sources(table: list[tuple[str, str]]):
+    """The parsed top-level statements of the installed vLLM's source files named by `table` for its version
+    (reading source takes milliseconds; importing these modules pulls in torch and transformers, ~8 s)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        return
+    package = Path(spec.origin).parent
+    for relative in for_version(table, installed_vllm_version()):
+        try:
+            yield ast.parse((package / relative).read_text()).body
+        except (OSError, SyntaxError):
+            continue
+
+
+def _literal_strings(body: list[ast.stmt], name: str) -> list[str]:
+    for node in body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
             value = node.value
             if isinstance(value, ast.Subscript) and getattr(value.value, "id", None) == "Literal":
@@ -130,16 +138,8 @@ def known_engine_args() -> frozenset[str]:
     Case files are validated against this, so a misspelt engine argument is a load error naming the field
     rather than an engine crash on every cell (LLM() rejects unknown keywords only once it starts).
     """
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None:
-        return frozenset()
-    package = Path(spec.origin).parent
-    for relative in for_version(ENGINE_ARGS_SOURCES, installed_vllm_version()):
-        try:
-            tree = ast.parse((package / relative).read_text())
-        except (OSError, SyntaxError):
-            continue
-        for node in tree.body:
+    for body in _installed_sources(ENGINE_ARGS_SOURCES):
+        for node in body:
             if isinstance(node, ast.ClassDef) and node.name == "EngineArgs":
                 return frozenset(
                     item.target.id for item in node.body
@@ -157,16 +157,8 @@ HARNESS_OWNED_ENV = frozenset({"VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CACHE_ROO
 def known_env_vars() -> frozenset[str]:
     """The environment variables the installed vLLM reads (keys of `vllm.envs.environment_variables`), minus the
     ones the harness owns: the allow-list for a case file's `env:`. Empty without vLLM."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None:
-        return frozenset()
-    package = Path(spec.origin).parent
-    for relative in for_version(ENV_SOURCES, installed_vllm_version()):
-        try:
-            tree = ast.parse((package / relative).read_text())
-        except (OSError, SyntaxError):
-            continue
-        for node in tree.body:
+    for body in _installed_sources(ENV_SOURCES):
+        for node in body:
             target = node.target if isinstance(node, ast.AnnAssign) else None
             if getattr(target, "id", None) == "environment_variables" and isinstance(node.value, ast.Dict):
                 names = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
