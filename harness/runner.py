@@ -163,7 +163,9 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_
     cell, run_dir = task.cell, settings.run_dir
     log = run_dir.log_path(cell.cell_id, task.gpu_name)
     work = run_dir.root / "work"
-    spec_path, result_path = work / f"{task.key}.spec.json", work / f"{task.key}.result.json"
+    # Per harness process: two harnesses on one run folder (xdist workers, a rerun beside a run) never share files.
+    stem = f"{task.key}.{os.getpid()}"
+    spec_path, result_path = work / f"{stem}.spec.json", work / f"{stem}.result.json"
     result_path.unlink(missing_ok=True)
     record: dict[str, Any] = {
         "cell_id": cell.cell_id,
