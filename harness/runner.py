@@ -175,6 +175,8 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_
         "gpu_class": task.gpu_name,
         "emulated_from": task.emulated_from,
         "run_id": run_dir.root.name,
+        # Which GPU of the machine ran the cell (its slot's pin), for reports of multi-GPU hosts.
+        "gpu_index": (extra_env or {}).get("CUDA_VISIBLE_DEVICES"),
     }
     started = time.monotonic()
     try:
