@@ -198,13 +198,17 @@ def build_ct_llama(out: Path, seed: int = 0, k_scale: float = 1.0, v_scale: floa
     _save(out, cfg, _head_shapes(cfg) | _llama_shapes(cfg), seed, scales)
 
 
+def _draft_of_llama(arch: str, model_type: str) -> dict:
+    """A one-layer draft config whose attention has the target llama's shape (heads, KV heads, head dim)."""
+    t = _llama_config()
+    return {**_common(arch, model_type, layers=1),
+            **{k: t[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")}}
+
+
 def _dflash_config() -> dict:
     t = _llama_config()
     return {
-        **_common("DFlashDraftModel", "qwen3", layers=1),
-        "num_attention_heads": t["num_attention_heads"],
-        "num_key_value_heads": t["num_key_value_heads"],
-        "head_dim": t["head_dim"],
+        **_draft_of_llama("DFlashDraftModel", "qwen3"),
         # block_size: the draft's parallel block (real DFlash drafts use 16); vLLM reads
         # num_speculative_tokens from speculative_config, not from here.
         "block_size": 4,
@@ -388,10 +392,7 @@ def build_nemotron_h(out: Path, seed: int = 0) -> None:
 def _eagle3_config() -> dict:
     t = _llama_config()
     return {
-        **_common("LlamaForCausalLMEagle3", "llama", layers=1),
-        "num_attention_heads": t["num_attention_heads"],
-        "num_key_value_heads": t["num_key_value_heads"],
-        "head_dim": t["head_dim"],
+        **_draft_of_llama("LlamaForCausalLMEagle3", "llama"),
         "draft_vocab_size": VOCAB,  # the full vocab: no d2t / t2d mapping tensors needed
         "target_hidden_size": t["hidden_size"],
         # The target's hidden states at these layers' inputs feed `fc`; any three of the 4 target layers.
