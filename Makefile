@@ -10,6 +10,8 @@ EMULATE ?=
 RUN_ID ?=
 JOBS ?=
 K ?=
+RAY ?=
+PROBE_ONLY ?=
 ARGS ?=
 PYTEST_ARGS ?=
 
@@ -27,7 +29,8 @@ KVMATRIX := PYTHONPATH=$(CURDIR) $(RUN_PY) -m harness.cli
 
 matrix: $(ENV_STAMP)
 	$(KVMATRIX) run $(if $(GPU),--gpu $(GPU)) $(if $(EMULATE),--emulate) $(if $(RUN_ID),--run-id $(RUN_ID)) \
-		$(if $(JOBS),--jobs $(JOBS)) $(if $(K),-k '$(K)') $(ARGS)
+		$(if $(JOBS),--jobs $(JOBS)) $(if $(K),-k '$(K)') $(if $(RAY),--ray $(RAY)) \
+		$(if $(PROBE_ONLY),--probe-only) $(ARGS)
 
 test: $(ENV_STAMP)
 	PYTHONPATH=$(CURDIR) $(RUN_PY) -m pytest $(PYTEST_ARGS)

@@ -1,13 +1,17 @@
-"""What shared compile/JIT caches and packed cells save: the same cells run three times, side by side in one
-invocation: (a) one at a time with fresh empty caches per cell, (b) one at a time with the run's shared caches,
-(c) packed `--jobs` at a time with the shared caches. Prints the wall times and the ratios a/b (cache sharing),
-b/c (packing) and a/c (both: a nightly's saving).
+"""What shared compile/JIT caches and packed cells save: the same cells run up to three times, side by side in one
+invocation: (a) one at a time with fresh empty caches per cell, (b) one at a time with one cache shared by the
+arm's cells, (c) packed `--jobs` at a time with one shared cache. Prints the wall times and the ratios a/b (cache
+sharing), b/c (packing) and a/c (both: what a nightly saves).
 
-    python benchmarks/cache_and_packing.py [-k PATTERN] [--jobs N] [--gpu CLASS [--emulate]]
+    python benchmarks/cache_and_packing.py [-k PATTERN] [--case NAME ...] [--cell ID ...] [--arms abc]
+                                           [--jobs N] [--gpu CLASS [--emulate]] [--warm-shared DIR]
 
-`--jobs` defaults to the machine's slots (at least 2, so that a CPU machine packs too). Fresh runs go first, so
-the shared runs cannot profit from what the fresh run compiled (its caches are separate); the shared cache
-folder starts as it is (pass --cold-shared to empty it first: then (b) compiles and (c) reuses).
+Every arm starts cold, as on a fresh CI machine: each shared arm gets its own empty cache folder, so it compiles
+what it needs once and its later cells reuse it; nothing one arm compiled serves another. `--warm-shared DIR`
+runs (b) and (c) on an existing cache instead (a machine that keeps its cache between nightlies). Before the
+arms, one untimed process imports torch and vLLM (and initialises CUDA on a GPU), so that the first arm does not
+pay alone for reading the libraries from disk. `--arms ac` skips (b) where device time is short.
+`--jobs` defaults to the machine's slots (at least 2, so that a CPU machine packs too).
 """
 
 from __future__ import annotations
@@ -15,60 +19,85 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from harness.cli import load_cells
-from harness.runner import run_tasks
+from harness.cli import cell_selected, load_cells
+from harness.runner import REPO_ROOT, run_tasks
 from harness.session import open_session
 
+WARM_UP = "import torch, vllm; torch.cuda.init() if torch.cuda.is_available() else None"
+ARM_TITLES = {
+    "a": "one at a time, fresh caches per cell",
+    "b": "one at a time, one shared cache",
+    "c": "{jobs} at a time, one shared cache",
+}
 
-def timed_run(tasks, session, jobs: int) -> tuple[float, list[dict]]:
+
+def timed_run(session, cells, jobs: int) -> tuple[float, list[dict]]:
     started = time.monotonic()
-    records = run_tasks(tasks, session.settings, jobs=jobs, slot_env=session.slot_env)
+    records = run_tasks(session.tasks(cells), session.settings, jobs=jobs, slot_env=session.slot_env)
     return time.monotonic() - started, records
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-k", default="")
+    parser.add_argument("-k", help="cells whose id contains this (or matches this glob)")
+    parser.add_argument("--case", action="append", help="the cells of this case (file stem); repeatable")
+    parser.add_argument("--cell", action="append", help="this exact cell id; repeatable")
+    parser.add_argument("--arms", default="abc", help="which of a, b, c to run (default: all three)")
     parser.add_argument("--jobs", type=int, default=0)
     parser.add_argument("--gpu")
     parser.add_argument("--emulate", action="store_true")
-    parser.add_argument("--cache-dir", default=".cache")
-    parser.add_argument("--cold-shared", action="store_true", help="empty the shared caches before (b)")
+    parser.add_argument("--cache-dir", default=".cache", help="where the built models are")
+    parser.add_argument("--warm-shared", help="run (b) and (c) on this existing cache folder")
     args = parser.parse_args()
-    selection = argparse.Namespace(cases_dir=str(Path("cases").resolve()), case=None, k=args.k, cell=None)
-    cells, _, _ = load_cells(selection)
+    arms = [arm for arm in "abc" if arm in args.arms]
+    _, _, every = load_cells(argparse.Namespace(cases_dir=str(REPO_ROOT / "cases"), case=None, k=None, cell=None))
+    # A union, unlike `kvmatrix run` (which narrows): a benchmark mixes whole cases with single cells.
+    cells = [c for c in every if (args.case and c.case.name in args.case) or (args.cell and c.cell_id in args.cell)
+             or (args.k and cell_selected(c.cell_id, args.k))]
+    if not cells:
+        parser.error("no cell selected: give -k, --case or --cell")
     scratch = Path(tempfile.mkdtemp(prefix="kvm-bench-"))
-    shared_cache = Path(args.cache_dir).resolve()
 
-    fresh = open_session(args.gpu, args.emulate, "fresh", scratch / "runs", scratch / "caches")
-    fresh.settings.fresh_caches = True
-    tasks = fresh.tasks(cells)
-    packed = open_session(args.gpu, args.emulate, "shared", scratch / "runs", shared_cache)
-    if args.cold_shared:
-        for sub in ("vllm", "flashinfer", "inductor", "triton"):
-            shutil.rmtree(shared_cache / sub, ignore_errors=True)
-    packed.build_models(tasks)  # models are built once for both: building is not what is measured
-    fresh.settings.built = packed.settings.built
-    jobs = args.jobs or max(2, packed.slots)
-    serial = open_session(args.gpu, args.emulate, "shared-serial", scratch / "runs", shared_cache)
-    serial.settings.built = packed.settings.built
+    def session(arm: str):
+        caches = Path(args.warm_shared).resolve() if args.warm_shared and arm != "a" else scratch / f"caches-{arm}"
+        s = open_session(args.gpu, args.emulate, f"arm-{arm}", scratch / "runs", caches)
+        s.settings.fresh_caches = arm == "a"
+        return s
 
-    fresh_s, fresh_records = timed_run(tasks, fresh, 1)
-    serial_s, serial_records = timed_run(serial.tasks(cells), serial, 1)
-    packed_s, packed_records = timed_run(packed.tasks(cells), packed, jobs)
-    verdicts = [[r["verdict"] for r in records] for records in (fresh_records, serial_records, packed_records)]
-    print(f"cells: {len(tasks)} on {packed.gpu_name}" + (f" (emulated on {packed.emulated_from})"
-                                                         if packed.emulated_from else "")
+    sessions = {arm: session(arm) for arm in arms}
+    first = sessions[arms[0]]
+    # Models are built once, into the usual folder: building is not what is measured.
+    builder = open_session(args.gpu, args.emulate, "build", scratch / "runs", Path(args.cache_dir).resolve())
+    builder.build_models(first.tasks(cells))
+    for s in sessions.values():
+        s.settings.built = builder.settings.built
+    jobs = args.jobs or max(2, first.slots)
+    subprocess.run([sys.executable, "-c", WARM_UP], check=True, cwd=REPO_ROOT)
+
+    walls, verdicts = {}, {}
+    for arm in arms:
+        walls[arm], records = timed_run(sessions[arm], cells, jobs if arm == "c" else 1)
+        verdicts[arm] = [(r["cell_id"], r["verdict"]) for r in records]
+    print(f"cells: {len(first.tasks(cells))} on {first.gpu_name}"
+          + (f" (emulated on {first.emulated_from})" if first.emulated_from else "")
+          + f"; caches: {'warm ' + args.warm_shared if args.warm_shared else 'cold per arm'}"
           + f"; load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} cores")
-    print(f"(a) one at a time, fresh caches per cell: {fresh_s:8.1f} s")
-    print(f"(b) one at a time, shared caches:         {serial_s:8.1f} s")
-    print(f"(c) {jobs} at a time, shared caches:          {packed_s:8.1f} s")
-    print(f"cache sharing (a)/(b): {fresh_s / serial_s:.2f}x   packing (b)/(c): {serial_s / packed_s:.2f}x   "
-          f"both (a)/(c): {fresh_s / packed_s:.2f}x   verdicts identical: {verdicts[0] == verdicts[1] == verdicts[2]}")
+    for arm in arms:
+        print(f"({arm}) {ARM_TITLES[arm].format(jobs=jobs):40s} {walls[arm]:8.1f} s")
+    ratios = [f"{name} ({x})/({y}): {walls[x] / walls[y]:.2f}x"
+              for name, x, y in (("cache sharing", "a", "b"), ("packing", "b", "c"), ("both", "a", "c"))
+              if x in walls and y in walls]
+    same = len({tuple(v) for v in verdicts.values()}) == 1
+    print("   ".join(ratios) + f"   verdicts identical: {same}")
+    if not same:
+        for arm in arms:
+            print(f"({arm}) verdicts: {verdicts[arm]}")
     shutil.rmtree(scratch, ignore_errors=True)
 
 

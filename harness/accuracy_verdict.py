@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from harness.paired_stats import divergence, paired_delta
-from harness.records import RunDir, read_json
+from harness.records import RunDir, read_json, run_mode
 from matrix.conditions import when_matches
 from matrix.expand import Cell
 from matrix.schema import Accuracy
@@ -20,6 +20,10 @@ from matrix.schema import Accuracy
 def compare(record: dict, baseline: dict | None, baseline_id: str, confidence: float) -> dict:
     """What the record carries as `accuracy_vs_baseline`: delta, interval, n, p-value, divergence, or why not."""
     out: dict = {"baseline": baseline_id}
+    if baseline is not None and run_mode(baseline) != run_mode(record):
+        # A probe-only record's tokens are a prefix of a full one's: comparing them would be a false failure.
+        return {**out, "missing": f"not compared: the baseline ran in {run_mode(baseline)} mode, this cell in "
+                                  f"{run_mode(record)} mode"}
     mine, theirs = record.get("accuracy"), (baseline or {}).get("accuracy")
     if not theirs:
         return {**out, "missing": "no baseline" + ("" if baseline is None else " accuracy: the baseline cell "

@@ -21,7 +21,7 @@ from matrix.expand import Cell, expand_case
 from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
 from matrix.pool import PoolError
 from matrix.schema import CaseError
-from reports import diff_md, html, junit, markdown, pipelines
+from reports import diff_md, findings_pages, html, junit, markdown, pipelines
 
 
 def load_cells(args: argparse.Namespace, tolerant: bool = False) -> tuple[list[Cell], list[CaseError], list[Cell]]:
@@ -44,7 +44,7 @@ def load_cells(args: argparse.Namespace, tolerant: bool = False) -> tuple[list[C
         cells = [c for c in cells if c.case.name in args.case]
         errors = [e for e in errors if e.case in args.case]
     if args.k:
-        cells = [c for c in cells if _selected(c.cell_id, args.k)]
+        cells = [c for c in cells if cell_selected(c.cell_id, args.k)]
     if args.cell:
         cells = [c for c in cells if c.cell_id in args.cell]
     return cells, errors, every
@@ -57,7 +57,7 @@ def invalid_case_record(err: CaseError, gpu_name: str) -> dict:
             "verdict": "error", "reason": str(err), "expectations": []}
 
 
-def _selected(cell_id: str, pattern: str) -> bool:
+def cell_selected(cell_id: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(cell_id, pattern) if set("*?[") & set(pattern) else pattern in cell_id
 
 
@@ -66,6 +66,8 @@ def progress_printer(started: float):
         took = (record.get("timings") or {}).get("total_s")
         took_text = "resumed" if resumed else (f"{took:.1f} s" if took is not None else "not run")
         note = "" if record["verdict"] == "pass" else f"  {record.get('reason', '')}"
+        if record.get("leak"):
+            note += f"  LEAK: {record['leak']}"
         print(f"[{done:>3}/{total} {time.monotonic() - started:7.1f} s] {record['verdict'].upper():5} "
               f"{record['cell_id']} @{record.get('gpu_class')} ({took_text}){note}", flush=True)
     return show
@@ -89,20 +91,54 @@ def cmd_run(args: argparse.Namespace) -> int:
     cells, invalid, every = load_cells(args, tolerant=True)
     for err in invalid:
         print(f"kvmatrix: {err}", file=sys.stderr)
+    if args.ray and args.emulate:
+        raise PoolError("--emulate with --ray: a Ray pool runs each class on nodes of that class; drop --emulate")
     session = open_session(args.gpu, args.emulate, args.run_id, Path(args.runs_dir), Path(args.cache_dir),
-                           Path(args.cases_dir), args.hub, args.timeout_scale)
+                           Path(args.cases_dir), args.hub, args.timeout_scale, args.probe_only,
+                           on_ray=bool(args.ray))
     check_free_disk(Path(args.runs_dir), args.min_free_gb)
     claim_run_folder(session.run_dir.root, cases_fingerprint(Path(args.cases_dir)), args.force)
     tasks = session.tasks(cells)
     settings = session.settings
     print(f"kvmatrix: {len(tasks)} cells for {session.gpu_name}"
           + (f" (emulated on {session.emulated_from})" if session.emulated_from else "")
-          + f", vLLM {settings.vllm_version}, run {session.run_dir.root}", flush=True)
+          + (" (probe-only)" if args.probe_only else "")
+          + f", vLLM {settings.vllm_version}, run {session.run_dir.root}"
+          + (f", on the Ray cluster at {args.ray}" if args.ray else ""), flush=True)
     session.build_models(tasks)
-    # Longest first by the last timings in the history (when there is one): no long cell starts last.
-    expected = history.last_timings(history.open_db(args.db), session.gpu_name) if Path(args.db).exists() else {}
-    records = run_tasks(tasks, settings, jobs=args.jobs or session.slots, on_record=progress_printer(started),
-                        slot_env=session.slot_env, expected_s=expected)
+    run = run_on_ray if args.ray else run_here
+    records = run(args, tasks, session, progress_printer(started))
+    return finish_run(args, records, invalid, every, session, started)
+
+
+def run_here(args: argparse.Namespace, tasks: list[Task], session, on_record) -> list[dict]:
+    """This machine's slots. Cells that failed last time start first, then longest first, by the history (when
+    there is one): a run's first failures show early and no long cell starts last."""
+    expected, verdicts = {}, {}
+    if Path(args.db).exists():
+        db = history.open_db(args.db)
+        expected, verdicts = history.last_timings(db, session.gpu_name), history.last_verdicts(db, session.gpu_name)
+    return run_tasks(tasks, session.settings, jobs=args.jobs or session.slots, on_record=on_record,
+                     slot_env=session.slot_env, expected_s=expected, last_verdicts=verdicts)
+
+
+def run_on_ray(args: argparse.Namespace, tasks: list[Task], session, on_record) -> list[dict]:
+    """An existing Ray cluster's nodes of the class (harness/ray_pool.py); records land here as local ones do."""
+    import ray  # only a Ray pool needs Ray
+
+    from harness.ray_pool import run_tasks_on_ray
+
+    ray.init(address=args.ray)
+    try:
+        return run_tasks_on_ray(tasks, session.settings, on_record=on_record, real_gpus=args.ray_real_gpus,
+                                pool=session.pool)
+    finally:
+        ray.shutdown()
+
+
+def finish_run(args: argparse.Namespace, records: list[dict], invalid: list[CaseError], every: list[Cell],
+               session, started: float) -> int:
+    """Waivers, reports and the exit status, whichever pool ran the cells."""
     records, problems = apply_known_failures(Path(args.cases_dir), records, every, session)
     records += [invalid_case_record(err, session.gpu_name) for err in invalid]
     paths = write_reports(session.run_dir, records, f"kvmatrix {session.run_dir.root.name}",
@@ -110,6 +146,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print()
     print(paths["md"].read_text())
     print(f"reports: {paths['md']} {paths['html']} {paths['junit']}  ({time.monotonic() - started:.0f} s total)")
+    pages = findings_pages.write(records, session.run_dir.root / "findings")
+    if pages:
+        print(f"{len(pages)} unexplained failures: a findings page for each in {pages[0].parent}")
     failed = any(r["verdict"] in ("fail", "error") for r in records) or any(p.is_error for p in problems)
     return 1 if failed else 0
 
@@ -155,6 +194,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     for cell in cells:
         print(f"{cell.cell_id}  [{', '.join(cell.gpu_classes)}]")
     print(f"{len(cells)} cells", file=sys.stderr)
+    return 0
+
+
+def cmd_findings(args: argparse.Namespace) -> int:
+    records = [r for folder in args.run_dirs for r in RunDir(Path(folder)).records()]
+    pages = findings_pages.write(records, Path(args.out))
+    print(f"{len(pages)} unexplained failures" + (f": pages and an index in {args.out}" if pages else ""))
     return 0
 
 
@@ -257,7 +303,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="resume a results folder made with other case files")
     run.add_argument("--min-free-gb", type=float, default=2.0, help="refuse to start with less free disk")
     run.add_argument("--db", default=str(history.DEFAULT_DB),
-                     help="history database whose last timings order the cells, longest first")
+                     help="history database whose last verdicts and timings order the cells: failed last time "
+                          "first, then longest first")
+    run.add_argument("--probe-only", action="store_true",
+                     help="cells without an accuracy block run one prompt for 2 tokens on the smallest engine "
+                          "(same resolved state, much cheaper); accuracy cells still run in full")
+    run.add_argument("--ray", metavar="ADDRESS",
+                     help="run the cells as Ray tasks on the cluster at ADDRESS (harness/ray_pool.py)")
+    run.add_argument("--ray-real-gpus", action="store_true",
+                     help="with --ray: place cells by Ray's accelerator_type instead of gpu_class:<class>")
     run.set_defaults(func=cmd_run)
 
     lst = sub.add_parser("list", help="list the cells the cases expand to")
@@ -275,6 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--title", default="kvmatrix")
     rep.add_argument("--compare-to", help="list how every other GPU class differs from this one, cell by cell")
     rep.set_defaults(func=cmd_report)
+
+    fin = sub.add_parser("findings", help="write a findings page for every unexplained failure of run folders")
+    fin.add_argument("run_dirs", nargs="+")
+    fin.add_argument("--out", default=str(findings_pages.FINDINGS_DIR / "pages"), help="folder for the pages")
+    fin.set_defaults(func=cmd_findings)
 
     hist = sub.add_parser("history", help="the results history (SQLite)")
     hist_sub = hist.add_subparsers(dest="history_command", required=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from harness.records import run_mode
 from reports.summary import facts
 
 FAILING = ("fail", "error")
@@ -58,7 +59,9 @@ def what_changed(before: dict, after: dict) -> tuple[str, ...]:
     old, new = facts(before), facts(after)
     out = [f"{key} {old.get(key, '-')} → {new.get(key, '-')}"
            for key in dict.fromkeys([*old, *new]) if old.get(key) != new.get(key)]
-    if before.get("tokens") and after.get("tokens") and before["tokens"] != after["tokens"]:
+    # Only like with like: a probe-only cell generates fewer tokens than a full one (the mode shows as a fact).
+    same_mode = run_mode(before) == run_mode(after)
+    if same_mode and before.get("tokens") and after.get("tokens") and before["tokens"] != after["tokens"]:
         out.append("greedy output tokens changed")
     return tuple(out)
 

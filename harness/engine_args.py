@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from harness.vllm_compat import probe_only_engine_args
 from matrix.expand import Cell
 from matrix.schema import GpuClass, ModelEntry
 
@@ -19,6 +20,11 @@ BASE_ENGINE_ARGS: dict[str, Any] = {
     "enforce_eager": True,
     "seed": 0,
 }
+
+
+# A probe-only cell generates this much: the second token is the first decode step, so a configuration that
+# starts and prefills but breaks at decode (CPU MLA with an fp8 cache) still crashes as it does in full.
+PROBE_ONLY_MAX_TOKENS = 2
 
 
 def model_source(entry: ModelEntry, built: dict[str, Path], name: str, use_hub: bool) -> dict[str, Any]:
@@ -31,8 +37,10 @@ def model_source(entry: ModelEntry, built: dict[str, Path], name: str, use_hub: 
 
 
 def engine_args_for(
-    cell: Cell, gpu: GpuClass, models: dict[str, ModelEntry], built: dict[str, Path], use_hub: bool = False
+    cell: Cell, gpu: GpuClass, models: dict[str, ModelEntry], built: dict[str, Path], use_hub: bool = False,
+    probe: bool = False, vllm_version: str | None = None,
 ) -> dict[str, Any]:
+    """`probe`: shrunk to one short request (probe-only mode), with vLLM `vllm_version`'s argument names."""
     entry = models[cell.model]
     args: dict[str, Any] = {**BASE_ENGINE_ARGS, **gpu.engine_defaults, **entry.engine_args}
     args.update(model_source(entry, built, cell.model, use_hub))
@@ -51,7 +59,27 @@ def engine_args_for(
             "model": source["model"],
             "num_speculative_tokens": draft.draft.num_speculative_tokens,
         }
+    if probe:
+        args.update(probe_only_engine_args(args["max_model_len"], vllm_version))
     return args
+
+
+def cell_mode(cell: Cell, probe_only: bool) -> tuple[str, str | None]:
+    """("probe" or "full", why a cell runs in full although the run is probe-only). Only cells that need the
+    resolved state alone may probe: an accuracy cell needs the whole engine for lm-eval."""
+    if not probe_only:
+        return "full", None
+    if cell.case.accuracy is not None:
+        return "full", "accuracy cell: runs in full under --probe-only"
+    return "probe", None
+
+
+def generation(cell: Cell, mode: str) -> dict[str, Any]:
+    """The prompts and token count the cell process generates in this mode."""
+    prompts, max_tokens = cell.case.generate.prompts, cell.case.generate.max_tokens
+    if mode == "probe":
+        return {"prompts": prompts[:1], "max_tokens": min(max_tokens, PROBE_ONLY_MAX_TOKENS)}
+    return {"prompts": prompts, "max_tokens": max_tokens}
 
 
 def models_needed(cell: Cell) -> list[str]:

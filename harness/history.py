@@ -162,3 +162,11 @@ def last_timings(db: sqlite3.Connection, gpu_class: str) -> dict[str, float]:
     rows = db.execute("SELECT cell_id, total_s FROM results WHERE gpu_class = ? AND total_s IS NOT NULL"
                       " ORDER BY finished_at, run_id", (gpu_class,))
     return dict(rows.fetchall())  # later runs' rows overwrite earlier ones
+
+
+def last_verdicts(db: sqlite3.Connection, gpu_class: str) -> dict[str, str]:
+    """Each cell's verdict on this GPU class in the latest run that holds it: the scheduler starts the cells
+    that failed there first. Runs are ordered by the run's finish (a skip record has no finish time of its own)."""
+    rows = db.execute("SELECT x.cell_id, x.verdict FROM results x JOIN runs r USING (run_id, gpu_class)"
+                      " WHERE x.gpu_class = ? ORDER BY r.finished_at, x.run_id", (gpu_class,))
+    return dict(rows.fetchall())  # later runs' rows overwrite earlier ones

@@ -17,6 +17,11 @@ RUNS_DIR = Path(__file__).resolve().parent.parent / "reports" / "runs"
 VERDICTS = ("pass", "fail", "xfail", "error", "skip")
 
 
+def run_mode(record: dict) -> str:
+    """"full" or "probe" (`kvmatrix run --probe-only`); records from before the modes existed ran in full."""
+    return record.get("mode") or "full"
+
+
 def record_stem(cell_id: str, gpu_class: str) -> str:
     """A file name that cannot leave the run folder: `/`, `\\` and `%` are escaped, so `..` stays in a name."""
     return quote(f"{gpu_class}--{cell_id}", safe="[]=,+-_.@")

@@ -23,7 +23,8 @@ from typing import Any
 
 from harness.accuracy_plan import accuracy_spec, baselines_first, offline_reason
 from harness.accuracy_verdict import judge_accuracy
-from harness.engine_args import engine_args_for
+from harness.engine_args import cell_mode, engine_args_for, generation
+from harness.gpu_memory import GpuMemory, physical_index
 from harness.records import RunDir, read_json, record_stem, write_json_atomic
 from harness.schedule import order_tasks
 from harness.signatures import classify, last_exception_line
@@ -35,7 +36,14 @@ from matrix.schema import GpuClass, ModelEntry
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOG_CAP_BYTES = 2 * 1024 * 1024
 PR_SET_PDEATHSIG = 1
-CACHE_ENV = ("VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+# Above its baseline by more than this, a GPU no cell runs on holds memory a cell left behind (the driver's and
+# allocator's own usage wobbles a little between runs).
+GPU_LEAK_TOLERANCE_MIB = 256
+GPU_POLL_S = 0.5
+# The CUDA driver's own cache holds PTX compiled for this card (e.g. kernels shipped without its machine code).
+CACHE_ENV = ("VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
+             "CUDA_CACHE_PATH")
+CACHE_FOLDERS = ("vllm", "flashinfer", "inductor", "triton", "cuda")
 
 
 @dataclass(frozen=True)
@@ -64,11 +72,14 @@ class RunSettings:
     env: dict[str, str] | None = None
     fresh_caches: bool = False  # each cell its own empty caches (benchmarks: what sharing saves)
     cell_command: tuple[str, ...] = (sys.executable, "-m", "harness.cell")
+    probe_only: bool = False  # cells that need only the resolved state run one short request (cell_mode)
+    gpu_memory: GpuMemory | None = None  # where set, each cell's GPU is checked back at its baseline
+    gpu_settle_s: float = 15.0  # how long a cell's GPU may take to free its memory before it counts as leaked
 
 
 def shared_cache_env(cache_dir: Path) -> dict[str, str]:
     """Compile and JIT caches shared by every cell of a run: kernels one cell builds serve the next."""
-    folders = dict(zip(CACHE_ENV, ("vllm", "flashinfer", "inductor", "triton"), strict=True))
+    folders = dict(zip(CACHE_ENV, CACHE_FOLDERS, strict=True))
     return {var: str(cache_dir / sub) for var, sub in folders.items()}
 
 
@@ -106,22 +117,36 @@ def _tail(path: Path, n: int = 8000) -> str:
 
 
 class CellProcesses:
-    """The process groups of running cells, so that an interrupted harness kills every one of them."""
+    """The process groups of running cells (with the GPU each is pinned to), so that an interrupted harness kills
+    every one of them and the GPU check knows which processes belong to cells still running; and the GPUs'
+    baselines that check compares with (none: no check)."""
 
-    def __init__(self) -> None:
-        self._pgids: set[int] = set()
+    def __init__(self, gpu_baselines: dict[int, GpuBaseline] | None = None) -> None:
+        self._pgids: dict[int, int | None] = {}
         self._lock = threading.Lock()
         self.stopping = False
+        self.gpu_baselines = gpu_baselines or {}
 
-    def add(self, pgid: int) -> None:
+    def add(self, pgid: int, gpu: int | None = None) -> None:
         with self._lock:
-            self._pgids.add(pgid)
+            self._pgids[pgid] = gpu
             if self.stopping:  # started while the harness was being stopped
                 _killpg(pgid)
 
     def discard(self, pgid: int) -> None:
         with self._lock:
-            self._pgids.discard(pgid)
+            self._pgids.pop(pgid, None)
+
+    def running(self) -> dict[int, int | None]:
+        """pgid → GPU index of every cell running now."""
+        with self._lock:
+            return dict(self._pgids)
+
+    def keep_leak(self, gpu: int, pids: set[int], mib: float) -> None:
+        """A reported leak becomes part of its GPU's baseline: the cells after the one that leaked are not blamed."""
+        with self._lock:
+            before = self.gpu_baselines[gpu]
+            self.gpu_baselines[gpu] = GpuBaseline(before.used_mib + mib, before.pids | pids)
 
     def kill_all(self) -> None:
         """The harness is stopping: cells it kills now are not recorded, so a rerun runs them again."""
@@ -178,17 +203,22 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_
         # Which GPU of the machine ran the cell (its slot's pin), for reports of multi-GPU hosts.
         "gpu_index": (extra_env or {}).get("CUDA_VISIBLE_DEVICES"),
     }
+    mode, full_because = cell_mode(cell, settings.probe_only)
+    record["mode"] = mode
+    if full_because:
+        record["mode_note"] = full_because
+    gpu = physical_index(record["gpu_index"])
     started = time.monotonic()
     try:
-        engine_args = engine_args_for(cell, task.gpu, settings.models, settings.built, settings.use_hub)
+        engine_args = engine_args_for(cell, task.gpu, settings.models, settings.built, settings.use_hub,
+                                      probe=mode == "probe", vllm_version=settings.vllm_version)
     except KeyError as err:
         return _finish(record, task, settings, {"status": "error", "error_tail": str(err.args[0])}, started)
     record["engine_args"] = engine_args
     spec = {
         "cell_id": cell.cell_id,
         "engine_args": engine_args,
-        "prompts": cell.case.generate.prompts,
-        "max_tokens": cell.case.generate.max_tokens,
+        **generation(cell, mode),
         "emulate_capability": _capability(task),
         "accuracy": accuracy_spec(cell, settings.use_hub),
     }
@@ -203,7 +233,7 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_
             start_new_session=True,
             preexec_fn=_die_with_parent(os.getpid()),
         )
-        processes.add(proc.pid)
+        processes.add(proc.pid, gpu)
         try:
             proc.wait(timeout=timeout)
             timed_out = False
@@ -217,7 +247,74 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_
     _cap_log(log)
     outcome = _outcome(proc.returncode, timed_out, timeout, _load_result(result_path), _tail(log))
     outcome["log"] = str(log.relative_to(run_dir.root))
+    if settings.gpu_memory is not None and gpu in processes.gpu_baselines:
+        outcome.update(check_gpu_memory(settings.gpu_memory, gpu, processes, settings.gpu_settle_s))
     return _finish(record, task, settings, outcome, started)
+
+
+@dataclass(frozen=True)
+class GpuBaseline:
+    """A GPU before the run: the memory in use and the processes (not the harness's) that held it."""
+
+    used_mib: float
+    pids: frozenset[int]
+
+
+def gpu_baselines(memory: GpuMemory, indices: set[int]) -> dict[int, GpuBaseline]:
+    return {i: GpuBaseline(memory.used_mib(i), frozenset(memory.processes(i))) for i in indices}
+
+
+def pinned_gpus(slot_env: Callable[[int], dict[str, str]] | None, jobs: int) -> set[int]:
+    """The GPUs the slots are pinned to (plain indices; other pins are not checked)."""
+    if slot_env is None:
+        return set()
+    pins = (physical_index(slot_env(slot).get("CUDA_VISIBLE_DEVICES")) for slot in range(max(1, jobs)))
+    return {index for index in pins if index is not None}
+
+
+def check_gpu_memory(memory: GpuMemory, gpu: int, processes: CellProcesses, settle_s: float) -> dict:
+    """After a cell's process group is gone: wait (up to `settle_s`, returning as soon as it is) until its GPU
+    is back at its baseline; the record's `gpu_memory`, and a `leak` line if it is not back.
+    Processes of cells still running there are theirs, and while any runs the GPU's total is theirs too, so then
+    only processes are checked (`exclusive` False)."""
+    baseline = processes.gpu_baselines[gpu]
+    started = time.monotonic()
+    while True:
+        running = processes.running()
+        exclusive = gpu not in running.values()
+        foreign = {pid: mib for pid, mib in memory.processes(gpu).items()
+                   if pid not in baseline.pids and _pgid(pid) not in running}
+        used = memory.used_mib(gpu)
+        above = used - baseline.used_mib if exclusive else 0.0
+        driver_level = not foreign and above > GPU_LEAK_TOLERANCE_MIB
+        if not (foreign or driver_level) or time.monotonic() - started >= settle_s:
+            break
+        time.sleep(GPU_POLL_S)
+    leaked = sum(foreign.values()) if foreign else (above if driver_level else 0.0)
+    out: dict[str, Any] = {"gpu_memory": {
+        "gpu_index": gpu, "baseline_mib": round(baseline.used_mib, 1), "after_mib": round(used, 1),
+        "leaked_mib": round(leaked, 1), "leaked_pids": {str(pid): round(mib, 1) for pid, mib in foreign.items()},
+        "exclusive": exclusive, "waited_s": round(time.monotonic() - started, 3),
+    }}
+    # Reported, never killed: a process the harness did not start may be an operator's (a notebook, a server).
+    if foreign or driver_level:
+        processes.keep_leak(gpu, set(foreign), leaked)
+    if foreign:
+        held = "1 process still holds" if len(foreign) == 1 else f"{len(foreign)} processes still hold"
+        pids = ", ".join(str(pid) for pid in sorted(foreign))
+        out["leak"] = f"{held} {leaked:.0f} MiB on GPU {gpu} after the cell ended: pids {pids}"
+    elif driver_level:
+        out["leak"] = (f"GPU {gpu} holds {leaked:.0f} MiB above its baseline after the cell ended, held by no "
+                       "listed process (driver-level)")
+    return out
+
+
+def _pgid(pid: int) -> int | None:
+    """The process group of a pid; None for one that is gone or not visible here."""
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
 
 
 def _capability(task: Task) -> list[int] | None:
@@ -289,7 +386,7 @@ def judge_record(record: dict, task: Task, run_dir: RunDir) -> dict:
     if task.emulated_from and record.get("signature") in NOT_EMULABLE_SIGNATURES:
         verdict, reason = "skip", f"not emulable on {task.emulated_from}: {record.get('error_tail')}"
         record["not_emulable"] = True
-    record.update(expectations=results, verdict=verdict, reason=reason)
+    record.update(expectations=results, verdict=verdict, reason=reason, tags=list(task.cell.case.tags))
     return record
 
 
@@ -308,6 +405,7 @@ def skip_record(task: Task, reason: str, run_id: str) -> dict:
         "cell_id": task.cell.cell_id, "case": task.cell.case.name, "model": task.cell.model,
         "axes": task.cell.axes, "gpu_class": task.gpu_name, "emulated_from": task.emulated_from,
         "run_id": run_id, "status": "skipped", "verdict": "skip", "reason": reason, "expectations": [],
+        "tags": list(task.cell.case.tags),
     }
 
 
@@ -352,6 +450,7 @@ def run_tasks(
     on_record: Callable[[dict, int, int, bool], None] | None = None,
     slot_env: Callable[[int], dict[str, str]] | None = None,
     expected_s: dict[str, float] | None = None,
+    last_verdicts: dict[str, str] | None = None,
 ) -> list[dict]:
     """Run every task not already recorded in the run folder; returns all records, finished ones included, in
     the order of `tasks`.
@@ -359,13 +458,17 @@ def run_tasks(
     `on_record(record, done, total, resumed)` is called once per cell as it finishes (progress lines).
     `slot_env(slot)` gives each concurrent slot its environment (e.g. CUDA_VISIBLE_DEVICES for its GPU).
     `expected_s` (cell id → expected seconds, e.g. the last run's) starts cells longest first, grouped by model
-    and backend (harness/schedule.py); without it they start in the given order.
+    and backend (harness/schedule.py), cells whose `last_verdicts` failed first; without it they start in the
+    given order.
     """
     run_dir, total = settings.run_dir, len(tasks)
     records, todo = finished_records(tasks, run_dir, on_record)
     if expected_s is not None:
-        todo = order_tasks(todo, expected_s)
-    processes = CellProcesses()
+        todo = order_tasks(todo, expected_s, last_verdicts=last_verdicts)
+    # Before any cell starts: what the slots' GPUs hold that is not this run's.
+    baselines = (gpu_baselines(settings.gpu_memory, pinned_gpus(slot_env, jobs))
+                 if settings.gpu_memory is not None else None)
+    processes = CellProcesses(baselines)
     lock = threading.Lock()
     free_slots = list(range(max(1, jobs)))
 

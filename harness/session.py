@@ -7,13 +7,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.gpu_memory import open_gpu_memory
 from harness.models import build_models
 from harness.records import RUNS_DIR, RunDir
 from harness.runner import REPO_ROOT, RunSettings, Task
 from harness.vllm_compat import installed_vllm_version, known_engine_args, known_env_vars, known_kv_cache_dtypes
 from matrix.expand import Cell
 from matrix.load import CASES_DIR, load_models, load_pool
-from matrix.pool import detect_device, resolve
+from matrix.pool import PoolError, detect_device, resolve
 from matrix.schema import GpuClass, Vocabulary
 
 DEFAULT_CACHE = REPO_ROOT / ".cache"
@@ -54,7 +55,10 @@ class Session:
         """Each slot's cells see one GPU, so engines on different GPUs never meet (worker/slot → device)."""
         if self.host.device != "cuda":
             return {}
-        return {"CUDA_VISIBLE_DEVICES": str(slot // self.host.slots_per_device % max(1, self.device_count))}
+        # PCI bus order: CUDA's default (fastest first) could name another card than NVML's index on a host
+        # with mixed GPUs, and the GPU-memory check reads NVML by the pinned index.
+        return {"CUDA_VISIBLE_DEVICES": str(slot // self.host.slots_per_device % max(1, self.device_count)),
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
     def build_models(self, tasks: list[Task]) -> None:
         if not self.settings.use_hub:
@@ -70,14 +74,24 @@ def open_session(
     cases_dir: Path = CASES_DIR,
     use_hub: bool = False,
     timeout_scale: float = 1.0,
+    probe_only: bool = False,
+    on_ray: bool = False,
 ) -> Session:
+    """`on_ray`: the cells run on a Ray cluster's nodes of class `gpu`, whatever this machine is."""
     pool = load_pool(cases_dir)
-    device = detect_device()
-    gpu_name, emulated_from = resolve(gpu, pool, device, emulate)
+    if on_ray and gpu is not None:
+        if gpu not in pool:
+            raise PoolError(f"GPU class {gpu!r} is not in the pool; known: {', '.join(pool)}")
+        gpu_name, emulated_from, device_count = gpu, None, 0
+    else:
+        device = detect_device()
+        (gpu_name, emulated_from), device_count = resolve(gpu, pool, device, emulate), device.count
     version = installed_vllm_version()
     run_id = run_id or f"{time.strftime('%Y%m%d')}-{gpu_name}-vllm{version}"
     settings = RunSettings(
         run_dir=RunDir(Path(runs_dir) / run_id), models=load_models(cases_dir), built={},
         vllm_version=version, cache_dir=Path(cache_dir), use_hub=use_hub, timeout_scale=timeout_scale,
+        probe_only=probe_only,
+        gpu_memory=None if on_ray else open_gpu_memory(),  # the GPUs cells run on here (Ray nodes: not checked)
     )
-    return Session(settings, gpu_name, pool[gpu_name], emulated_from, pool, device.count)
+    return Session(settings, gpu_name, pool[gpu_name], emulated_from, pool, device_count)

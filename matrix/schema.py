@@ -261,6 +261,8 @@ class Accuracy(Strict):
 class Case(Strict):
     name: str
     description: str = ""
+    # Free labels for grouping cells in reports, e.g. the regression class a case covers (`class-7`).
+    tags: list[str] = Field(default_factory=list)
     model: str
     gpus: list[str | dict[str, Any]] = Field(default_factory=lambda: ["*"])
     matrix: MatrixAxes = Field(default_factory=MatrixAxes)

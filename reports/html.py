@@ -9,7 +9,7 @@ from pathlib import Path
 import jinja2
 
 from reports.diff_md import Comparison, detail, move
-from reports.summary import VERDICT_ORDER, counts, facts, frame
+from reports.summary import VERDICT_ORDER, counts, facts, frame, leaks
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
@@ -33,12 +33,14 @@ def render(records: list[dict], title: str = "kvmatrix", header: str = "", log_p
                 "facts": " · ".join(f"{k} {v}" for k, v in facts(r).items()),
                 "log": f"{log_prefix}{r['log']}" if r.get("log") else None,
                 "emulated_from": r.get("emulated_from"),
+                "leak": r.get("leak"),
             })
         rows.append({"cell_id": cell_id, "entries": entries,
                      "verdicts": sorted({e["verdict"] for e in entries if e})})
     return _ENV.get_template("matrix.html.j2").render(
         title=title, header=header, gpus=gpus, rows=rows, n_cells=len(df),
         counts=counts(df) if not df.empty else {}, verdicts=VERDICT_ORDER, diff=_diff_view(diff or []),
+        leaks=leaks(records),
     )
 
 

@@ -29,7 +29,12 @@ def render(records: list[dict]) -> str:
                 ET.SubElement(case, "skipped", message=reason)
             elif r["verdict"] == "xfail":
                 ET.SubElement(case, "skipped", type="pytest.xfail", message=reason)
-            if r.get("log"):
-                ET.SubElement(case, "system-out").text = f"log: {r['log']}"
+            out = [f"log: {r['log']}"] if r.get("log") else []
+            if r.get("leak"):  # not a failure (the cell's results stand), but shown where CI shows a case
+                properties = ET.SubElement(case, "properties")
+                ET.SubElement(properties, "property", name="gpu_leak", value=r["leak"])
+                out.append(f"LEAK: {r['leak']}")
+            if out:
+                ET.SubElement(case, "system-out").text = "\n".join(out)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from reports.summary import counts, frame, pivot
+import pandas as pd
+
+from reports.summary import counts, frame, leaks, pivot
 
 
 def class_differences(records: list[dict], reference: str) -> list[str]:
@@ -31,6 +33,17 @@ def class_differences(records: list[dict], reference: str) -> list[str]:
     return lines
 
 
+def cells_per_tag(records: list[dict]) -> pd.DataFrame:
+    """Cells that ran (any verdict but skip) per case tag and GPU class, e.g. per regression class."""
+    rows = [(tag, r["gpu_class"]) for r in records if r.get("verdict") != "skip" for tag in r.get("tags") or []]
+    if not rows:
+        return pd.DataFrame()
+    counted = pd.DataFrame(rows, columns=["tag", "gpu_class"]).value_counts().unstack(fill_value=0)
+    order = sorted(counted.index, key=lambda t: (t.rstrip("0123456789"), int("0" + t[len(t.rstrip("0123456789")):])))
+    classes = list(dict.fromkeys(r["gpu_class"] for r in records))
+    return counted.reindex(index=order, columns=classes, fill_value=0).rename_axis(columns=None)
+
+
 def render(records: list[dict], title: str = "kvmatrix", header: str = "", compare_to: str | None = None) -> str:
     df = frame(records)
     if df.empty:
@@ -42,11 +55,18 @@ def render(records: list[dict], title: str = "kvmatrix", header: str = "", compa
     lines += [f"{len(df)} cells: {total}", ""]
     table = pivot(df).reset_index().rename(columns={"cell_id": "cell"})
     lines.append(table.to_markdown(index=False))
+    per_tag = cells_per_tag(records)
+    if not per_tag.empty:
+        lines += ["", "## Cells per tag (skipped cells not counted)", "", per_tag.to_markdown()]
     problems = df[df["verdict"].isin(["fail", "error", "xfail"])]
     if not problems.empty:
         lines += ["", "## Failures and expected failures", ""]
         for row in problems.itertuples():
             lines.append(f"- **{row.verdict.upper()}** `{row.cell_id}` on {row.gpu_class}: {row.reason}")
+    leaked = leaks(records)
+    if leaked:
+        lines += ["", "## Leaks (GPU memory left behind after the cell ended)", ""]
+        lines += [f"- {line}" for line in leaked]
     if compare_to:
         differences = class_differences(records, compare_to)
         lines += ["", f"## Differences from the {compare_to} column", ""]

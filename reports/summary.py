@@ -45,6 +45,8 @@ def facts(record: dict) -> dict[str, str]:
         out["sig"] = record["signature"]
     if record.get("emulated_from"):
         out["emulated"] = f"on {record['emulated_from']}"
+    if record.get("mode") == "probe":
+        out["mode"] = "probe"
     return out
 
 
@@ -62,7 +64,9 @@ def _accuracy_facts(record: dict) -> dict[str, str]:
 
 
 def cell_text(record: dict) -> str:
-    parts = [record["verdict"].upper()] + [f"{k} {v}" for k, v in facts(record).items()]
+    # A leak leaves the verdict as it is (the cell's results stand) but must catch the eye beside it.
+    marker = ["LEAK"] if record.get("leak") else []
+    parts = [record["verdict"].upper(), *marker] + [f"{k} {v}" for k, v in facts(record).items()]
     return " · ".join(parts)
 
 
@@ -96,3 +100,8 @@ def pivot(df: pd.DataFrame, value: str = "text") -> pd.DataFrame:
 def counts(df: pd.DataFrame) -> dict[str, int]:
     got = df["verdict"].value_counts().to_dict()
     return {v: int(got.get(v, 0)) for v in VERDICT_ORDER if got.get(v)}
+
+
+def leaks(records: list[dict]) -> list[str]:
+    """One line per cell that left GPU memory behind (see harness/runner.py check_gpu_memory)."""
+    return [f"{r['cell_id']} on {r.get('gpu_class', '?')}: {r['leak']}" for r in records if r.get("leak")]

@@ -1,5 +1,6 @@
 """A stand-in for `python -m harness.cell` that misbehaves on purpose, chosen by the cell's case name:
-ok, hang, segv, killed, crash, orphan (leaves a grandchild behind), noisy (megabytes of log), slow.
+ok, hang, segv, killed, crash, orphan (leaves a grandchild behind), escaped (a grandchild that leaves the cell's
+process group), noisy (megabytes of log), slow.
 It speaks the real cell protocol (SPEC.json in, RESULT.json out after each phase), so the harness under test
 is exactly the production one."""
 
@@ -37,6 +38,10 @@ def main() -> None:
     if behaviour == "orphan":
         # A grandchild in the cell's process group, as vLLM's helpers would be; the harness must reap it.
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        Path(out.with_suffix(".pid")).write_text(str(child.pid))
+    if behaviour == "escaped":
+        # A grandchild in a session of its own (a daemonised helper): killing the cell's group misses it.
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
         Path(out.with_suffix(".pid")).write_text(str(child.pid))
     if behaviour == "noisy":
         line = "x" * 1023 + "\n"

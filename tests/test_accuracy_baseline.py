@@ -119,3 +119,19 @@ def test_no_baseline_record_is_reported_not_failed(cases_dir, tmp_path):
     verdict, reason, mine, _ = judged(cases_dir, tmp_path, [1.0] * 10, None)
     assert verdict == "pass" and mine["accuracy_vs_baseline"]["missing"] == "no baseline"
     assert reason.endswith("no baseline")
+
+
+def test_a_baseline_of_another_mode_is_not_compared(cases_dir, tmp_path):
+    """Like with like: a baseline that ran probe-only (fewer tokens) next to a full cell is a skipped comparison,
+    never a drop."""
+    cells = cells_of(cases_dir, {"model": "llama", "matrix": {"kv_cache_dtype": ["auto", "fp8"]},
+                                 "accuracy": ACCURACY})
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.write({**record(cells[0].cell_id, [1.0] * 100), "gpu_class": "cpu", "mode": "probe"})
+    mine = {**record(cells[1].cell_id, [0.0] * 100), "mode": "full"}
+    context = cells[1].context("cpu", load_pool(cases_dir)["cpu"], None, False)
+    verdict, reason = judge_accuracy(mine, cells[1], run_dir, "cpu", context, "pass", "2 checks hold", [])
+    assert verdict == "pass"
+    assert mine["accuracy_vs_baseline"]["missing"] == ("not compared: the baseline ran in probe mode, this cell "
+                                                       "in full mode")
+    assert reason.endswith("in full mode")

@@ -74,6 +74,14 @@ def test_same_records_make_no_diff():
     assert diff.unchanged == 4
 
 
+def test_a_probe_only_record_is_compared_by_its_resolved_state_not_its_tokens():
+    full = captured_record(AUTO, "ct_llama-auto", "cpu", "night-1", "2026-11-27T02:00:00Z")
+    probe = {**captured_record(AUTO, "ct_llama-auto", "cpu", "night-2", "2026-11-28T02:00:00Z"),
+             "mode": "probe", "tokens": [full["tokens"][0][:2]]}  # one prompt, 2 tokens
+    (change,) = diff_records([full], [probe]).changed
+    assert change.what == ("mode - → probe",)  # fewer tokens is the mode, not moved numerics
+
+
 def test_cells_are_compared_within_their_gpu_class():
     cpu = night_1()
     l4 = [{**r, "gpu_class": "L4"} for r in cpu]

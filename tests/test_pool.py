@@ -44,5 +44,5 @@ def test_slots_pin_one_gpu_each_and_pack_by_the_real_class():
     devices = [two_h200.slot_env(s)["CUDA_VISIBLE_DEVICES"] for s in range(two_h200.slots)]
     assert devices == ["0"] * POOL["H200"].slots_per_device + ["1"] * POOL["H200"].slots_per_device
     as_l4 = session("L4", "H200", 1)  # emulated: packed as the H200 it runs on, not as a 24 GB L4
-    assert as_l4.slots == POOL["H200"].slots_per_device and as_l4.slot_env(3) == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert as_l4.slots == POOL["H200"].slots_per_device and as_l4.slot_env(3)["CUDA_VISIBLE_DEVICES"] == "0"
     assert session("cpu", None, 0).slot_env(0) == {}

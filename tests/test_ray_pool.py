@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import cli
 from harness.records import RunDir
 from harness.runner import RunSettings, Task
 from matrix.expand import expand_all
@@ -32,15 +33,22 @@ MARKED_CELL = ("sh", "-c", 'b=$(basename "$2" .spec.json); echo started >> "$KVM
                sys.executable, str(FAKE_CELL))
 
 
+def start_cluster(monkeypatch, head: dict[str, float], nodes: dict[str, dict[str, float]]) -> tuple[Cluster, dict]:
+    """A local multi-node cluster: the head and each named node declaring these custom resources."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the nodes' workers import harness/
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20,
+                                                            "resources": head})
+    added = {name: cluster.add_node(num_cpus=1, object_store_memory=80 << 20, resources=resources)
+             for name, resources in nodes.items()}
+    cluster.wait_for_nodes()
+    return cluster, added
+
+
 @pytest.fixture
 def cluster(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the nodes' workers import harness/
     # The head (where the driver runs) is the A100 node; the two L4 nodes have one slot each.
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20,
-                                                            "resources": {"gpu_class:A100": 2}})
-    nodes = {name: cluster.add_node(num_cpus=1, object_store_memory=80 << 20, resources={"gpu_class:L4": 1})
-             for name in ("L4-a", "L4-b")}
-    cluster.wait_for_nodes()
+    cluster, nodes = start_cluster(monkeypatch, {"gpu_class:A100": 2},
+                                   {name: {"gpu_class:L4": 1} for name in ("L4-a", "L4-b")})
     ray.init(address=cluster.address)
     yield cluster, nodes
     ray.shutdown()
@@ -115,3 +123,42 @@ def test_placement_by_class_resource_or_accelerator_type(cases_dir):
         "accelerator_type:H200", {"num_cpus": 0, "num_gpus": 1 / 4, "accelerator_type": "H200"})
     assert placement(Task(cell, "L4", pool["L4"]), real_gpus=True, accelerator_types={"L4": "NVIDIA_L4"})[0] == (
         "accelerator_type:NVIDIA_L4")
+
+
+@pytest.fixture
+def cpu_cluster(monkeypatch):
+    """Two nodes of the `cpu` class, not joined by this process: `kvmatrix run --ray` joins it itself."""
+    cluster, _ = start_cluster(monkeypatch, {}, {name: {"gpu_class:cpu": 1} for name in ("cpu-a", "cpu-b")})
+    yield cluster
+    cluster.shutdown()
+
+
+def test_cli_runs_cells_on_a_ray_cluster_and_resumes(cpu_cluster, cases_dir, tmp_path, monkeypatch, capsys):
+    write_case(cases_dir, "ok", {"model": "llama", "gpus": ["cpu"], "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    real_open_session = cli.open_session
+
+    def fake_cell_session(*args, **kwargs):  # the CLI's session, with fake cells and no model build
+        session = real_open_session(*args, **kwargs)
+        session.settings.cell_command, session.settings.env = MARKED_CELL, {"KVM_MARKERS": str(markers)}
+        session.build_models = lambda tasks: session.settings.built.update(llama=cases_dir)
+        return session
+
+    monkeypatch.setattr(cli, "open_session", fake_cell_session)
+    argv = ["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / "runs"), "--run-id", "ray",
+            "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", "cpu",
+            "--ray", cpu_cluster.address]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    run_dir = RunDir(tmp_path / "runs" / "ray")
+    records = {r["cell_id"]: r for r in run_dir.records()}
+    assert sorted(records) == ["ok[kv=auto,skip=-,spec=-]", "ok[kv=fp8,skip=-,spec=-]"]
+    assert all(r["verdict"] == "pass" and (run_dir.root / r["log"]).exists() for r in records.values())
+    assert out.count("PASS  ok[") == 2 and "on the Ray cluster at" in out
+    assert (run_dir.root / "matrix.md").exists() and (run_dir.root / "junit.xml").exists()
+    assert len(list(markers.iterdir())) == 2
+
+    assert cli.main(argv) == 0  # the same run id: resumed, nothing sent to the cluster again
+    assert capsys.readouterr().out.count("(resumed)") == 2
+    assert sum(len(p.read_text().split()) for p in markers.iterdir()) == 2

@@ -1,5 +1,6 @@
-"""Scheduling: baselines first, cells sharing a model and backend together, longest first by the last run's
-timings from the history; `run_tasks` starts cells in that order and still returns them in the given one."""
+"""Scheduling: baselines first, the last run's failures first within each wave, cells sharing a model and backend
+together, longest first by the last run's timings from the history; `run_tasks` starts cells in that order and
+still returns them in the given one."""
 
 from __future__ import annotations
 
@@ -79,3 +80,48 @@ def test_run_tasks_starts_in_schedule_order_and_returns_in_given_order(cases_dir
                         expected_s={"ok[kv=fp8,skip=-,spec=-]": 9.0, "ok[kv=auto,skip=-,spec=-]": 1.0})
     assert started == ["ok[kv=fp8,skip=-,spec=-]", "ok[kv=auto,skip=-,spec=-]"]
     assert [r["cell_id"] for r in records] == ids(tasks) and all(r["verdict"] == "pass" for r in records)
+
+
+def test_cells_that_failed_last_time_start_first_within_each_wave(cases_dir):
+    tasks = tasks_of(cases_dir, "a", {"kv_cache_dtype": ["auto", "bfloat16", "fp8", "fp8_e5m2"]})
+    baseline = "a[kv=auto,skip=-,spec=-]"
+    tasks = [dataclasses.replace(t, cell=dataclasses.replace(t.cell, baseline_id=baseline)) for t in tasks]
+    tasks += tasks_of(cases_dir, "b", {"kv_cache_dtype": ["auto", "fp8"]}, model="ct-llama")
+    expected = {baseline: 1, "a[kv=bfloat16,skip=-,spec=-]": 50, "a[kv=fp8,skip=-,spec=-]": 5,
+                "a[kv=fp8_e5m2,skip=-,spec=-]": 2, "b[kv=auto,skip=-,spec=-]": 3, "b[kv=fp8,skip=-,spec=-]": 1}
+    last = {baseline: "pass", "a[kv=fp8,skip=-,spec=-]": "fail", "b[kv=fp8,skip=-,spec=-]": "error",
+            "a[kv=fp8_e5m2,skip=-,spec=-]": "xfail"}  # an expected failure is no news: it keeps its place
+    assert ids(order_tasks(tasks, expected, last_verdicts=last)) == [
+        baseline,  # compared cells need their baseline's record: baselines still come first
+        "a[kv=fp8,skip=-,spec=-]", "b[kv=fp8,skip=-,spec=-]",  # failed last time, longest first
+        "a[kv=bfloat16,skip=-,spec=-]", "a[kv=fp8_e5m2,skip=-,spec=-]", "b[kv=auto,skip=-,spec=-]",
+    ]
+
+
+def test_last_verdicts_are_each_cells_latest_run(tmp_path):
+    db = history.open_db(tmp_path / "h.sqlite")
+
+    def rec(cell, run, day, verdict, gpu="cpu"):
+        return {"cell_id": cell, "run_id": run, "gpu_class": gpu, "verdict": verdict,
+                "finished_at": f"2026-11-{day:02d}T02:00:00Z"}
+
+    history.import_records(db, [rec("x", "night-2", 2, "fail"), rec("y", "night-2", 2, "pass"),
+                                rec("x", "h", 3, "pass", "H200")])
+    history.import_records(db, [rec("x", "night-1", 1, "pass"), rec("z", "night-1", 1, "error")])
+    # A skipped cell has no finish time of its own: its run's finish places it.
+    history.import_records(db, [rec("w", "night-3", 3, "pass"),
+                                {**rec("y", "night-3", 3, "skip"), "finished_at": None}])
+    assert history.last_verdicts(db, "cpu") == {"x": "fail", "y": "skip", "z": "error", "w": "pass"}
+
+
+def test_run_tasks_starts_last_failures_first(cases_dir, tmp_path):
+    write_case(cases_dir, "ok", {"model": "llama", "gpus": ["cpu"], "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})
+    pool, models = load_pool(cases_dir), load_models(cases_dir)
+    tasks = [Task(c, "cpu", pool["cpu"]) for c in expand_case(load_case(cases_dir / "ok.yaml"), models, pool)]
+    settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models=models, built={"llama": cases_dir},
+                           vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL)
+    started: list[str] = []
+    run_tasks(tasks, settings, on_record=lambda r, *_: started.append(r["cell_id"]),
+              expected_s={"ok[kv=auto,skip=-,spec=-]": 9.0, "ok[kv=fp8,skip=-,spec=-]": 1.0},
+              last_verdicts={"ok[kv=fp8,skip=-,spec=-]": "fail"})
+    assert started == ["ok[kv=fp8,skip=-,spec=-]", "ok[kv=auto,skip=-,spec=-]"]

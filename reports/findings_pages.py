@@ -1,0 +1,112 @@
+"""Findings pages: one Markdown page per failure that nothing explains, written for a person who will file it.
+
+A failure is explained when a waiver names it (a known, filed vLLM issue: it is then `xfail`, not `fail`) or when
+the case expects it (`xfail`). What is left (`fail`) is either a vLLM regression or a wrong expectation, and
+either way somebody must look: the page gives the cell, the vLLM version, what the record shows (backends, KV
+dtypes, query dtypes, page sizes per layer), the unmet expectations, the error, and a one-command reproducer with
+its environment. `reports/findings/README.md` is the curated page that says which of these are vLLM bugs.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from harness.records import record_stem
+from reports.summary import facts
+
+FINDINGS_DIR = Path(__file__).resolve().parent / "findings"
+INDEX = "README.md"
+# Engine arguments the harness sets for every cell; a reproducer repeats only what the cell itself chose.
+HARNESS_ARGS = ("model", "tokenizer", "seed", "max_model_len", "enforce_eager", "dtype")
+
+
+def unexplained(records: list[dict]) -> list[dict]:
+    return [r for r in records if r.get("verdict") == "fail"]
+
+
+def reproducer(record: dict) -> str:
+    """The `kvmatrix run` command for this one cell on the class it ran as."""
+    parts = ["kvmatrix", "run", "--gpu", record["gpu_class"]]
+    if record.get("emulated_from"):
+        parts.append("--emulate")
+    if record.get("mode") == "probe":
+        parts.append("--probe-only")
+    parts += ["--cell", record["cell_id"]]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _environment(record: dict) -> list[str]:
+    host = f"emulated on a real {record['emulated_from']}" if record.get("emulated_from") else "real"
+    return [
+        f"- vLLM {record.get('vllm_version')}, torch {record.get('torch_version')}, Python {record.get('python')}",
+        f"- GPU class {record['gpu_class']} ({host}); run `{record.get('run_id')}`, finished "
+        f"{record.get('finished_at', '?')}",
+    ]
+
+
+def _layer_table(record: dict) -> list[str]:
+    layers = record.get("layers") or []
+    if not layers:
+        return ["No resolved state was recorded (the cell ended before the probe ran)."]
+    rows = ["| layer | role | backend | kv dtype | spec dtype | page bytes | group |", "|---|---|---|---|---|---|---|"]
+    for la in layers:
+        rows.append(f"| {la.get('name')} | {la.get('role', 'target')} | {la.get('backend')} | "
+                    f"{la.get('kv_cache_dtype')} | {la.get('spec_dtype')} | {la.get('page_size_bytes')} | "
+                    f"{la.get('group')} |")
+    return rows
+
+
+def page(record: dict) -> str:
+    shown = " · ".join(f"{k} {v}" for k, v in facts(record).items())
+    unmet = [e for e in record.get("expectations") or [] if not e.get("ok")]
+    own_args = {k: v for k, v in (record.get("engine_args") or {}).items() if k not in HARNESS_ARGS}
+    lines = [
+        f"# `{record['cell_id']}` on {record['gpu_class']}, vLLM {record.get('vllm_version')}",
+        "",
+        f"**Verdict:** fail: {record.get('reason', '')}",
+        "",
+        f"**Record:** {shown or '-'}",
+        "",
+        "## Environment",
+        *_environment(record),
+        "",
+        "## Reproduce",
+        "```",
+        reproducer(record),
+        "```",
+        f"Engine arguments beyond the harness's base: `{json.dumps(own_args, sort_keys=True)}`",
+        "",
+        "## Expectations not met",
+        *([f"- `{e['rule']}`: {e.get('detail', '')}" for e in unmet] or ["- (none: see the verdict)"]),
+        "",
+        "## Error",
+        f"- status `{record.get('status')}`, phase `{record.get('phase')}`, "
+        f"signature `{record.get('signature') or '-'}`",
+        f"- {record.get('error_tail') or 'no exception: the resolved state differs from what the case expects'}",
+        "",
+        "## Resolved state per layer",
+        *_layer_table(record),
+    ]
+    if record.get("log"):
+        lines += ["", f"Cell log in the run folder: `{record['log']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def write(records: list[dict], out_dir: Path) -> list[Path]:
+    """A page per unexplained failure, and an index; returns the pages written (none: no index either)."""
+    failures = unexplained(records)
+    if not failures:
+        return []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written, index = [], ["# Unexplained failures", "", "| cell | GPU class | vLLM | signature | page |",
+                          "|---|---|---|---|---|"]
+    for record in sorted(failures, key=lambda r: (r["gpu_class"], r["cell_id"])):
+        name = f"{record_stem(record['cell_id'], record['gpu_class'])}--vllm{record.get('vllm_version')}.md"
+        (out_dir / name).write_text(page(record))
+        written.append(out_dir / name)
+        index.append(f"| `{record['cell_id']}` | {record['gpu_class']} | {record.get('vllm_version')} | "
+                     f"{record.get('signature') or '-'} | [{name}]({name.replace(' ', '%20')}) |")
+    (out_dir / INDEX).write_text("\n".join(index) + "\n")
+    return written
