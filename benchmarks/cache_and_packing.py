@@ -80,16 +80,15 @@ def main() -> None:
     jobs = args.jobs or max(2, first.slots)
     subprocess.run([sys.executable, "-c", WARM_UP], check=True, cwd=REPO_ROOT)
 
-    walls, verdicts = {}, {}
-    for arm in arms:
-        walls[arm], records = timed_run(sessions[arm], cells, jobs if arm == "c" else 1)
-        verdicts[arm] = [(r["cell_id"], r["verdict"]) for r in records]
     print(f"cells: {len(first.tasks(cells))} on {first.gpu_name}"
           + (f" (emulated on {first.emulated_from})" if first.emulated_from else "")
-          + f"; caches: {'warm ' + args.warm_shared if args.warm_shared else 'cold per arm'}"
-          + f"; load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} cores")
-    for arm in arms:
-        print(f"({arm}) {ARM_TITLES[arm].format(jobs=jobs):40s} {walls[arm]:8.1f} s")
+          + f"; caches: {'warm ' + args.warm_shared if args.warm_shared else 'cold per arm'}", flush=True)
+    walls, verdicts = {}, {}
+    for arm in arms:  # each arm's line as soon as it ends: a run stopped by a time limit keeps what it measured
+        walls[arm], records = timed_run(sessions[arm], cells, jobs if arm == "c" else 1)
+        verdicts[arm] = [(r["cell_id"], r["verdict"]) for r in records]
+        print(f"({arm}) {ARM_TITLES[arm].format(jobs=jobs):40s} {walls[arm]:8.1f} s", flush=True)
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} cores")
     ratios = [f"{name} ({x})/({y}): {walls[x] / walls[y]:.2f}x"
               for name, x, y in (("cache sharing", "a", "b"), ("packing", "b", "c"), ("both", "a", "c"))
               if x in walls and y in walls]

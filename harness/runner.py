@@ -29,7 +29,7 @@ from harness.records import RunDir, read_json, record_stem, write_json_atomic
 from harness.schedule import order_tasks
 from harness.signatures import classify, last_exception_line
 from harness.verdict import judge
-from harness.vllm_compat import NOT_EMULABLE_SIGNATURES
+from harness.vllm_compat import ENVIRONMENT_SIGNATURES, NOT_EMULABLE_SIGNATURES
 from matrix.expand import Cell
 from matrix.schema import GpuClass, ModelEntry
 
@@ -386,6 +386,8 @@ def judge_record(record: dict, task: Task, run_dir: RunDir) -> dict:
     if task.emulated_from and record.get("signature") in NOT_EMULABLE_SIGNATURES:
         verdict, reason = "skip", f"not emulable on {task.emulated_from}: {record.get('error_tail')}"
         record["not_emulable"] = True
+    elif record.get("signature") in ENVIRONMENT_SIGNATURES:
+        verdict, reason = "error", f"environment, not vLLM: {record.get('error_tail')}"
     record.update(expectations=results, verdict=verdict, reason=reason, tags=list(task.cell.case.tags))
     return record
 

@@ -389,25 +389,36 @@ def build_nemotron_h(out: Path, seed: int = 0) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- EAGLE-3
+EAGLE3_AUX_LAYERS = [1, 2, 3]  # the target's hidden states at these layers' inputs feed `fc`: any three of 4
+
+
 def _eagle3_config() -> dict:
     t = _llama_config()
     return {
         **_draft_of_llama("LlamaForCausalLMEagle3", "llama"),
         "draft_vocab_size": VOCAB,  # the full vocab: no d2t / t2d mapping tensors needed
         "target_hidden_size": t["hidden_size"],
-        # The target's hidden states at these layers' inputs feed `fc`; any three of the 4 target layers.
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]},
+        # Nested, as some exported drafts write it: vLLM 0.26.0's GPU runner does not read this form
+        # (reports/findings: eagle3-gpu-runner-ignores-nested-aux-layer-ids).
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": EAGLE3_AUX_LAYERS},
     }
 
 
-def build_eagle3_llama(out: Path, seed: int = 0) -> None:
+def _eagle3_flat_config() -> dict:
+    """The same draft with its layer ids at the top level, the form every runner reads: its cells reach the KV
+    cache (class 6) where the nested form dies first."""
+    cfg = {k: v for k, v in _eagle3_config().items() if k != "eagle_config"}
+    return {**cfg, "eagle_aux_hidden_state_layer_ids": EAGLE3_AUX_LAYERS}
+
+
+def build_eagle3_llama(out: Path, seed: int = 0, config: Callable[[], dict] = _eagle3_config) -> None:
     """EAGLE-3 draft for `llama`, laid out as the published EAGLE-3 checkpoints: one `midlayer` whose q/k/v take
     [embeds, hidden] (2 x hidden), `fc` over three target hidden states, its own lm_head; no embed_tokens
     (vLLM shares the target's)."""
-    cfg = _eagle3_config()
+    cfg = config()
     h, d = cfg["hidden_size"], cfg["head_dim"]
     q, kv, i = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d, cfg["intermediate_size"]
-    n_aux = len(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    n_aux = len(EAGLE3_AUX_LAYERS)
     shapes = {
         "midlayer.self_attn.q_proj.weight": (q, 2 * h),
         "midlayer.self_attn.k_proj.weight": (kv, 2 * h),
@@ -424,6 +435,10 @@ def build_eagle3_llama(out: Path, seed: int = 0) -> None:
         "lm_head.weight": (cfg["draft_vocab_size"], h),
     }
     _save(out, cfg, shapes, seed + 2)  # its own stream, independent of the target's and the DFlash draft's
+
+
+def build_eagle3_llama_flat(out: Path, seed: int = 0) -> None:
+    build_eagle3_llama(out, seed, _eagle3_flat_config)
 
 
 # ------------------------------------------------------------------------------------- sparse MLA (GPU only)
@@ -467,6 +482,7 @@ BUILDERS: dict[str, Callable] = {
     "gemma3": build_gemma3,
     "nemotron_h": build_nemotron_h,
     "eagle3_llama": build_eagle3_llama,
+    "eagle3_llama_flat": build_eagle3_llama_flat,
     "deepseek_v32": build_deepseek_v32,
 }
 # Builders that write no weights (their registry entry loads them with load_format dummy).
@@ -480,6 +496,7 @@ _CONFIGS = {
     "gemma3": _gemma3_config,
     "nemotron_h": _nemotron_h_config,
     "eagle3_llama": _eagle3_config,
+    "eagle3_llama_flat": _eagle3_flat_config,
     "deepseek_v32": _deepseek_v32_config,
 }
 

@@ -266,6 +266,9 @@ def emulate_device_capability(major: int, minor: int, version: str | None) -> li
 # Failures that say the real card cannot run what an emulated class selected (e.g. FlashInfer's MLA kernels for
 # SM100 need the CUTLASS DSL): such a cell is `not emulable`, not a vLLM failure.
 NOT_EMULABLE_SIGNATURES = frozenset({"cutlass_missing", "kernel_download_failed"})
+# Failures of the machine or of the harness's packing, not of vLLM's KV-cache behaviour: the cell is an `error`
+# (run it again), never a `fail` or a finding.
+ENVIRONMENT_SIGNATURES = frozenset({"startup_free_memory_check"})
 
 SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("cutlass_missing", "", (
@@ -288,6 +291,16 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     # A backend that accepted the dtype at start, then asserts on it in the forward pass (Triton, fp8_e5m2).
     ("kv_dtype_assert_in_forward", "", (r"assert self\.kv_cache_dtype in",)),
     ("no_common_block_size", "", (r"No common block size",)),
+    # An EAGLE-3 draft's fc fed fewer target hidden states than it was built for: the runner chose other
+    # auxiliary layers than the draft config names (vLLM 0.26.0's GPU model runner ignores the nested
+    # `eagle_config.eagle_aux_hidden_state_layer_ids`).
+    ("eagle3_aux_hidden_states_shape", "", (
+        r"combine_hidden_states[\s\S]{0,3000}mat1 and mat2 shapes cannot be multiplied",
+    )),
+    # vLLM compares the GPU's free memory at start with gpu_memory_utilization x total, even when the KV cache
+    # is sized in bytes: cells packed on one GPU failed it when the class's engine defaults left the fraction
+    # at vLLM's default (seen with 6 cells on an H200, vLLM 0.26.0).
+    ("startup_free_memory_check", "", (r"on startup is less than desired GPU memory utilization",)),
     ("k_scale_not_positive", "", (r"[kv]_scale must be positive",)),
     ("out_of_memory", "", (
         r"CUDA out of memory",

@@ -57,6 +57,13 @@ def test_eagle3_draft_fits_the_llama_target(tmp_path):
         assert list(f.get_slice("midlayer.self_attn.q_proj.weight").get_shape()) == [256, 2 * 128]
 
 
+def test_eagle3_drafts_differ_only_in_where_the_layer_ids_stand(tmp_path):
+    nested, flat = _config("eagle3_llama", tmp_path), _config("eagle3_llama_flat", tmp_path)
+    ids = flat.pop("eagle_aux_hidden_state_layer_ids")
+    assert ids == nested.pop("eagle_config")["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert flat == nested
+
+
 def test_sparse_mla_is_config_only(tmp_path):
     folder = tm.build("deepseek_v32", tmp_path)
     cfg = _config("deepseek_v32", tmp_path)

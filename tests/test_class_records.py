@@ -16,6 +16,7 @@ HYBRID_FP8 = "nemotron-h-hybrid[kv=fp8,skip=-,spec=-]"
     ("nemotron-h-hybrid", "nemotron-h-hybrid[kv=auto,skip=-,spec=-]", "nemotron_h-auto"),
     ("nemotron-h-hybrid", HYBRID_FP8, "nemotron_h-fp8"),
     ("llama-eagle3", "llama-eagle3[kv=fp8,skip=4,spec=llama-eagle3]", "llama-eagle3-fp8-skip4"),
+    ("llama-eagle3", "llama-eagle3[kv=fp8,skip=4,spec=llama-eagle3-flat]", "llama-eagle3-flat-fp8-skip4"),
 ])
 def test_captured_records_pass_their_cells(case, cell_id, fixture):
     got, reason, results = verdict(case, cell_id, record(fixture))

@@ -8,6 +8,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness import history
 from harness.records import RunDir
 from harness.runner import RunSettings, Task, run_tasks
@@ -69,7 +71,13 @@ def test_last_timings_are_the_latest_run_that_timed_each_cell(tmp_path):
     assert history.last_timings(db, "cpu") == {"x": 20.0, "y": 7.0, "z": 3.0}
 
 
-def test_run_tasks_starts_in_schedule_order_and_returns_in_given_order(cases_dir, tmp_path):
+@pytest.mark.parametrize(("expected_s", "last_verdicts"), [
+    ({"ok[kv=fp8,skip=-,spec=-]": 9.0, "ok[kv=auto,skip=-,spec=-]": 1.0}, None),  # longest first
+    ({"ok[kv=auto,skip=-,spec=-]": 9.0, "ok[kv=fp8,skip=-,spec=-]": 1.0},
+     {"ok[kv=fp8,skip=-,spec=-]": "fail"}),  # last run's failure first, though shorter
+], ids=["longest-first", "last-failures-first"])
+def test_run_tasks_starts_in_schedule_order_and_returns_in_given_order(cases_dir, tmp_path, expected_s,
+                                                                       last_verdicts):
     write_case(cases_dir, "ok", {"model": "llama", "gpus": ["cpu"], "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})
     pool, models = load_pool(cases_dir), load_models(cases_dir)
     tasks = [Task(c, "cpu", pool["cpu"]) for c in expand_case(load_case(cases_dir / "ok.yaml"), models, pool)]
@@ -77,7 +85,7 @@ def test_run_tasks_starts_in_schedule_order_and_returns_in_given_order(cases_dir
                            vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL)
     started: list[str] = []
     records = run_tasks(tasks, settings, on_record=lambda r, *_: started.append(r["cell_id"]),
-                        expected_s={"ok[kv=fp8,skip=-,spec=-]": 9.0, "ok[kv=auto,skip=-,spec=-]": 1.0})
+                        expected_s=expected_s, last_verdicts=last_verdicts)
     assert started == ["ok[kv=fp8,skip=-,spec=-]", "ok[kv=auto,skip=-,spec=-]"]
     assert [r["cell_id"] for r in records] == ids(tasks) and all(r["verdict"] == "pass" for r in records)
 
@@ -112,16 +120,3 @@ def test_last_verdicts_are_each_cells_latest_run(tmp_path):
     history.import_records(db, [rec("w", "night-3", 3, "pass"),
                                 {**rec("y", "night-3", 3, "skip"), "finished_at": None}])
     assert history.last_verdicts(db, "cpu") == {"x": "fail", "y": "skip", "z": "error", "w": "pass"}
-
-
-def test_run_tasks_starts_last_failures_first(cases_dir, tmp_path):
-    write_case(cases_dir, "ok", {"model": "llama", "gpus": ["cpu"], "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})
-    pool, models = load_pool(cases_dir), load_models(cases_dir)
-    tasks = [Task(c, "cpu", pool["cpu"]) for c in expand_case(load_case(cases_dir / "ok.yaml"), models, pool)]
-    settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models=models, built={"llama": cases_dir},
-                           vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL)
-    started: list[str] = []
-    run_tasks(tasks, settings, on_record=lambda r, *_: started.append(r["cell_id"]),
-              expected_s={"ok[kv=auto,skip=-,spec=-]": 9.0, "ok[kv=fp8,skip=-,spec=-]": 1.0},
-              last_verdicts={"ok[kv=fp8,skip=-,spec=-]": "fail"})
-    assert started == ["ok[kv=fp8,skip=-,spec=-]", "ok[kv=auto,skip=-,spec=-]"]
