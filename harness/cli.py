@@ -13,7 +13,7 @@ from harness import history
 from harness.bisect import add_bisect_command
 from harness.diff import Diff, diff_records
 from harness.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
-from harness.records import RUNS_DIR, RunDir
+from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
 from harness.runner import Task, judge_record, reclassify, run_tasks
 from harness.session import DEFAULT_CACHE, open_session, vllm_vocabulary
 from harness.waivers import WAIVERS_FILE, WaiverError, apply_waivers, cell_keys, load_waivers
@@ -149,7 +149,7 @@ def finish_run(args: argparse.Namespace, records: list[dict], invalid: list[Case
     pages = findings_pages.write(records, session.run_dir.root / "findings")
     if pages:
         print(f"{len(pages)} unexplained failures: a findings page for each in {pages[0].parent}")
-    failed = any(r["verdict"] in ("fail", "error") for r in records) or any(p.is_error for p in problems)
+    failed = any(r["verdict"] in FAILING_VERDICTS for r in records) or any(p.is_error for p in problems)
     return 1 if failed else 0
 
 

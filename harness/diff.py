@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.records import run_mode
+from harness.records import FAILING_VERDICTS, run_mode
 from reports.summary import facts
-
-FAILING = ("fail", "error")
 
 
 @dataclass(frozen=True)
@@ -79,7 +77,7 @@ def diff_records(baseline: list[dict], current: list[dict]) -> Diff:
         before = prev["verdict"] if prev else None
         change = Change(*key, before, rec["verdict"], what_changed(prev, rec) if prev else (),
                         rec.get("reason", ""), bool(rec.get("flaky")))
-        failing_now, failing_before = rec["verdict"] in FAILING, before in FAILING
+        failing_now, failing_before = rec["verdict"] in FAILING_VERDICTS, before in FAILING_VERDICTS
         if failing_now and not failing_before:
             out.new_failures.append(change)  # a failing new cell is a new failure too
         elif failing_now:

@@ -15,6 +15,8 @@ from urllib.parse import quote
 
 RUNS_DIR = Path(__file__).resolve().parent.parent / "reports" / "runs"
 VERDICTS = ("pass", "fail", "xfail", "error", "skip")
+# What makes a run red (its exit status), a cell a new failure, a waiver apply, a retry happen.
+FAILING_VERDICTS = ("fail", "error")
 
 
 def run_mode(record: dict) -> str:

@@ -25,7 +25,7 @@ from harness.accuracy_plan import accuracy_spec, baselines_first, offline_reason
 from harness.accuracy_verdict import judge_accuracy
 from harness.engine_args import cell_mode, engine_args_for, generation
 from harness.gpu_memory import GpuMemory, physical_index
-from harness.records import RunDir, read_json, record_stem, write_json_atomic
+from harness.records import FAILING_VERDICTS, RunDir, read_json, record_stem, write_json_atomic
 from harness.schedule import order_tasks
 from harness.signatures import classify, last_exception_line
 from harness.verdict import judge
@@ -436,7 +436,7 @@ def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, ext
         return skip_record(task, reason, settings.run_dir.root.name)
     record = run_cell(task, settings, processes, extra_env)
     retries = task.cell.case.retries
-    while record["verdict"] in ("fail", "error") and retries > 0:
+    while record["verdict"] in FAILING_VERDICTS and retries > 0:
         retries -= 1
         retry = run_cell(task, settings, processes, extra_env)
         if retry["verdict"] == "pass":

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from harness.records import FAILING_VERDICTS
+
 if TYPE_CHECKING:  # the runner imports this module
     from harness.runner import Task
 
 DEFAULT_COST_S = 60.0
-FAILING_VERDICTS = ("fail", "error")
 
 
 def order_tasks(tasks: list[Task], expected_s: dict[str, float], default_s: float = DEFAULT_COST_S,

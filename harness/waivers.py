@@ -23,10 +23,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.records import FAILING_VERDICTS
 from matrix.expand import Cell
 
 WAIVERS_FILE = Path(__file__).resolve().parent.parent / "cases" / "_waivers.txt"
-FAILING = ("fail", "error")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _COMMENT = re.compile(r"(^|\s)#.*$")  # a `#` inside a link (a URL fragment) is not a comment
 
@@ -172,10 +172,10 @@ def apply_waivers(
 def _waived(rec: dict, waiver: Waiver, today: datetime.date, problems: list[WaiverProblem]) -> dict:
     where = f"{rec['cell_id']} @{rec.get('gpu_class')}"
     if waiver.expired(today):
-        if rec["verdict"] in FAILING:
+        if rec["verdict"] in FAILING_VERDICTS:
             return {**rec, "reason": f"waiver expired on {waiver.until} ({waiver.link}): {rec.get('reason', '')}"}
         return rec
-    if rec["verdict"] in FAILING:
+    if rec["verdict"] in FAILING_VERDICTS:
         return {**rec, "verdict": "xfail", "reason": f"waived ({waiver.link}): {rec.get('reason', '')}",
                 "waived": {"verdict": rec["verdict"], "waiver": waiver.where, "link": waiver.link}}
     if rec["verdict"] == "pass":
