@@ -197,17 +197,20 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def records_in(folders: list[str]) -> list[dict]:
+    """Every record of these run folders, in folder order."""
+    return [r for folder in folders for r in RunDir(Path(folder)).records()]
+
+
 def cmd_findings(args: argparse.Namespace) -> int:
-    records = [r for folder in args.run_dirs for r in RunDir(Path(folder)).records()]
+    records = records_in(args.run_dirs)
     pages = findings_pages.write(records, Path(args.out))
     print(f"{len(pages)} unexplained failures" + (f": pages and an index in {args.out}" if pages else ""))
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    records = []
-    for folder in args.run_dirs:
-        records.extend(RunDir(Path(folder)).records())
+    records = records_in(args.run_dirs)
     run_dir = RunDir(Path(args.out or args.run_dirs[0]))
     run_dir.root.mkdir(parents=True, exist_ok=True)
     paths = write_reports(run_dir, records, args.title, compare_to=args.compare_to)
