@@ -14,6 +14,7 @@ RAY ?=
 PROBE_ONLY ?=
 ARGS ?=
 PYTEST_ARGS ?=
+CPU_ISA ?=
 
 HAVE_VLLM := $(shell $(PY) -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)" 2>/dev/null && echo 1)
 ifeq ($(HAVE_VLLM),1)
@@ -25,18 +26,26 @@ else
 endif
 KVMATRIX := PYTHONPATH=$(CURDIR) $(RUN_PY) -m harness.cli
 
-.PHONY: matrix test env list lint clean pipeline bisect
+.PHONY: matrix test env list lint clean pipeline bisect audit
 
 matrix: $(ENV_STAMP)
 	$(KVMATRIX) run $(if $(GPU),--gpu $(GPU)) $(if $(EMULATE),--emulate) $(if $(RUN_ID),--run-id $(RUN_ID)) \
 		$(if $(JOBS),--jobs $(JOBS)) $(if $(K),-k '$(K)') $(if $(RAY),--ray $(RAY)) \
 		$(if $(PROBE_ONLY),--probe-only) $(ARGS)
 
+# CPU_ISA=avx2 runs the tests as on an AVX2-only CPU (every process sees vLLM's CPU probes answer as there).
 test: $(ENV_STAMP)
-	PYTHONPATH=$(CURDIR) $(RUN_PY) -m pytest $(PYTEST_ARGS)
+	$(if $(CPU_ISA),echo 'import os; os.environ.get("KVMATRIX_EMULATE_CPU_ISA") and __import__("harness.emulate_at_start")' \
+		>"$$($(RUN_PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/kvmatrix_emulate_cpu_isa.pth")
+	$(if $(CPU_ISA),KVMATRIX_EMULATE_CPU_ISA=$(CPU_ISA)) PYTHONPATH=$(CURDIR) $(RUN_PY) -m pytest $(PYTEST_ARGS)
 
 list: $(ENV_STAMP)
 	$(KVMATRIX) list $(if $(K),-k '$(K)')
+
+# The false-alarm audit: the matrix for this machine's class and every class it can emulate (a lower CPU level,
+# every CUDA class on a GPU), then every FAIL / ERROR that no case or waiver explains (exit 1 if any).
+audit: $(ENV_STAMP)
+	$(KVMATRIX) audit --run $(if $(GPU),--gpu $(GPU)) $(if $(PROBE_ONLY),--probe-only) $(ARGS)
 
 # Which vLLM release or commit changed a cell's verdict: `make bisect CELL='<cell id>' GOOD=0.30.0 BAD=0.32.0`
 # (releases); ARGS='--repo ../vllm' bisects a checkout's commits, adding --wheel-index URL uses per-commit wheels.

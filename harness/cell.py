@@ -78,11 +78,15 @@ def describe(exc: BaseException) -> dict:
     }
 
 
-def import_vllm(result: CellResult, capability: list[int] | None) -> Any:
+def import_vllm(result: CellResult, capability: list[int] | None, cpu_isa: str | None) -> Any:
     if capability is not None:
         # Before LLM(): vLLM reads the capability while it picks backends and checks dtypes.
         patched = vllm_compat.emulate_device_capability(*capability, result.data["vllm_version"])
         result.data["emulation"] = {"capability": list(capability), "patched_classes": patched}
+    if cpu_isa is not None:
+        # Before `import vllm`: its CPU platform picks a kernel build at import.
+        patched = vllm_compat.emulate_cpu_isa(cpu_isa, result.data["vllm_version"])
+        result.data["emulation"] = {"cpu_isa": cpu_isa, "patched_probes": patched}
     import torch
     import vllm
 
@@ -119,7 +123,8 @@ def measure_accuracy(result: CellResult, llm: Any, accuracy: dict) -> None:
 def main(spec_path: str, result_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     result = CellResult(Path(result_path), spec.get("cell_id", ""))
-    ok, vllm = result.run("import", lambda: import_vllm(result, spec.get("emulate_capability")))
+    ok, vllm = result.run("import", lambda: import_vllm(result, spec.get("emulate_capability"),
+                                                           spec.get("emulate_cpu_isa")))
     if not ok:
         return 1
     ok, llm = result.run("init", lambda: vllm.LLM(**spec["engine_args"]))

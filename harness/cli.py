@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from harness import history
+from harness.audit import add_audit_command
 from harness.bisect import add_bisect_command
 from harness.diff import Diff, diff_records
 from harness.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
@@ -246,11 +247,12 @@ def cmd_diff(args: argparse.Namespace) -> int:
         print(f"kvmatrix: no run {args.against} in {args.db}", file=sys.stderr)
         return 2
     comparisons = []
+    seen = history.first_seen(db)
     for gpu in classes:
         baseline = args.against or history.previous_run(db, run_id, gpu)
         if baseline and gpu not in history.classes_of(db, baseline):
             baseline = None
-        diff = (diff_records(history.records_of(db, baseline, gpu), history.records_of(db, run_id, gpu))
+        diff = (diff_records(history.records_of(db, baseline, gpu), history.records_of(db, run_id, gpu), seen)
                 if baseline else Diff())
         comparisons.append(diff_md.Comparison(gpu, run_id, baseline, diff))
     text = diff_md.render(comparisons, f"What changed in {run_id}")
@@ -262,7 +264,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         # Records name their log relative to their run folder; the page may be written elsewhere.
         logs = os.path.relpath(Path(args.runs_dir) / run_id, out.parent) + "/"
         out.write_text(html.render(history.records_of(db, run_id), f"kvmatrix {run_id}", log_prefix=logs,
-                                   diff=comparisons))
+                                   diff=comparisons, first_seen=seen))
     new_failures = any(c.diff.new_failures for c in comparisons)
     return 1 if new_failures and args.fail_on == "new" else 0
 
@@ -367,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.add_argument("--check", action="store_true", help="only check that the files are up to date")
     pipe.set_defaults(func=cmd_pipeline)
     add_bisect_command(sub)
+    add_audit_command(sub)
     return parser
 
 

@@ -1,9 +1,12 @@
 """What changed between two runs: new failures, fixed cells, other verdict changes, records whose resolved state
 moved while the verdict stayed (a backend switch, a new page size or query dtype is a regression waiting to be
-noticed), and cells that appeared or disappeared. Pure logic over records, keyed by (GPU class, cell id)."""
+noticed), and cells that appeared or disappeared. Pure logic over records, keyed by (GPU class, cell id).
+New failures that share a crash fingerprint are listed together, each saying how many other cells of the run
+crashed the same way (and, given the history's first sightings, since when)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from harness.records import FAILING_VERDICTS, run_mode
@@ -19,6 +22,9 @@ class Change:
     what: tuple[str, ...] = ()  # "kv bfloat16 → fp8", ...
     reason: str = ""  # the current record's reason (the baseline's for a disappeared cell)
     flaky: bool = False
+    fingerprint: str | None = None  # the current record's crash (harness/fingerprint.py)
+    same_crash: int = 0  # other cells of the current run with that fingerprint
+    first_seen: str | None = None  # the run the fingerprint was first seen in (history database)
 
 
 @dataclass
@@ -68,15 +74,19 @@ def _key(record: dict) -> tuple[str, str]:
     return record.get("gpu_class") or "?", record["cell_id"]
 
 
-def diff_records(baseline: list[dict], current: list[dict]) -> Diff:
+def diff_records(baseline: list[dict], current: list[dict], first_seen: dict[str, str] | None = None) -> Diff:
+    """`first_seen`: fingerprint → the run it first appeared in (harness/history.py first_seen)."""
     old = {_key(r): r for r in baseline}
     new = {_key(r): r for r in current}
+    shared = Counter(r["fingerprint"] for r in current if r.get("fingerprint"))
     out = Diff()
     for key, rec in new.items():
         prev = old.get(key)
         before = prev["verdict"] if prev else None
+        fingerprint = rec.get("fingerprint")
         change = Change(*key, before, rec["verdict"], what_changed(prev, rec) if prev else (),
-                        rec.get("reason", ""), bool(rec.get("flaky")))
+                        rec.get("reason", ""), bool(rec.get("flaky")), fingerprint,
+                        shared[fingerprint] - 1 if fingerprint else 0, (first_seen or {}).get(fingerprint))
         failing_now, failing_before = rec["verdict"] in FAILING_VERDICTS, before in FAILING_VERDICTS
         if failing_now and not failing_before:
             out.new_failures.append(change)  # a failing new cell is a new failure too
@@ -95,4 +105,16 @@ def diff_records(baseline: list[dict], current: list[dict]) -> Diff:
     for key, prev in old.items():
         if key not in new:
             out.disappeared.append(Change(*key, prev["verdict"], None, (), prev.get("reason", "")))
+    out.new_failures = _grouped_by_crash(out.new_failures)
     return out
+
+
+def _grouped_by_crash(changes: list[Change]) -> list[Change]:
+    """Changes sharing a fingerprint next to each other, at the place of the group's first; the rest in order."""
+    def group(change: Change) -> str | tuple[str, str]:
+        return change.fingerprint or (change.gpu_class, change.cell_id)
+
+    order: dict = {}
+    for change in changes:
+        order.setdefault(group(change), len(order))
+    return sorted(changes, key=lambda change: order[group(change)])

@@ -3,7 +3,8 @@
 A run is keyed by (run id, GPU class): nightly CI runs one job per GPU class, possibly under one shared run id,
 and each job's result folder is imported on its own, so merging machines is importing each of their folders.
 Imports are idempotent (a record replaces the one with the same run, class and cell), so a resumed or re-merged
-run can be imported again. The whole record is kept as JSON; the columns beside it are what queries filter on.
+run can be imported again. The whole record is kept as JSON; the columns beside it are what queries filter on,
+among them each failure's crash fingerprint, so that a crash can be dated to the run it was first seen in.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.fingerprint import fingerprint
 from harness.records import RunDir
 
 DEFAULT_DB = Path(__file__).resolve().parent.parent / "reports" / "history.sqlite"
@@ -46,11 +48,14 @@ CREATE TABLE IF NOT EXISTS results (
     finished_at TEXT,
     log TEXT,
     record TEXT NOT NULL,      -- the whole record, as written by the runner
+    fingerprint TEXT,          -- the crash's (harness/fingerprint.py); NULL for cells that ran ok or were skipped
     PRIMARY KEY (run_id, gpu_class, cell_id),
     FOREIGN KEY (run_id, gpu_class) REFERENCES runs (run_id, gpu_class)
 );
 CREATE INDEX IF NOT EXISTS results_by_cell ON results (gpu_class, cell_id);
 """
+_COLUMNS = ("run_id", "gpu_class", "cell_id", "case_name", "verdict", "reason", "status", "signature", "flaky",
+            "emulated_from", "vllm_version", "vllm_commit", "total_s", "finished_at", "log", "record", "fingerprint")
 
 
 def open_db(path: Path | str = DEFAULT_DB) -> sqlite3.Connection:
@@ -61,7 +66,36 @@ def open_db(path: Path | str = DEFAULT_DB) -> sqlite3.Connection:
     db = sqlite3.connect(path, timeout=60)
     db.execute("PRAGMA journal_mode=WAL")
     db.executescript(_SCHEMA)
+    _add_fingerprints(db)
+    db.execute("CREATE INDEX IF NOT EXISTS results_by_fingerprint ON results (fingerprint)")
     return db
+
+
+def _add_fingerprints(db: sqlite3.Connection) -> None:
+    """Databases written before fingerprints get the column, filled from their stored records. Under a write
+    lock: several importers may open an old database at once."""
+    if "fingerprint" in _columns(db):
+        return
+    with db:
+        db.execute("BEGIN IMMEDIATE")
+        if "fingerprint" in _columns(db):  # another process migrated it while this one waited for the lock
+            return
+        db.execute("ALTER TABLE results ADD COLUMN fingerprint TEXT")
+        rows = db.execute("SELECT rowid, record FROM results").fetchall()
+        db.executemany("UPDATE results SET fingerprint = ? WHERE rowid = ?",
+                       [(_fingerprint_of(json.loads(record)), rowid) for rowid, record in rows])
+
+
+def _columns(db: sqlite3.Connection) -> set[str]:
+    return {row[1] for row in db.execute("PRAGMA table_info(results)")}
+
+
+def _fingerprint_of(record: dict) -> str | None:
+    """The record's own fingerprint; records of earlier harnesses get one from their exception."""
+    if record.get("fingerprint"):
+        return record["fingerprint"]
+    crash = fingerprint(record)
+    return crash.id if crash else None
 
 
 def import_records(db: sqlite3.Connection, records: list[dict], run_id: str | None = None,
@@ -80,11 +114,11 @@ def import_records(db: sqlite3.Connection, records: list[dict], run_id: str | No
             gpu = rec.get("gpu_class") or "?"
             commit = rec.get("vllm_commit") or vllm_commit
             db.execute(
-                "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT OR REPLACE INTO results ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
                 (rid, gpu, rec["cell_id"], rec.get("case"), rec["verdict"], rec.get("reason"), rec.get("status"),
                  rec.get("signature"), int(bool(rec.get("flaky"))), rec.get("emulated_from"),
                  rec.get("vllm_version"), commit, (rec.get("timings") or {}).get("total_s"),
-                 rec.get("finished_at"), rec.get("log"), json.dumps(rec, default=str)),
+                 rec.get("finished_at"), rec.get("log"), json.dumps(rec, default=str), _fingerprint_of(rec)),
             )
             run = runs.setdefault((rid, gpu), {"vllm_version": None, "vllm_commit": None})
             run["vllm_version"] = run["vllm_version"] or rec.get("vllm_version")
@@ -170,3 +204,10 @@ def last_verdicts(db: sqlite3.Connection, gpu_class: str) -> dict[str, str]:
     rows = db.execute("SELECT x.cell_id, x.verdict FROM results x JOIN runs r USING (run_id, gpu_class)"
                       " WHERE x.gpu_class = ? ORDER BY r.finished_at, x.run_id", (gpu_class,))
     return dict(rows.fetchall())  # later runs' rows overwrite earlier ones
+
+
+def first_seen(db: sqlite3.Connection) -> dict[str, str]:
+    """Each crash fingerprint → the run it was first seen in (runs ordered by their finish, as previous_run)."""
+    rows = db.execute("SELECT x.fingerprint, x.run_id FROM results x JOIN runs r USING (run_id, gpu_class)"
+                      " WHERE x.fingerprint IS NOT NULL ORDER BY r.finished_at DESC, x.run_id DESC")
+    return dict(rows.fetchall())  # earlier runs' rows overwrite later ones

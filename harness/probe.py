@@ -113,7 +113,7 @@ def _builder(builder: Any, version: str) -> dict:
     for attr, value in vars(builder).items():
         if attr not in fields and _is_dtype_like(attr, value):
             fields[attr] = _plain(value)
-    return fields
+    return compat.normalized_builder(fields, version)
 
 
 def _is_dtype_like(attr: str, value: Any) -> bool:

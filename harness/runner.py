@@ -24,12 +24,13 @@ from typing import Any
 from harness.accuracy_plan import accuracy_spec, baselines_first, offline_reason
 from harness.accuracy_verdict import judge_accuracy
 from harness.engine_args import cell_mode, engine_args_for, generation
+from harness.fingerprint import UNFINGERPRINTED_STATUSES, signal_of, stamp
 from harness.gpu_memory import GpuMemory, physical_index
 from harness.records import FAILING_VERDICTS, RunDir, read_json, record_stem, write_json_atomic
 from harness.schedule import order_tasks
 from harness.signatures import classify, last_exception_line
 from harness.verdict import judge
-from harness.vllm_compat import ENVIRONMENT_SIGNATURES, NOT_EMULABLE_SIGNATURES
+from harness.vllm_compat import ENVIRONMENT_SIGNATURES, NOT_EMULABLE_SIGNATURES, normalize_record
 from matrix.expand import Cell
 from matrix.schema import GpuClass, ModelEntry
 
@@ -89,6 +90,7 @@ def cell_env(settings: RunSettings, extra: dict[str, str] | None = None, key: st
     env.update(shared_cache_env(caches))
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"  # a segfault prints its Python frames: the crash fingerprint's site
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     if env.get("VLLM_CPU_KVCACHE_SPACE") == "":
         del env["VLLM_CPU_KVCACHE_SPACE"]  # empty crashes the CPU backend; unset lets kv_cache_memory_bytes rule
@@ -220,6 +222,7 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_
         "engine_args": engine_args,
         **generation(cell, mode),
         "emulate_capability": _capability(task),
+        "emulate_cpu_isa": task.gpu.cpu_isa if task.emulated_from and task.gpu.device == "cpu" else None,
         "accuracy": accuracy_spec(cell, settings.use_hub),
     }
     write_json_atomic(spec_path, spec)
@@ -344,10 +347,9 @@ def _outcome(returncode: int, timed_out: bool, timeout: float, result: dict, log
         name = signal.Signals(-returncode).name
         # SIGKILL/SIGTERM come from outside (OOM killer, an operator); other signals are the cell's own crash.
         outcome["status"] = "killed" if -returncode in (signal.SIGKILL, signal.SIGTERM) else "crash"
+        outcome["signal"] = name
         outcome["error_tail"] = f"{name} in phase {result.get('phase', 'start')}: {last_exception_line(log_tail)}"
-        outcome["signature"] = classify(text, result.get("vllm_version"))
-        if outcome["signature"] == "unclassified":
-            outcome["signature"] = f"signal_{name}"
+        outcome["signature"] = classify(text, result.get("vllm_version")) or f"signal_{name}"
     elif result.get("status") == "crash":
         message = exception.get("message") or ""
         outcome["error_tail"] = (f"{exception.get('type')}: {message}"[:500] if exception.get("type")
@@ -359,6 +361,7 @@ def _outcome(returncode: int, timed_out: bool, timeout: float, result: dict, log
         outcome["status"] = "error"
         outcome["error_tail"] = (f"cell process exited {returncode} without a complete result: "
                                  f"{last_exception_line(log_tail)}")
+    stamp(outcome, log_tail)
     return outcome
 
 
@@ -378,6 +381,7 @@ def judge_record(record: dict, task: Task, run_dir: RunDir) -> dict:
     """Set a record's verdict, reason and per-rule results from the case's expectations (and the baseline's
     accuracy); also used to judge stored records again after a case or signature change."""
     context = task.cell.context(task.gpu_name, task.gpu, record.get("vllm_version"), task.emulated_from is not None)
+    normalize_record(record)
     verdict, reason, results = judge(record, task.cell.case.expect, context)
     if task.cell.baseline_id is not None:
         verdict, reason = judge_accuracy(record, task.cell, run_dir, task.gpu_name, context, verdict, reason,
@@ -393,13 +397,17 @@ def judge_record(record: dict, task: Task, run_dir: RunDir) -> dict:
 
 
 def reclassify(record: dict, run_dir: RunDir) -> None:
-    """Name a stored crash again with the current signature table (its exception and log tail are kept)."""
-    if record.get("status") != "crash" or str(record.get("signature") or "").startswith("signal_"):
+    """Name and fingerprint a stored failure again with the current signature table and fingerprint rules (its
+    exception and log tail are kept); records of earlier harnesses get their fingerprint here."""
+    if record.get("status") in UNFINGERPRINTED_STATUSES:
         return
     exception = record.get("exception") or {}
     log_tail = _tail(run_dir.root / record["log"]) if record.get("log") else ""
-    text = "\n".join(filter(None, [exception.get("message"), exception.get("traceback_tail"), log_tail]))
-    record["signature"] = classify(text, record.get("vllm_version"))
+    if record.get("status") == "crash":
+        text = "\n".join(filter(None, [exception.get("message"), exception.get("traceback_tail"), log_tail]))
+        died_of = signal_of(record)
+        record["signature"] = classify(text, record.get("vllm_version")) or (f"signal_{died_of}" if died_of else None)
+    stamp(record, log_tail)
 
 
 def skip_record(task: Task, reason: str, run_id: str) -> dict:

@@ -11,7 +11,13 @@ from harness.gpu_memory import open_gpu_memory
 from harness.models import build_models
 from harness.records import RUNS_DIR, RunDir
 from harness.runner import REPO_ROOT, RunSettings, Task
-from harness.vllm_compat import installed_vllm_version, known_engine_args, known_env_vars, known_kv_cache_dtypes
+from harness.vllm_compat import (
+    detect_cpu_isa,
+    installed_vllm_version,
+    known_engine_args,
+    known_env_vars,
+    known_kv_cache_dtypes,
+)
 from matrix.expand import Cell
 from matrix.load import CASES_DIR, load_models, load_pool
 from matrix.pool import PoolError, detect_device, resolve
@@ -84,7 +90,7 @@ def open_session(
             raise PoolError(f"GPU class {gpu!r} is not in the pool; known: {', '.join(pool)}")
         gpu_name, emulated_from, device_count = gpu, None, 0
     else:
-        device = detect_device()
+        device = detect_device(lambda machine: detect_cpu_isa(machine, installed_vllm_version()))
         (gpu_name, emulated_from), device_count = resolve(gpu, pool, device, emulate), device.count
     version = installed_vllm_version()
     run_id = run_id or f"{time.strftime('%Y%m%d')}-{gpu_name}-vllm{version}"

@@ -1,7 +1,8 @@
 """Naming a cell's failure: the first signature in vllm_compat.SIGNATURES whose pattern occurs in the text.
 
 Expectations refer to failures by these names (`crash: {signature: no_common_block_size}`), so a known failure
-stays recognisable when vLLM rewords the surrounding log, and a new failure shows up as `unclassified`.
+stays recognisable when vLLM rewords the surrounding log. A failure no pattern names has no signature: its
+fingerprint (harness/fingerprint.py) is what groups it with the same crash elsewhere.
 """
 
 from __future__ import annotations
@@ -10,25 +11,24 @@ import re
 
 from harness.vllm_compat import SIGNATURES, version_matches
 
-UNCLASSIFIED = "unclassified"
 # "ValueError: ...", also inside a log line ("ERROR 11-29 ... [core.py:1] RuntimeError: ...") or qualified
 # ("torch.OutOfMemoryError: ...").
 _EXCEPTION_LINE = re.compile(r"\b(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception)\b: .*")
 _LINE_CAP = 500
 
 
-def classify(text: str, vllm_version: str | None) -> str:
-    """The signature name for an exception message plus log tail, or `unclassified`.
+def classify(text: str, vllm_version: str | None) -> str | None:
+    """The signature name for an exception message plus log tail; None when no pattern matches.
 
     Exception lines are tried first: a log tail also holds warnings that mention other failures in passing.
     """
     if not text:
-        return UNCLASSIFIED
+        return None
     for part in ("\n".join(_EXCEPTION_LINE.findall(text)), text):
         for name, versions, patterns in SIGNATURES:
             if version_matches(vllm_version, versions) and any(re.search(p, part, re.I) for p in patterns):
                 return name
-    return UNCLASSIFIED
+    return None
 
 
 def last_exception_line(text: str) -> str:

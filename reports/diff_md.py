@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.diff import Change, Diff
+from reports.summary import same_crash_text
 
 
 @dataclass(frozen=True)
@@ -33,11 +34,11 @@ def move(change: Change) -> str:
 
 
 def detail(change: Change) -> str:
-    """What changed in the record, and why it fails when it does."""
+    """What changed in the record, why it fails when it does, and where else its crash happened."""
     parts = list(change.what)
-    if change.after in ("fail", "error", "xfail") and change.reason:
-        parts.append(change.reason)
-    return "; ".join(parts)
+    if change.after in ("fail", "error", "xfail"):
+        parts += [change.reason, same_crash_text(change.same_crash, change.first_seen)]
+    return "; ".join(filter(None, parts))
 
 
 def render(comparisons: list[Comparison], title: str = "What changed") -> str:

@@ -4,7 +4,9 @@ A failure is explained when a waiver names it (a known, filed vLLM issue: it is 
 the case expects it (`xfail`). What is left (`fail`) is either a vLLM regression or a wrong expectation, and
 either way somebody must look: the page gives the cell, the vLLM version, what the record shows (backends, KV
 dtypes, query dtypes, page sizes per layer), the unmet expectations, the error, and a one-command reproducer with
-its environment. `reports/findings/README.md` is the curated page that says which of these are vLLM bugs.
+its environment. Pages of failures with the same crash fingerprint (in other cells, classes or vLLM versions)
+link to each other, and the index lists them together. `reports/findings/README.md` is the curated page that
+says which of these are vLLM bugs.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import shlex
 from pathlib import Path
 
+from harness.fingerprint import failure_name
 from harness.records import record_stem
 from reports.summary import facts
 
@@ -58,7 +61,21 @@ def _layer_table(record: dict) -> list[str]:
     return rows
 
 
-def page(record: dict) -> str:
+def _crash(record: dict) -> list[str]:
+    crash = record.get("crash")
+    if not crash:
+        return []
+    where = f" in `{crash['site']}`" if crash.get("site") else ""
+    phase = f" in phase `{crash['phase']}`" if crash.get("phase") else ""
+    return [f"- fingerprint `{record['fingerprint']}`: `{crash['type']}`{where}{phase}: {crash['message'] or '-'}"]
+
+
+def page_name(record: dict) -> str:
+    return f"{record_stem(record['cell_id'], record['gpu_class'])}--vllm{record.get('vllm_version')}.md"
+
+
+def page(record: dict, same_crash: tuple[dict, ...] = ()) -> str:
+    """The page of one failure; `same_crash`: the other failures with its fingerprint, linked."""
     shown = " · ".join(f"{k} {v}" for k, v in facts(record).items())
     unmet = [e for e in record.get("expectations") or [] if not e.get("ok")]
     own_args = {k: v for k, v in (record.get("engine_args") or {}).items() if k not in HARNESS_ARGS}
@@ -83,30 +100,41 @@ def page(record: dict) -> str:
         "",
         "## Error",
         f"- status `{record.get('status')}`, phase `{record.get('phase')}`, "
-        f"signature `{record.get('signature') or '-'}`",
+        f"signature `{failure_name(record) or '-'}`",
+        *_crash(record),
         f"- {record.get('error_tail') or 'no exception: the resolved state differs from what the case expects'}",
         "",
         "## Resolved state per layer",
         *_layer_table(record),
     ]
+    if same_crash:
+        lines += ["", f"## Same crash in {len(same_crash)} other cell{'s' if len(same_crash) > 1 else ''}", ""]
+        lines += [f"- [`{other['cell_id']}` on {other['gpu_class']}, vLLM {other.get('vllm_version')}]"
+                  f"({page_name(other).replace(' ', '%20')})" for other in same_crash]
     if record.get("log"):
         lines += ["", f"Cell log in the run folder: `{record['log']}`"]
     return "\n".join(lines) + "\n"
 
 
 def write(records: list[dict], out_dir: Path) -> list[Path]:
-    """A page per unexplained failure, and an index; returns the pages written (none: no index either)."""
+    """A page per unexplained failure, and an index that lists failures with one crash together; returns the
+    pages written (none: no index either)."""
     failures = unexplained(records)
     if not failures:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
-    written, index = [], ["# Unexplained failures", "", "| cell | GPU class | vLLM | signature | page |",
-                          "|---|---|---|---|---|"]
+    groups: dict[str, list[dict]] = {}
     for record in sorted(failures, key=lambda r: (r["gpu_class"], r["cell_id"])):
-        name = f"{record_stem(record['cell_id'], record['gpu_class'])}--vllm{record.get('vllm_version')}.md"
-        (out_dir / name).write_text(page(record))
-        written.append(out_dir / name)
-        index.append(f"| `{record['cell_id']}` | {record['gpu_class']} | {record.get('vllm_version')} | "
-                     f"{record.get('signature') or '-'} | [{name}]({name.replace(' ', '%20')}) |")
+        groups.setdefault(record.get("fingerprint") or page_name(record), []).append(record)
+    written, index = [], ["# Unexplained failures", "", "| cell | GPU class | vLLM | signature | crash | page |",
+                          "|---|---|---|---|---|---|"]
+    for group in groups.values():
+        for record in group:
+            name = page_name(record)
+            (out_dir / name).write_text(page(record, tuple(r for r in group if r is not record)))
+            written.append(out_dir / name)
+            index.append(f"| `{record['cell_id']}` | {record['gpu_class']} | {record.get('vllm_version')} | "
+                         f"{failure_name(record) or '-'} | {record.get('fingerprint') or '-'} | "
+                         f"[{name}]({name.replace(' ', '%20')}) |")
     (out_dir / INDEX).write_text("\n".join(index) + "\n")
     return written

@@ -9,7 +9,7 @@ from pathlib import Path
 import jinja2
 
 from reports.diff_md import Comparison, detail, move
-from reports.summary import VERDICT_ORDER, counts, facts, frame, leaks
+from reports.summary import VERDICT_ORDER, counts, crash_counts, facts, frame, leaks, same_crash
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
@@ -18,8 +18,10 @@ _ENV = jinja2.Environment(
 
 
 def render(records: list[dict], title: str = "kvmatrix", header: str = "", log_prefix: str = "",
-           diff: list[Comparison] | None = None) -> str:
+           diff: list[Comparison] | None = None, first_seen: dict[str, str] | None = None) -> str:
+    """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash."""
     df = frame(records)
+    shared = crash_counts(records)
     gpus = list(dict.fromkeys(df["gpu_class"])) if not df.empty else []
     by_key = {(r["cell_id"], r.get("gpu_class", "?")): r for r in records}
     rows = []
@@ -34,6 +36,7 @@ def render(records: list[dict], title: str = "kvmatrix", header: str = "", log_p
                 "log": f"{log_prefix}{r['log']}" if r.get("log") else None,
                 "emulated_from": r.get("emulated_from"),
                 "leak": r.get("leak"),
+                "same_crash": same_crash(r, shared, first_seen),
             })
         rows.append({"cell_id": cell_id, "entries": entries,
                      "verdicts": sorted({e["verdict"] for e in entries if e})})

@@ -6,6 +6,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
+from harness.fingerprint import failure_name
+
 
 def render(records: list[dict]) -> str:
     by_class: dict[str, list[dict]] = defaultdict(list)
@@ -22,7 +24,7 @@ def render(records: list[dict]) -> str:
                                  name=r["cell_id"], time=str((r.get("timings") or {}).get("total_s", 0)))
             reason = r.get("reason", "")
             if r["verdict"] == "fail":
-                ET.SubElement(case, "failure", message=reason, type=r.get("signature") or "expectation")
+                ET.SubElement(case, "failure", message=reason, type=failure_name(r) or "expectation")
             elif r["verdict"] == "error":
                 ET.SubElement(case, "error", message=reason)
             elif r["verdict"] == "skip":

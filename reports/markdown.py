@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from reports.summary import counts, frame, leaks, pivot
+from reports.summary import counts, crash_counts, frame, leaks, pivot, same_crash
 
 
 def class_differences(records: list[dict], reference: str) -> list[str]:
@@ -44,7 +44,9 @@ def cells_per_tag(records: list[dict]) -> pd.DataFrame:
     return counted.reindex(index=order, columns=classes, fill_value=0).rename_axis(columns=None)
 
 
-def render(records: list[dict], title: str = "kvmatrix", header: str = "", compare_to: str | None = None) -> str:
+def render(records: list[dict], title: str = "kvmatrix", header: str = "", compare_to: str | None = None,
+           first_seen: dict[str, str] | None = None) -> str:
+    """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash."""
     df = frame(records)
     if df.empty:
         return f"# {title}\n\nNo cells.\n"
@@ -61,8 +63,12 @@ def render(records: list[dict], title: str = "kvmatrix", header: str = "", compa
     problems = df[df["verdict"].isin(["fail", "error", "xfail"])]
     if not problems.empty:
         lines += ["", "## Failures and expected failures", ""]
+        shared = crash_counts(records)
+        notes = {(r["cell_id"], r.get("gpu_class", "?")): same_crash(r, shared, first_seen) for r in records}
         for row in problems.itertuples():
-            lines.append(f"- **{row.verdict.upper()}** `{row.cell_id}` on {row.gpu_class}: {row.reason}")
+            note = notes.get((row.cell_id, row.gpu_class))
+            lines.append(f"- **{row.verdict.upper()}** `{row.cell_id}` on {row.gpu_class}: {row.reason}"
+                         + (f" ({note})" if note else ""))
     leaked = leaks(records)
     if leaked:
         lines += ["", "## Leaks (GPU memory left behind after the cell ended)", ""]

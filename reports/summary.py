@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pandas as pd
+
+from harness.fingerprint import failure_name
 
 VERDICT_ORDER = ("fail", "error", "xfail", "pass", "skip")
 
@@ -16,7 +20,8 @@ def _unique(values) -> list:
 
 
 def facts(record: dict) -> dict[str, str]:
-    """The resolved state in a few short strings: backend, KV dtype, query dtype, page size, signature."""
+    """The resolved state in a few short strings: backend, KV dtype, query dtype, page size, and the failure's
+    signature (else its fingerprint)."""
     layers = record.get("layers") or []
     out: dict[str, str] = {}
     for role, prefix in (("target", ""), ("draft", "draft ")):
@@ -41,8 +46,8 @@ def facts(record: dict) -> dict[str, str]:
     if pages:
         out["page"] = "/".join(str(p) for p in pages)
     out.update(_accuracy_facts(record))
-    if record.get("signature"):
-        out["sig"] = record["signature"]
+    if name := failure_name(record):
+        out["sig"] = name
     if record.get("emulated_from"):
         out["emulated"] = f"on {record['emulated_from']}"
     if record.get("mode") == "probe":
@@ -68,6 +73,24 @@ def cell_text(record: dict) -> str:
     marker = ["LEAK"] if record.get("leak") else []
     parts = [record["verdict"].upper(), *marker] + [f"{k} {v}" for k, v in facts(record).items()]
     return " · ".join(parts)
+
+
+def crash_counts(records: list[dict]) -> Counter:
+    """How many of these records share each fingerprint."""
+    return Counter(r["fingerprint"] for r in records if r.get("fingerprint"))
+
+
+def same_crash(record: dict, counts: Counter, first_seen: dict[str, str] | None = None) -> str:
+    """"same crash as 4 other cells; first seen <run>" for a failure (first seen: from the history database)."""
+    fingerprint = record.get("fingerprint")
+    return same_crash_text(counts[fingerprint] - 1, (first_seen or {}).get(fingerprint)) if fingerprint else ""
+
+
+def same_crash_text(others: int, first_seen: str | None = None) -> str:
+    parts = [f"same crash as {others} other cell{'s' if others > 1 else ''}"] if others > 0 else []
+    if first_seen:
+        parts.append(f"first seen {first_seen}")
+    return "; ".join(parts)
 
 
 def frame(records: list[dict]) -> pd.DataFrame:

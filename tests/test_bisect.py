@@ -21,6 +21,7 @@ from harness.bisect_envs import READY, EnvBuildError, compiled_changes, sync_ove
 from harness.bisect_report import render
 from harness.bisect_step import Plan, Step
 from tests.bisect_history import _commit, _git, build_history
+from tests.conftest import needs_fp8_kv
 
 CELL = "ct-llama[kv=bfloat16,skip=-,spec=-]"
 
@@ -182,6 +183,7 @@ def test_wheel_env_installs_the_commits_wheel_from_the_index(tmp_path, wheel_ind
 # --- end to end ----------------------------------------------------------------------------------------------------
 
 @pytest.mark.vllm
+@needs_fp8_kv
 def test_bisect_finds_the_regressing_commit_in_a_local_history(tmp_path):
     pytest.importorskip("vllm")
     history = build_history(tmp_path / "vllm-repo", changes=12, regression_at=7)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.signatures import classify
+from tests.conftest import needs_fp8_kv
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
@@ -51,6 +52,7 @@ def by_index(result: dict) -> dict[int, dict]:
     return {layer["index"]: layer for layer in result["layers"]}
 
 
+@needs_fp8_kv
 def test_checkpoint_kv_scheme_turns_auto_into_fp8(tmp_path: Path, models) -> None:
     model = models("ct_llama")
     result = run_cell(tmp_path, {"model": model, "tokenizer": model, "kv_cache_dtype": "auto"})
@@ -89,6 +91,7 @@ def test_mla_skip_layers_split_pages_then_decode_crashes(tmp_path: Path, models)
     assert classify(result["exception"]["message"], result["vllm_version"]) == "dtype_mismatch_at_decode"
 
 
+@needs_fp8_kv
 def test_dflash_draft_layer_is_found_and_skippable(tmp_path: Path, models) -> None:
     target, draft = models("llama"), models("dflash_llama")
     result = run_cell(tmp_path, {

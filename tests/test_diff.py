@@ -8,7 +8,8 @@ import copy
 from harness import history
 from harness.cli import main
 from harness.diff import diff_records
-from tests.test_history import captured_record, write_run
+from reports import diff_md
+from tests.test_history import CPU, captured_record, write_run
 
 AUTO = "ct-llama[kv=auto,skip=-,spec=-]"
 BF16 = "ct-llama[kv=bfloat16,skip=-,spec=-]"
@@ -21,11 +22,11 @@ MLA_FP8 = "deepseek-mla[kv=fp8,skip=-,spec=-]"
 def night_1() -> list[dict]:
     run = ("night-1", "2026-11-27T02:00:00Z")
     return [
-        captured_record(AUTO, "ct_llama-auto", "cpu", *run),
-        captured_record(BF16, "ct_llama-bfloat16", "cpu", *run),
-        captured_record(E5M2, "ct_llama-fp8_e5m2", "cpu", *run),
-        captured_record(SKIP_AUTO, "llama-fp8", "cpu", *run),  # a bug that night: auto resolved to fp8
-        captured_record(SKIP_FP8, "llama-fp8", "cpu", *run),
+        captured_record(AUTO, "ct_llama-auto", CPU, *run),
+        captured_record(BF16, "ct_llama-bfloat16", CPU, *run),
+        captured_record(E5M2, "ct_llama-fp8_e5m2", CPU, *run),
+        captured_record(SKIP_AUTO, "llama-fp8", CPU, *run),  # a bug that night: auto resolved to fp8
+        captured_record(SKIP_FP8, "llama-fp8", CPU, *run),
     ]
 
 
@@ -42,11 +43,11 @@ def moved_backend(record: dict) -> dict:
 def night_2() -> list[dict]:
     run = ("night-2", "2026-11-28T02:00:00Z")
     return [
-        captured_record(AUTO, "ct_llama-auto", "cpu", *run),
-        captured_record(BF16, "ct_llama-auto", "cpu", *run),  # the checkpoint's fp8 now beats an explicit bf16
-        captured_record(SKIP_AUTO, "llama-auto", "cpu", *run),  # fixed
-        moved_backend(captured_record(SKIP_FP8, "llama-fp8", "cpu", *run)),
-        captured_record(MLA_FP8, "deepseek_v2-fp8", "cpu", *run),  # a new cell: a known failure
+        captured_record(AUTO, "ct_llama-auto", CPU, *run),
+        captured_record(BF16, "ct_llama-auto", CPU, *run),  # the checkpoint's fp8 now beats an explicit bf16
+        captured_record(SKIP_AUTO, "llama-auto", CPU, *run),  # fixed
+        moved_backend(captured_record(SKIP_FP8, "llama-fp8", CPU, *run)),
+        captured_record(MLA_FP8, "deepseek_v2-fp8", CPU, *run),  # a new cell: a known failure
     ]
 
 
@@ -75,8 +76,8 @@ def test_same_records_make_no_diff():
 
 
 def test_a_probe_only_record_is_compared_by_its_resolved_state_not_its_tokens():
-    full = captured_record(AUTO, "ct_llama-auto", "cpu", "night-1", "2026-11-27T02:00:00Z")
-    probe = {**captured_record(AUTO, "ct_llama-auto", "cpu", "night-2", "2026-11-28T02:00:00Z"),
+    full = captured_record(AUTO, "ct_llama-auto", CPU, "night-1", "2026-11-27T02:00:00Z")
+    probe = {**captured_record(AUTO, "ct_llama-auto", CPU, "night-2", "2026-11-28T02:00:00Z"),
              "mode": "probe", "tokens": [full["tokens"][0][:2]]}  # one prompt, 2 tokens
     (change,) = diff_records([full], [probe]).changed
     assert change.what == ("mode - → probe",)  # fewer tokens is the mode, not moved numerics
@@ -86,7 +87,7 @@ def test_cells_are_compared_within_their_gpu_class():
     cpu = night_1()
     l4 = [{**r, "gpu_class": "L4"} for r in cpu]
     diff = diff_records(cpu, l4)
-    assert {c.gpu_class for c in diff.disappeared} == {"cpu"}
+    assert {c.gpu_class for c in diff.disappeared} == {CPU}
     assert {c.gpu_class for c in diff.appeared + diff.new_failures} == {"L4"}
 
 
@@ -109,7 +110,7 @@ def test_kvmatrix_diff_prints_markdown_and_fails_on_new_failures_only(tmp_path, 
     assert main(["diff", "--db", str(db), "--md", str(md), "--html", str(page), "--runs-dir", str(runs)]) == 1
     out = capsys.readouterr().out
     assert out == md.read_text()
-    assert "### cpu: night-2 against night-1" in out
+    assert f"### {CPU}: night-2 against night-1" in out
     assert (f"**New failures** (1)\n\n- `{BF16}`: pass → fail: kv bfloat16 → fp8; page 32768 → 16384; greedy output"
             " tokens changed; model.layers.0.self_attn.attn: kv_cache_dtype is 'fp8', expected 'bfloat16'") in out
     assert f"- `{SKIP_AUTO}`: fail → pass: kv fp8 → auto" in out
@@ -117,7 +118,7 @@ def test_kvmatrix_diff_prints_markdown_and_fails_on_new_failures_only(tmp_path, 
     assert f"- `{E5M2}`: gone (was pass)" in out
     text = page.read_text()
     assert text.index('id="diff"') < text.index('id="matrix"')
-    assert 'href="./logs/cpu--ct-llama[kv=bfloat16,skip=-,spec=-].log"' in text
+    assert f'href="./logs/{CPU}--ct-llama[kv=bfloat16,skip=-,spec=-].log"' in text
 
     assert main(["diff", "night-2", "--db", str(db), "--fail-on", "never"]) == 0
     # night-1 against night-2 (a named run): the bf16 cell is "fixed", and the bug of night 1 is new.
@@ -134,3 +135,23 @@ def test_a_run_without_new_failures_exits_zero(tmp_path):
     later[4] = moved_backend(later[4])
     history.import_records(db, later)
     assert main(["diff", "night-2", "--db", str(tmp_path / "history.sqlite")]) == 0
+
+
+def test_new_failures_with_one_crash_are_listed_together_and_dated():
+    """Night 3: two cells crash as the CPU MLA cells do (decode dtype mismatch), one runs out of KV memory."""
+    run = ("night-3", "2026-11-29T02:00:00Z")
+    night_3 = [
+        captured_record(AUTO, "deepseek_v2-fp8", CPU, *run),
+        captured_record(BF16, "llama-tiny-cache", CPU, *run),
+        captured_record(E5M2, "ct_llama-fp8_e5m2", CPU, *run),
+        captured_record(SKIP_AUTO, "llama-fp8", CPU, *run),
+        captured_record(SKIP_FP8, "deepseek_v2-fp8-skip0", CPU, *run),
+    ]
+    mla = night_3[0]["fingerprint"]
+    diff = diff_records(night_1(), night_3, first_seen={mla: "night-0"})
+    assert [(c.cell_id, c.same_crash, c.first_seen) for c in diff.new_failures] == [
+        (AUTO, 1, "night-0"), (SKIP_FP8, 1, "night-0"), (BF16, 0, None)]
+    assert diff.new_failures[1].fingerprint == mla != diff.new_failures[2].fingerprint
+    text = diff_md.render([diff_md.Comparison(CPU, "night-3", "night-1", diff)])
+    assert f"- `{SKIP_FP8}`: pass → fail: " in text
+    assert text.count("same crash as 1 other cell; first seen night-0") == 2

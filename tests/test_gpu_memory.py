@@ -136,7 +136,7 @@ def fake_cell_run(cases_dir: Path, run: Path, gpu: FakeGpu | None) -> dict[str, 
     settings = RunSettings(run_dir=RunDir(run), models=models, built={"llama": cases_dir}, vllm_version="fake",
                            cache_dir=run.parent / "cache", cell_command=FAKE_CELL, gpu_memory=gpu,
                            gpu_settle_s=1.0)
-    tasks = Session(settings, "cpu", pool["cpu"], None, pool).tasks(cells)
+    tasks = Session(settings, "cpu-avx512", pool["cpu-avx512"], None, pool).tasks(cells)
     records = run_tasks(tasks, settings, slot_env=lambda slot: {"CUDA_VISIBLE_DEVICES": "0"})
     return {r["case"]: r for r in records}
 
@@ -154,7 +154,7 @@ def test_process_escaping_the_cell_is_reported_not_killed(cases_dir, tmp_path):
 
     try:
         records = fake_cell_run(cases_dir, run, GrandchildrenHold())
-        (pid_file,) = (run / "work").glob("cpu--escaped*.pid")
+        (pid_file,) = (run / "work").glob("cpu-avx512--escaped*.pid")
         escaped = int(pid_file.read_text())
         assert records["escaped"]["leak"] == (f"1 process still holds 1024 MiB on GPU 0 after the cell ended: "
                                               f"pids {escaped}")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
-from tests.conftest import write_case
+from tests.conftest import CPU_CLASS, write_case
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ def kvmatrix(*args: str) -> subprocess.CompletedProcess:
 def test_cli_refuses_with_a_reason_and_writes_nothing(tmp_path):
     runs = tmp_path / "runs"
     wrong_class = kvmatrix("run", "--gpu", "L4", "--runs-dir", str(runs))
-    assert wrong_class.returncode == 2 and "this machine is 'cpu', not 'L4'" in wrong_class.stderr
+    assert wrong_class.returncode == 2 and f"this machine is '{CPU_CLASS}', not 'L4'" in wrong_class.stderr
     full_disk = kvmatrix("run", "--runs-dir", str(runs), "--min-free-gb", "1e9")
     assert full_disk.returncode == 2 and "GiB free under" in full_disk.stderr
     assert not runs.exists()

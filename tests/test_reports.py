@@ -9,7 +9,7 @@ from reports.summary import cell_text
 from tests.test_verdict import record, verdict
 
 
-def judged(case: str, cell_id: str, fixture: str, gpu: str = "cpu") -> dict:
+def judged(case: str, cell_id: str, fixture: str, gpu: str = "cpu-avx512") -> dict:
     rec = record(fixture) | {"cell_id": cell_id, "case": case, "gpu_class": gpu, "log": f"logs/{fixture}.log"}
     rec["verdict"], rec["reason"], rec["expectations"] = verdict(case, cell_id, rec, gpu)
     return rec
@@ -33,9 +33,26 @@ def test_markdown_matrix_has_cells_by_gpu_class_and_reasons():
     text = markdown.render(RECORDS, "t")
     assert "4 cells: 2 fail, 1 xfail, 1 pass" in text
     assert "kv_cache_dtype is 'fp8', expected 'bfloat16'" in text
-    assert "**XFAIL** `deepseek-mla[kv=fp8,skip=0,spec=-]` on cpu: expected failure dtype_mismatch_at_decode" in text
+    assert ("**XFAIL** `deepseek-mla[kv=fp8,skip=0,spec=-]` on cpu-avx512: expected failure dtype_mismatch_at_decode"
+            in text)
     header = next(line for line in text.splitlines() if line.startswith("| cell"))
-    assert [c.strip() for c in header.strip("|").split("|")] == ["cell", "cpu", "H200"]
+    assert [c.strip() for c in header.strip("|").split("|")] == ["cell", "cpu-avx512", "H200"]
+
+
+def test_a_failure_says_which_other_cells_crashed_the_same_way_and_since_when():
+    """The CPU MLA decode crash on two classes: one crash, dated by the history's first sighting when given."""
+    fingerprint = RECORDS[2]["fingerprint"]
+    assert RECORDS[3]["fingerprint"] == fingerprint and not RECORDS[1].get("fingerprint")
+    text = markdown.render(RECORDS, "t", first_seen={fingerprint: "night-1"})
+    assert "on H200: crash [dtype_mismatch_at_decode]" in text
+    assert text.count("(same crash as 1 other cell; first seen night-1)") == 2
+    page = html.render(RECORDS, "t", first_seen={fingerprint: "night-1"})
+    assert page.count('<div class="same-crash">same crash as 1 other cell; first seen night-1</div>') == 2
+
+
+def test_a_crash_no_signature_names_shows_its_fingerprint():
+    unnamed = {**RECORDS[3], "signature": None}
+    assert f"sig crash {unnamed['fingerprint']} (RuntimeError)" in cell_text(unnamed)
 
 
 def test_html_colours_links_and_filters():
@@ -48,8 +65,8 @@ def test_html_colours_links_and_filters():
 def test_junit_counts_and_kinds():
     root = ET.fromstring(junit.render(RECORDS))
     suites = {s.get("name"): s for s in root}
-    assert set(suites) == {"kvmatrix.cpu", "kvmatrix.H200"}
-    cpu = suites["kvmatrix.cpu"]
+    assert set(suites) == {"kvmatrix.cpu-avx512", "kvmatrix.H200"}
+    cpu = suites["kvmatrix.cpu-avx512"]
     assert (cpu.get("tests"), cpu.get("failures"), cpu.get("skipped")) == ("3", "1", "1")
     kinds = {c.get("name"): [e.tag for e in c if e.tag != "system-out"] for c in cpu}
     assert kinds == {"ct-llama[kv=auto,skip=-,spec=-]": [], "ct-llama[kv=bfloat16,skip=-,spec=-]": ["failure"],

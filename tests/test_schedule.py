@@ -18,13 +18,15 @@ from matrix.expand import expand_case
 from matrix.load import load_case, load_models, load_pool
 from tests.conftest import write_case
 
+CPU = "cpu-avx512"  # any class: the cells here run a fake cell process
+
 FAKE_CELL = (sys.executable, str(Path(__file__).with_name("fake_cell.py")))
 
 
 def tasks_of(cases_dir, name, matrix, model="llama"):
-    path = write_case(cases_dir, name, {"model": model, "gpus": ["cpu"], "matrix": matrix})
+    path = write_case(cases_dir, name, {"model": model, "gpus": [CPU], "matrix": matrix})
     pool = load_pool(cases_dir)
-    return [Task(c, "cpu", pool["cpu"]) for c in expand_case(load_case(path), load_models(cases_dir), pool)]
+    return [Task(c, CPU, pool[CPU]) for c in expand_case(load_case(path), load_models(cases_dir), pool)]
 
 
 def ids(tasks):
@@ -78,9 +80,9 @@ def test_last_timings_are_the_latest_run_that_timed_each_cell(tmp_path):
 ], ids=["longest-first", "last-failures-first"])
 def test_run_tasks_starts_in_schedule_order_and_returns_in_given_order(cases_dir, tmp_path, expected_s,
                                                                        last_verdicts):
-    write_case(cases_dir, "ok", {"model": "llama", "gpus": ["cpu"], "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})
+    write_case(cases_dir, "ok", {"model": "llama", "gpus": [CPU], "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})
     pool, models = load_pool(cases_dir), load_models(cases_dir)
-    tasks = [Task(c, "cpu", pool["cpu"]) for c in expand_case(load_case(cases_dir / "ok.yaml"), models, pool)]
+    tasks = [Task(c, CPU, pool[CPU]) for c in expand_case(load_case(cases_dir / "ok.yaml"), models, pool)]
     settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models=models, built={"llama": cases_dir},
                            vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL)
     started: list[str] = []

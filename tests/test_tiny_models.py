@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # no conftest needed
 
 from harness import tiny_models as tm  # noqa: E402
+from tests.conftest import needs_fp8_kv  # noqa: E402
 
 PROMPT = "Hello world, the key"
 MAX_TOKENS = 8
@@ -152,6 +153,7 @@ def _child(cache_dir: Path) -> None:
 
 
 @pytest.mark.vllm
+@needs_fp8_kv
 def test_models_generate_in_real_vllm(tmp_path):
     pytest.importorskip("vllm")
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}

@@ -25,7 +25,7 @@ def record(name: str) -> dict:
     return _outcome(1 if result["status"] == "crash" else 0, False, 600, result, result.get("log_tail", ""))
 
 
-def verdict(case: str, cell_id: str, rec: dict, gpu: str = "cpu") -> tuple[str, str, list]:
+def verdict(case: str, cell_id: str, rec: dict, gpu: str = "cpu-avx512") -> tuple[str, str, list]:
     cells = expand_case(load_case(CASES_DIR / f"{case}.yaml"), load_models(), POOL)
     (cell,) = [c for c in cells if c.cell_id == cell_id]
     return judge(rec, cell.case.expect, cell.context(gpu, POOL[gpu], rec.get("vllm_version"), False))
@@ -105,7 +105,7 @@ def test_run_it_right_or_refuse_it_clearly(cases_dir):
         {"refuse": {"signature": ["no_valid_backend", "fp8_e5m2_with_fp8_checkpoint"], "optional": True}},
         {"layers": {"kv_cache_dtype": "fp8"}}]})
     (cell,) = expand_case(load_case(path), load_models(cases_dir), POOL, str(path))
-    context = cell.context("cpu", POOL["cpu"], "0.32.0", False)
+    context = cell.context("cpu-avx512", POOL["cpu-avx512"], "0.32.0", False)
     assert judge(record("llama-fp8"), cell.case.expect, context)[0] == "pass"
     assert judge(record("ct_llama-fp8_e5m2"), cell.case.expect, context)[:1] == ("pass",)
     assert judge(record("llama-auto"), cell.case.expect, context)[0] == "fail"  # ran, but not fp8

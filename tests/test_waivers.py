@@ -20,7 +20,7 @@ TODAY = datetime.date(2026, 11, 29)
 POOL = load_pool()
 
 
-def failing_bf16(gpu_class: str = "cpu") -> dict:
+def failing_bf16(gpu_class: str = "cpu-avx512") -> dict:
     """The checkpoint's fp8 beating an explicit bfloat16: a real regression's record."""
     record = captured_record(BF16, "ct_llama-auto", gpu_class)
     assert record["verdict"] == "fail"
@@ -32,20 +32,20 @@ def waivers(text: str):
 
 
 def test_a_waiver_line_reads_pattern_scope_link_and_expiry():
-    (w,) = waivers(f"# known failures\n\nct-llama[kv=bfloat16,*]  gpu=cpu,L4  {LINK}#x  until=2026-12-31  # why\n")
+    (w,) = waivers(f"# known failures\n\nct-llama[kv=bfloat16,*]  gpu=cpu-avx512,L4  {LINK}#x  until=2026-12-31  # w\n")
     assert (w.pattern, w.gpus, w.link, w.until, w.where) == (
-        "ct-llama[kv=bfloat16,*]", ("cpu", "L4"), f"{LINK}#x", datetime.date(2026, 12, 31), "waives.txt:3")
-    assert w.matches(BF16, "L4") and not w.matches(BF16, "H100") and not w.matches(AUTO, "cpu")
+        "ct-llama[kv=bfloat16,*]", ("cpu-avx512", "L4"), f"{LINK}#x", datetime.date(2026, 12, 31), "waives.txt:3")
+    assert w.matches(BF16, "L4") and not w.matches(BF16, "H100") and not w.matches(AUTO, "cpu-avx512")
 
 
 @pytest.mark.parametrize(("line", "message"), [
-    (f"{BF16} gpu=cpu", "no link"),
+    (f"{BF16} gpu=cpu-avx512", "no link"),
     (f"{BF16} {LINK} until=2026-13-01", "not a real date"),
     (f"{BF16} {LINK} until=20261201", "not a date YYYY-MM-DD"),
     (f"{BF16} {LINK} skip", "unexpected 'skip'"),
     (f"{BF16} {LINK} {LINK}", "more than one link"),
     (f"{BF16} gpu=V100 {LINK}", "gpu=V100 names no class of the pool"),
-    (f"gpu=cpu {BF16} {LINK}", "starts with the cell pattern"),
+    (f"gpu=cpu-avx512 {BF16} {LINK}", "starts with the cell pattern"),
 ])
 def test_mistakes_name_file_and_line(line, message):
     with pytest.raises(WaiverError) as err:
@@ -61,7 +61,7 @@ def test_the_same_waiver_twice_is_a_mistake():
 
 def test_waived_failure_is_xfail_with_its_link():
     fail = failing_bf16()
-    out, problems = apply_waivers([fail], waivers(f"ct-llama[kv=bfloat16,*] gpu=cpu {LINK}"), TODAY)
+    out, problems = apply_waivers([fail], waivers(f"ct-llama[kv=bfloat16,*] gpu=cpu-avx512 {LINK}"), TODAY)
     (rec,) = out
     assert rec["verdict"] == "xfail"
     assert rec["reason"] == f"waived ({LINK}): {fail['reason']}"
@@ -71,8 +71,8 @@ def test_waived_failure_is_xfail_with_its_link():
 
 
 def test_a_waiver_scoped_to_another_class_waives_nothing_here():
-    fail = failing_bf16("cpu")
-    out, _ = apply_waivers([fail], waivers(f"{BF16} gpu=L4 {LINK}"), TODAY, [(BF16, "cpu"), (BF16, "L4")])
+    fail = failing_bf16("cpu-avx512")
+    out, _ = apply_waivers([fail], waivers(f"{BF16} gpu=L4 {LINK}"), TODAY, [(BF16, "cpu-avx512"), (BF16, "L4")])
     assert out == [fail]
 
 
@@ -82,7 +82,7 @@ def test_waived_cell_that_passes_says_the_waiver_can_be_removed():
     assert out == [passing]
     (problem,) = problems
     assert problem.kind == "removable" and not problem.is_error
-    assert str(problem) == f"waives.txt:1: waiver can be removed: {BF16} @cpu passes"
+    assert str(problem) == f"waives.txt:1: waiver can be removed: {BF16} @cpu-avx512 passes"
 
 
 def test_waiver_over_an_expected_failure_can_be_removed_too():
@@ -117,7 +117,7 @@ def test_waiver_for_a_class_this_run_did_not_cover_is_matched_by_the_matrix():
     """A cpu job must not call an L4 waiver unmatched: the matrix knows the cell runs on L4."""
     models = load_models()
     cells = [c for path in case_files() for c in expand_case(load_case(path), models, POOL)]
-    records = [failing_bf16("cpu")]
+    records = [failing_bf16("cpu-avx512")]
     text = f"{BF16} gpu=L4 {LINK}"
     _, problems = apply_waivers(records, waivers(text), TODAY, cell_keys(cells))
     assert problems == []
@@ -126,10 +126,19 @@ def test_waiver_for_a_class_this_run_did_not_cover_is_matched_by_the_matrix():
 
 
 def test_first_matching_waiver_wins():
-    text = f"{BF16} gpu=cpu https://example.org/cpu-only\nct-llama* https://example.org/any-class\n"
-    out, _ = apply_waivers([failing_bf16("cpu"), failing_bf16("L4")], waivers(text), TODAY)
+    text = f"{BF16} gpu=cpu-avx512 https://example.org/cpu-only\nct-llama* https://example.org/any-class\n"
+    out, _ = apply_waivers([failing_bf16("cpu-avx512"), failing_bf16("L4")], waivers(text), TODAY)
     assert [r["waived"]["link"] for r in out] == ["https://example.org/cpu-only", "https://example.org/any-class"]
 
 
-def test_shipped_waivers_file_parses_against_the_pool():
-    assert load_waivers(WAIVERS_FILE, POOL) == []
+def test_shipped_waivers_file_parses_against_the_pool_and_links_to_written_findings():
+    """Every shipped waiver names real classes and cells, and a link to our findings names a section there."""
+    shipped = load_waivers(WAIVERS_FILE, POOL)
+    models = load_models()
+    cells = [c for path in case_files() for c in expand_case(load_case(path), models, POOL)]
+    _, problems = apply_waivers([], shipped, TODAY, cell_keys(cells))
+    assert problems == []
+    for waiver in shipped:
+        if waiver.link.startswith("reports/findings/"):
+            page, anchor = waiver.link.split("#")
+            assert f"\n## {anchor}\n" in (WAIVERS_FILE.parent.parent / page).read_text(), waiver.where

@@ -1,0 +1,128 @@
+"""`kvmatrix audit`: is every FAIL and ERROR of a run vLLM's fault, and known? The false-alarm check.
+
+A run's records are judged again under the current case files, signature table and waivers (no vLLM runs); a
+FAIL or ERROR that neither a case (`crash:` / `refuse:`) nor a waiver explains is listed: either a vLLM bug to
+report (then waive it with its link) or a false alarm of ours (a platform's clear refusal, a renamed attribute,
+a harness bug) to fix. `--run` first runs the matrix for every class this machine can run or emulate.
+The target is an empty list; the exit status is 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
+from harness.runner import REPO_ROOT, Task, judge_record, reclassify
+from harness.session import open_session
+from harness.vllm_compat import installed_vllm_version
+from harness.waivers import WAIVERS_FILE, apply_waivers, load_waivers
+from matrix.expand import expand_all
+from matrix.load import CASES_DIR, case_files, load_cases, load_models, load_pool
+from matrix.pool import PoolError
+
+VERDICTS = ("pass", "xfail", "skip", "fail", "error")
+
+
+def runnable_classes(cases_dir: Path) -> list[str]:
+    """This machine's class first, then every class it can emulate."""
+    here = open_session(cases_dir=cases_dir).gpu_name
+    classes = [here]
+    for name in load_pool(cases_dir):
+        if name == here:
+            continue
+        try:
+            open_session(name, emulate=True, cases_dir=cases_dir)
+        except PoolError:
+            continue
+        classes.append(name)
+    return classes
+
+
+def run_classes(classes: list[str], runs_dir: Path, extra: list[str]) -> list[Path]:
+    """One `kvmatrix run` per class (its own process: each class's cells, progress lines and reports)."""
+    folders = []
+    for gpu in classes:
+        run_id = f"audit-{gpu}-vllm{installed_vllm_version()}"
+        command = [sys.executable, "-m", "harness.cli", "run", "--gpu", gpu, "--emulate", "--run-id", run_id,
+                   "--runs-dir", str(runs_dir), *extra]
+        print("$ " + " ".join(command[1:]), flush=True)
+        subprocess.run(command, cwd=REPO_ROOT, check=False)  # its failures are what the audit lists
+        folders.append(runs_dir / run_id)
+    return folders
+
+
+def rejudged(run_dir: RunDir, cases_dir: Path) -> list[tuple[dict, dict]]:
+    """(record as stored, record judged again now with waivers applied) for every record of a run folder."""
+    pool, models = load_pool(cases_dir), load_models(cases_dir)
+    cells = {c.cell_id: c for c in expand_all(load_cases(case_files(cases_dir)), models, pool)}
+    pairs = []
+    for stored in run_dir.records():
+        now = copy.deepcopy(stored)
+        cell, gpu = cells.get(stored["cell_id"]), stored.get("gpu_class")
+        if cell is not None and gpu in pool and stored.get("status") != "skipped":
+            reclassify(now, run_dir)
+            judge_record(now, Task(cell, gpu, pool[gpu], stored.get("emulated_from")), run_dir)
+        elif cell is None:
+            now.update(verdict="error", reason="no cell of the current cases has this id (renamed or removed)")
+        pairs.append((stored, now))
+    waivers_path = cases_dir / WAIVERS_FILE.name
+    if waivers_path.exists():
+        waived, _ = apply_waivers([now for _, now in pairs], load_waivers(waivers_path, pool))
+        pairs = [(stored, now) for (stored, _), now in zip(pairs, waived, strict=True)]
+    return pairs
+
+
+def render(pairs_by_run: dict[str, list[tuple[dict, dict]]]) -> tuple[str, int]:
+    """The Markdown audit (a table per run: verdicts as stored and as judged now) and the unexplained count."""
+    lines = ["| run | class | emulated on | vLLM | cells | " + " | ".join(VERDICTS)
+             + " | FAIL+ERROR as stored | unexplained now |", "|" + "---|" * (len(VERDICTS) + 7)]
+    unexplained = []
+    for run, pairs in pairs_by_run.items():
+        for gpu in sorted({now.get("gpu_class") for _, now in pairs}):
+            mine = [(s, n) for s, n in pairs if n.get("gpu_class") == gpu]
+            counts = Counter(n["verdict"] for _, n in mine)
+            before = sum(s["verdict"] in FAILING_VERDICTS for s, _ in mine)
+            bad = [n for _, n in mine if n["verdict"] in FAILING_VERDICTS]
+            unexplained += [(run, n) for n in bad]
+            first = mine[0][1]
+            lines.append(f"| {run} | {gpu} | {first.get('emulated_from') or '-'} | {first.get('vllm_version')} | "
+                         f"{len(mine)} | " + " | ".join(str(counts.get(v, 0)) for v in VERDICTS)
+                         + f" | {before} | {len(bad)} |")
+    lines += ["", f"Unexplained FAIL / ERROR: {len(unexplained)}", ""]
+    lines += [f"- **{n['verdict'].upper()}** `{n['cell_id']}` @{n.get('gpu_class')} ({run}): {n.get('reason')}"
+              for run, n in unexplained]
+    return "\n".join(lines) + "\n", len(unexplained)
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    cases_dir, runs_dir = Path(args.cases_dir), Path(args.runs_dir)
+    folders = [Path(f) for f in args.run_dirs]
+    if args.run:
+        classes = args.gpu or runnable_classes(cases_dir)
+        folders += run_classes(classes, runs_dir, (["--probe-only"] if args.probe_only else []))
+    if not folders:
+        raise PoolError("name run folders to audit, or --run to run every class this machine can run or emulate")
+    pairs_by_run = {folder.name: rejudged(RunDir(folder), cases_dir) for folder in folders}
+    text, unexplained = render(pairs_by_run)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 1 if unexplained else 0
+
+
+def add_audit_command(sub: argparse._SubParsersAction) -> None:
+    audit = sub.add_parser("audit", help="list every FAIL / ERROR of run folders that no case or waiver explains")
+    audit.add_argument("run_dirs", nargs="*", help="run folders to audit (judged again under the current cases)")
+    audit.add_argument("--run", action="store_true",
+                       help="first run the matrix for this machine's class and every class it can emulate")
+    audit.add_argument("--gpu", action="append", help="with --run: only these classes; repeatable")
+    audit.add_argument("--probe-only", action="store_true", help="with --run: probe-only cells")
+    audit.add_argument("--cases-dir", default=str(CASES_DIR))
+    audit.add_argument("--runs-dir", default=str(RUNS_DIR))
+    audit.add_argument("--out", help="also write the Markdown audit to this file")
+    audit.set_defaults(func=cmd_audit)
