@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.runner import run_tasks
-from harness.session import Session, open_session, vllm_vocabulary
+from harness.run.runner import run_tasks
+from harness.run.session import Session, open_session, vllm_vocabulary
 from matrix.expand import expand_case
 from matrix.load import CASES_DIR, load_case
 from matrix.schema import CaseError

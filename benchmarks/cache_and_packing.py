@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 
 from harness.cli import cell_selected, load_cells
-from harness.runner import REPO_ROOT, run_tasks
-from harness.session import open_session
+from harness.paths import REPO_ROOT
+from harness.run.runner import run_tasks
+from harness.run.session import open_session
 
 WARM_UP = "import torch, vllm; torch.cuda.init() if torch.cuda.is_available() else None"
 ARM_TITLES = {

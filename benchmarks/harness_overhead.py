@@ -21,10 +21,11 @@ import time
 from pathlib import Path
 
 from harness.cli import load_cells
-from harness.engine_args import engine_args_for
+from harness.paths import REPO_ROOT
 from harness.records import RunDir
-from harness.runner import REPO_ROOT, cell_env, run_tasks
-from harness.session import open_session
+from harness.run.engine_args import engine_args_for
+from harness.run.runner import cell_env, run_tasks
+from harness.run.session import open_session
 
 BARE = Path(__file__).with_name("bare_cell.py")
 

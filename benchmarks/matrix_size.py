@@ -20,8 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from harness import history
-from harness.verdict import judge
+from harness.judge.verdict import judge
+from harness.nightly import history
 from matrix.expand import expand_all
 from matrix.load import CASES_DIR, load_cases, load_models, load_pool
 from reports import html, junit, markdown

@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 
 from harness.cli import load_cells
+from harness.paths import REPO_ROOT
 from harness.records import RunDir
-from harness.runner import REPO_ROOT, run_tasks
-from harness.session import open_session
+from harness.run.runner import run_tasks
+from harness.run.session import open_session
 from reports.summary import facts
 
 MODES = ("full", "probe")

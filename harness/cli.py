@@ -9,20 +9,21 @@ import sys
 import time
 from pathlib import Path
 
-from harness import history
 from harness.audit import add_audit_command
-from harness.bisect import add_bisect_command
-from harness.diff import Diff, diff_records
-from harness.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
+from harness.bisect.command import add_bisect_command
+from harness.judge.waivers import WAIVERS_FILE, WaiverError, apply_waivers, cell_keys, load_waivers
+from harness.nightly import history, pipelines
+from harness.nightly.diff import Diff, diff_records
+from harness.paths import DEFAULT_CACHE
 from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
-from harness.runner import Task, judge_record, reclassify, run_tasks
-from harness.session import DEFAULT_CACHE, open_session, vllm_vocabulary
-from harness.waivers import WAIVERS_FILE, WaiverError, apply_waivers, cell_keys, load_waivers
+from harness.run.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
+from harness.run.runner import Task, judge_record, reclassify, run_tasks
+from harness.run.session import open_session, vllm_vocabulary
 from matrix.expand import Cell, expand_case
 from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
 from matrix.pool import PoolError
 from matrix.schema import CaseError
-from reports import diff_md, findings_pages, html, junit, markdown, pipelines
+from reports import diff_md, findings_pages, html, junit, markdown
 
 
 def load_cells(args: argparse.Namespace, tolerant: bool = False) -> tuple[list[Cell], list[CaseError], list[Cell]]:
@@ -124,10 +125,10 @@ def run_here(args: argparse.Namespace, tasks: list[Task], session, on_record) ->
 
 
 def run_on_ray(args: argparse.Namespace, tasks: list[Task], session, on_record) -> list[dict]:
-    """An existing Ray cluster's nodes of the class (harness/ray_pool.py); records land here as local ones do."""
+    """An existing Ray cluster's nodes of the class (harness/run/ray_pool.py); records land here as local ones do."""
     import ray  # only a Ray pool needs Ray
 
-    from harness.ray_pool import run_tasks_on_ray
+    from harness.run.ray_pool import run_tasks_on_ray
 
     ray.init(address=args.ray)
     try:
@@ -314,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="cells without an accuracy block run one prompt for 2 tokens on the smallest engine "
                           "(same resolved state, much cheaper); accuracy cells still run in full")
     run.add_argument("--ray", metavar="ADDRESS",
-                     help="run the cells as Ray tasks on the cluster at ADDRESS (harness/ray_pool.py)")
+                     help="run the cells as Ray tasks on the cluster at ADDRESS (harness/run/ray_pool.py)")
     run.add_argument("--ray-real-gpus", action="store_true",
                      help="with --ray: place cells by Ray's accelerator_type instead of gpu_class:<class>")
     run.set_defaults(func=cmd_run)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.diff import Change, Diff
+from harness.nightly.diff import Change, Diff
 from reports.summary import same_crash_text
 
 

@@ -15,7 +15,7 @@ import json
 import shlex
 from pathlib import Path
 
-from harness.fingerprint import failure_name
+from harness.judge.fingerprint import failure_name
 from harness.records import record_stem
 from reports.summary import facts
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
-from harness.fingerprint import failure_name
+from harness.judge.fingerprint import failure_name
 
 
 def render(records: list[dict]) -> str:

@@ -10,7 +10,7 @@ from reports.summary import counts, crash_counts, frame, leaks, pivot, same_cras
 def class_differences(records: list[dict], reference: str) -> list[str]:
     """Per cell, how each other GPU class's record differs from the reference class's (verdict, backend, KV
     dtype, query dtype, page size, signature): what an emulated or other class decides differently."""
-    from harness.diff import what_changed  # reports stay importable without the history modules' deps
+    from harness.nightly.diff import what_changed  # reports stay importable without the history modules' deps
 
     by_class: dict[str, dict[str, dict]] = {}
     for r in records:

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.accuracy_plan import baselines_first, offline_reason
-from harness.accuracy_verdict import judge_accuracy
+from harness.judge.accuracy import judge_accuracy
 from harness.records import RunDir
+from harness.run.accuracy_plan import baselines_first, offline_reason
 from matrix.expand import expand_case
 from matrix.load import load_case, load_models, load_pool
 from matrix.schema import CaseError

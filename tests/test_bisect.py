@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import bisect as bisect_mod
-from harness.bisect import bisect, bisect_releases, releases_between
-from harness.bisect_envs import READY, EnvBuildError, compiled_changes, sync_overlay, wheel_env
-from harness.bisect_report import render
-from harness.bisect_step import Plan, Step
+from harness.bisect import command as bisect_mod
+from harness.bisect.command import bisect, bisect_releases, releases_between
+from harness.bisect.envs import READY, EnvBuildError, compiled_changes, sync_overlay, wheel_env
+from harness.bisect.report import render
+from harness.bisect.step import Plan, Step
 from tests.bisect_history import _commit, _git, build_history
 from tests.conftest import needs_fp8_kv
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.signatures import classify
+from harness.judge.signatures import classify
 from tests.conftest import needs_fp8_kv
 
 pytestmark = pytest.mark.vllm
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory):
-    from harness.tiny_models import build
+    from harness.models.tiny import build
 
     cache = tmp_path_factory.mktemp("models")
     return lambda name: str(build(name, cache))

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness import tiny_models as tm  # noqa: E402
+from harness.models import tiny as tm  # noqa: E402
 
 
 def _config(name: str, cache: Path) -> dict:

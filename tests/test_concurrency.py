@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import history
+from harness.nightly import history
 from harness.records import RunDir
 from tests.conftest import CPU_CLASS, write_case
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import copy
 
-from harness import history
 from harness.cli import main
-from harness.diff import diff_records
+from harness.nightly import history
+from harness.nightly.diff import diff_records
 from reports import diff_md
 from tests.test_history import CPU, captured_record, write_run
 

@@ -4,7 +4,7 @@ failure on a real card of that class is a failure."""
 from __future__ import annotations
 
 from harness.records import RunDir
-from harness.runner import RunSettings, Task, _finish, _outcome
+from harness.run.runner import RunSettings, Task, _finish, _outcome
 from matrix.expand import expand_case
 from matrix.load import CASES_DIR, load_case, load_models, load_pool
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from harness.fingerprint import stamp
+from harness.judge.fingerprint import stamp
 from reports import findings_pages
 from tests.conftest import FIXTURES
 from tests.test_verdict import record, verdict

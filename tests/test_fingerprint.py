@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.fingerprint import fingerprint, normalize
+from harness.judge.fingerprint import fingerprint, normalize
 from harness.records import RunDir
-from harness.runner import _outcome, reclassify
+from harness.run.runner import _outcome, reclassify
 from tests.conftest import FIXTURES
 
 FOLDERS = sorted(p for p in (FIXTURES / "records").iterdir() if p.is_dir())

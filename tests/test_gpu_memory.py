@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.gpu_memory import physical_index
 from harness.records import RunDir
-from harness.runner import (
+from harness.run.gpu_memory import physical_index
+from harness.run.runner import (
     GPU_LEAK_TOLERANCE_MIB,
     CellProcesses,
     RunSettings,
@@ -24,7 +24,7 @@ from harness.runner import (
     pinned_gpus,
     run_tasks,
 )
-from harness.session import Session
+from harness.run.session import Session
 from matrix.expand import expand_all
 from matrix.load import load_cases, load_models, load_pool
 from reports import html, junit, markdown

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
+from harness.run.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
 from tests.conftest import CPU_CLASS, write_case
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from harness import history
+from harness.judge.verdict import judge
+from harness.nightly import history
 from harness.records import RunDir, record_stem
-from harness.runner import _outcome
-from harness.verdict import judge
+from harness.run.runner import _outcome
 from matrix.expand import expand_case
 from matrix.load import CASES_DIR, load_case, load_models, load_pool
 from tests.conftest import FIXTURES

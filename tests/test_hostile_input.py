@@ -96,7 +96,7 @@ def test_the_shipped_cases_survive_the_same_checks(tmp_path):
               st.sampled_from(["", "https://github.com/vllm-project/vllm/issues/1", "not-a-link", "#frag"]),
               st.sampled_from(["", "until=2027-01-31", "until=2027-02-30", "until=tomorrow"]))), max_size=6))
 def test_generated_waiver_files(lines):
-    from harness.waivers import WaiverError, parse_waivers
+    from harness.judge.waivers import WaiverError, parse_waivers
 
     try:
         parse_waivers("\n".join(lines), "gen_waivers.txt", gpu_classes=list(POOL))

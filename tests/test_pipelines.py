@@ -6,7 +6,7 @@ from __future__ import annotations
 import yaml
 
 from harness.cli import main
-from reports import pipelines
+from harness.nightly import pipelines
 from tests.conftest import write_case
 
 ALL_CLASSES = ["cpu-avx512", "cpu-avx2", "cpu-arm64",

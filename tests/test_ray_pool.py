@@ -14,7 +14,7 @@ import pytest
 
 from harness import cli
 from harness.records import RunDir
-from harness.runner import RunSettings, Task
+from harness.run.runner import RunSettings, Task
 from matrix.expand import expand_all
 from matrix.load import load_cases, load_models, load_pool
 from tests.conftest import CPU_CLASS, write_case
@@ -23,7 +23,7 @@ ray = pytest.importorskip("ray", reason="ray is not importable: the Ray pool is 
                          exc_type=ImportError)
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from harness.ray_pool import placement, run_tasks_on_ray  # noqa: E402
+from harness.run.ray_pool import placement, run_tasks_on_ray  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_CELL = REPO / "tests" / "fake_cell.py"

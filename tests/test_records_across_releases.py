@@ -13,7 +13,7 @@ import pytest
 from packaging.version import Version
 
 from harness.records import RunDir
-from harness.runner import Task, judge_record
+from harness.run.runner import Task, judge_record
 from matrix.expand import expand_all
 from matrix.load import load_cases, load_models, load_pool
 from tests.conftest import FIXTURES

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import history
+from harness.nightly import history
 from harness.records import RunDir
-from harness.runner import RunSettings, Task, run_tasks
-from harness.schedule import order_tasks
+from harness.run.runner import RunSettings, Task, run_tasks
+from harness.run.schedule import order_tasks
 from matrix.expand import expand_case
 from matrix.load import load_case, load_models, load_pool
 from tests.conftest import write_case

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.signatures import classify, last_exception_line
+from harness.judge.signatures import classify, last_exception_line
 from harness.vllm_compat import (
     BUILDER_DTYPE_ATTRS,
     SIGNATURES,

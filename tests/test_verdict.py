@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from harness.runner import _outcome
-from harness.verdict import judge
+from harness.judge.verdict import judge
+from harness.run.runner import _outcome
 from matrix.expand import expand_case
 from matrix.load import CASES_DIR, load_case, load_models, load_pool
 from tests.conftest import FIXTURES

@@ -7,7 +7,7 @@ import datetime
 
 import pytest
 
-from harness.waivers import WAIVERS_FILE, WaiverError, apply_waivers, cell_keys, load_waivers, parse_waivers
+from harness.judge.waivers import WAIVERS_FILE, WaiverError, apply_waivers, cell_keys, load_waivers, parse_waivers
 from matrix.expand import expand_case
 from matrix.load import case_files, load_case, load_models, load_pool
 from tests.test_history import captured_record

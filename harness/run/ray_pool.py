@@ -26,11 +26,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.accuracy_plan import baselines_first
-from harness.engine_args import models_needed
-from harness.models import build_models
 from harness.records import RunDir, record_stem
-from harness.runner import CellProcesses, RunSettings, Task, cell_record, finished_records, judge_record, skip_record
+from harness.run.accuracy_plan import baselines_first
+from harness.run.engine_args import models_needed
+from harness.run.models import build_models
+from harness.run.runner import (
+    CellProcesses,
+    RunSettings,
+    Task,
+    cell_record,
+    finished_records,
+    judge_record,
+    skip_record,
+)
 from matrix.schema import GpuClass
 
 

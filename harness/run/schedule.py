@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from harness.records import FAILING_VERDICTS
 
 if TYPE_CHECKING:  # the runner imports this module
-    from harness.runner import Task
+    from harness.run.runner import Task
 
 DEFAULT_COST_S = 60.0
 

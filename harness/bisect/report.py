@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from tabulate import tabulate
 
-from harness.bisect_step import Step
+from harness.bisect.step import Step
 from harness.records import read_json
 from reports.summary import facts
 

@@ -1,7 +1,7 @@
 """The accuracy phase of a cell: lm-eval on the cell's own, already-built `vllm.LLM` (one engine per cell, so the
 accuracy belongs to exactly the configuration the probe recorded), with per-sample scores for paired comparison.
 
-Runs inside the cell process (harness/cell.py); lm_eval is imported only there and only for accuracy cases.
+Runs inside the cell process (harness/cell/main.py); lm_eval is imported only there and only for accuracy cases.
 """
 
 from __future__ import annotations

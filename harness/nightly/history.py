@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.fingerprint import fingerprint
+from harness.judge.fingerprint import fingerprint
 from harness.records import RunDir
 
-DEFAULT_DB = Path(__file__).resolve().parent.parent / "reports" / "history.sqlite"
+DEFAULT_DB = Path(__file__).resolve().parents[2] / "reports" / "history.sqlite"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS results (
     finished_at TEXT,
     log TEXT,
     record TEXT NOT NULL,      -- the whole record, as written by the runner
-    fingerprint TEXT,          -- the crash's (harness/fingerprint.py); NULL for cells that ran ok or were skipped
+    fingerprint TEXT,          -- the crash's (harness/judge/fingerprint.py); NULL for cells that ran ok or were skipped
     PRIMARY KEY (run_id, gpu_class, cell_id),
     FOREIGN KEY (run_id, gpu_class) REFERENCES runs (run_id, gpu_class)
 );

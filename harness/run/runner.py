@@ -21,20 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.accuracy_plan import accuracy_spec, baselines_first, offline_reason
-from harness.accuracy_verdict import judge_accuracy
-from harness.engine_args import cell_mode, engine_args_for, generation
-from harness.fingerprint import UNFINGERPRINTED_STATUSES, signal_of, stamp
-from harness.gpu_memory import GpuMemory, physical_index
+from harness.judge.accuracy import judge_accuracy
+from harness.judge.fingerprint import UNFINGERPRINTED_STATUSES, signal_of, stamp
+from harness.judge.signatures import classify, last_exception_line
+from harness.judge.verdict import judge
+from harness.paths import REPO_ROOT
 from harness.records import FAILING_VERDICTS, RunDir, read_json, record_stem, write_json_atomic
-from harness.schedule import order_tasks
-from harness.signatures import classify, last_exception_line
-from harness.verdict import judge
+from harness.run.accuracy_plan import accuracy_spec, baselines_first, offline_reason
+from harness.run.engine_args import cell_mode, engine_args_for, generation
+from harness.run.gpu_memory import GpuMemory, physical_index
+from harness.run.schedule import order_tasks
 from harness.vllm_compat import ENVIRONMENT_SIGNATURES, NOT_EMULABLE_SIGNATURES, normalize_record
 from matrix.expand import Cell
 from matrix.schema import GpuClass, ModelEntry
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 LOG_CAP_BYTES = 2 * 1024 * 1024
 PR_SET_PDEATHSIG = 1
 # Above its baseline by more than this, a GPU no cell runs on holds memory a cell left behind (the driver's and
@@ -468,7 +468,7 @@ def run_tasks(
     `on_record(record, done, total, resumed)` is called once per cell as it finishes (progress lines).
     `slot_env(slot)` gives each concurrent slot its environment (e.g. CUDA_VISIBLE_DEVICES for its GPU).
     `expected_s` (cell id → expected seconds, e.g. the last run's) starts cells longest first, grouped by model
-    and backend (harness/schedule.py), cells whose `last_verdicts` failed first; without it they start in the
+    and backend (harness/run/schedule.py), cells whose `last_verdicts` failed first; without it they start in the
     given order.
     """
     run_dir, total = settings.run_dir, len(tasks)

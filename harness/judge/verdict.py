@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.fingerprint import failure_name
+from harness.judge.fingerprint import failure_name
 from matrix.conditions import matches, when_matches
 from matrix.schema import CrashExpected, Expectation, RecordCheck, RefusalExpected
 

@@ -7,10 +7,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.gpu_memory import open_gpu_memory
-from harness.models import build_models
+from harness.paths import DEFAULT_CACHE
 from harness.records import RUNS_DIR, RunDir
-from harness.runner import REPO_ROOT, RunSettings, Task
+from harness.run.gpu_memory import open_gpu_memory
+from harness.run.models import build_models
+from harness.run.runner import RunSettings, Task
 from harness.vllm_compat import (
     detect_cpu_isa,
     installed_vllm_version,
@@ -22,8 +23,6 @@ from matrix.expand import Cell
 from matrix.load import CASES_DIR, load_models, load_pool
 from matrix.pool import PoolError, detect_device, resolve
 from matrix.schema import GpuClass, Vocabulary
-
-DEFAULT_CACHE = REPO_ROOT / ".cache"
 
 
 def vllm_vocabulary() -> Vocabulary:

@@ -1,4 +1,4 @@
-"""One bisection step's cell, run inside that step's environment: `python -m harness.bisect_cell CELL RUNS RUN_ID
+"""One bisection step's cell, run inside that step's environment: `python -m harness.bisect.cell CELL RUNS RUN_ID
 CACHE OUT`. Writes OUT: {"record": path} (the cell ran: the record has the matrix's verdict), or {"skip": why}
 when this vLLM cannot express the cell at all (e.g. a newer case file names a dtype an older vLLM lacks).
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from harness.engine_args import engine_args_for, models_needed
 from harness.records import write_json_atomic
-from harness.runner import run_tasks
-from harness.session import open_session
+from harness.run.engine_args import engine_args_for, models_needed
+from harness.run.runner import run_tasks
+from harness.run.session import open_session
 from harness.vllm_compat import known_engine_args, known_kv_cache_dtypes
 from matrix.expand import expand_case
 from matrix.load import CASES_DIR, load_case, load_models, load_pool

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import tomllib
 
-from harness.runner import REPO_ROOT
+from harness.paths import REPO_ROOT
 
 READY = ".kvmatrix-ready"  # written last: a folder without it is a build that died and is redone
 # PyPI's torch companions are CUDA builds that break `from vllm import LLM` next to torch+cpu (vllm-facts.md).

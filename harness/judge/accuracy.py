@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from harness.paired_stats import divergence, paired_delta
+from harness.judge.paired_stats import divergence, paired_delta
 from harness.records import RunDir, read_json, run_mode
 from matrix.conditions import when_matches
 from matrix.expand import Cell

@@ -24,12 +24,11 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from harness.bisect_envs import EnvBuildError, available_versions
-from harness.bisect_report import Result, render
-from harness.bisect_step import Plan, Step, recorded_steps, run_step
+from harness.bisect.envs import EnvBuildError, available_versions
+from harness.bisect.report import Result, render
+from harness.bisect.step import Plan, Step, recorded_steps, run_step
+from harness.paths import DEFAULT_CACHE, REPO_ROOT
 from harness.records import RUNS_DIR, write_json_atomic
-from harness.runner import REPO_ROOT
-from harness.session import DEFAULT_CACHE
 
 
 def installed_package() -> tuple[str, str | None]:
@@ -130,7 +129,7 @@ def _bisect_in_worktree(plan: Plan, checkout: Path, good: str, bad: str, result:
     _git(checkout, "bisect", "start", bad, good)
     log = Path(plan.folder) / "git-bisect-run.log"
     with log.open("w") as out:
-        subprocess.run(["git", "-C", str(checkout), "bisect", "run", sys.executable, "-m", "harness.bisect_step",
+        subprocess.run(["git", "-C", str(checkout), "bisect", "run", sys.executable, "-m", "harness.bisect.step",
                         str(plan.save())], stdout=out, stderr=subprocess.STDOUT,
                        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     said = log.read_text()

@@ -10,9 +10,7 @@ the phase it died in. The probe runs before generation: a cell whose decode cras
 from __future__ import annotations
 
 import json
-import os
 import platform
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -20,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import vllm_compat
-from harness.probe import probe
+from harness.cell.probe import probe
 from harness.records import write_json_atomic
 
 MESSAGE_CAP = 4096
@@ -115,7 +113,7 @@ def generate(result: CellResult, vllm: Any, llm: Any, prompts: list[str], max_to
 
 
 def measure_accuracy(result: CellResult, llm: Any, accuracy: dict) -> None:
-    from harness.lm_eval_engine import evaluate  # lm_eval is needed by accuracy cases only
+    from harness.cell.lm_eval_engine import evaluate  # lm_eval is needed by accuracy cases only
 
     result.data["accuracy"] = evaluate(llm, accuracy)
 
@@ -142,13 +140,3 @@ def main(spec_path: str, result_path: str) -> int:
     result.save()
     return 0
 
-
-if __name__ == "__main__":
-    # In-process engine: the probe then reaches the worker directly, and one process group holds everything.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    code = main(*sys.argv[1:3])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip interpreter teardown: vLLM's shutdown hooks can hang or crash after the result is already written,
-    # and the parent would then report a finished cell as timed out or killed.
-    os._exit(code)

@@ -22,7 +22,7 @@ class Change:
     what: tuple[str, ...] = ()  # "kv bfloat16 → fp8", ...
     reason: str = ""  # the current record's reason (the baseline's for a disappeared cell)
     flaky: bool = False
-    fingerprint: str | None = None  # the current record's crash (harness/fingerprint.py)
+    fingerprint: str | None = None  # the current record's crash (harness/judge/fingerprint.py)
     same_crash: int = 0  # other cells of the current run with that fingerprint
     first_seen: str | None = None  # the run the fingerprint was first seen in (history database)
 
@@ -75,7 +75,7 @@ def _key(record: dict) -> tuple[str, str]:
 
 
 def diff_records(baseline: list[dict], current: list[dict], first_seen: dict[str, str] | None = None) -> Diff:
-    """`first_seen`: fingerprint → the run it first appeared in (harness/history.py first_seen)."""
+    """`first_seen`: fingerprint → the run it first appeared in (harness/nightly/history.py first_seen)."""
     old = {_key(r): r for r in baseline}
     new = {_key(r): r for r in current}
     shared = Counter(r["fingerprint"] for r in current if r.get("fingerprint"))

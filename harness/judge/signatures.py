@@ -2,7 +2,7 @@
 
 Expectations refer to failures by these names (`crash: {signature: no_common_block_size}`), so a known failure
 stays recognisable when vLLM rewords the surrounding log. A failure no pattern names has no signature: its
-fingerprint (harness/fingerprint.py) is what groups it with the same crash elsewhere.
+fingerprint (harness/judge/fingerprint.py) is what groups it with the same crash elsewhere.
 """
 
 from __future__ import annotations

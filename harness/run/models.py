@@ -5,14 +5,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from harness.engine_args import models_needed
+from harness.run.engine_args import models_needed
 from matrix.schema import ModelEntry
 
 
 def build_models(tasks: list, models: dict[str, ModelEntry], cache_dir: Path) -> dict[str, Path]:
     """name → checkpoint folder for every registry model the tasks use. A model that fails to build is left
     out (its cells then end as `error` naming it); the others still run."""
-    from harness import tiny_models, trained_models  # torch is imported only when models are built
+    from harness.models import tiny as tiny_models  # torch is imported only when models are built
+    from harness.models import trained as trained_models
 
     built: dict[str, Path] = {}
     for name in dict.fromkeys(n for t in tasks for n in models_needed(t.cell)):

@@ -26,8 +26,9 @@ from pathlib import Path
 
 from harness.records import FAILING_VERDICTS
 from matrix.expand import Cell
+from matrix.load import CASES_DIR
 
-WAIVERS_FILE = Path(__file__).resolve().parent.parent / "cases" / "_waivers.txt"
+WAIVERS_FILE = CASES_DIR / "_waivers.txt"
 # Where a waived failure is tracked: an upstream issue, or our own findings page for bugs not yet filed upstream.
 LINK_PREFIXES = ("http://", "https://", "reports/findings/")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.model_cache import BuilderFamily
+from harness.models.cache import BuilderFamily
 
 VOCAB = 320
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<mask>"]  # ids 0..3, fixed by training order

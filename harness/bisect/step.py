@@ -1,6 +1,6 @@
 """One bisection step: get the environment for a ref, run the cell there, call the ref good, bad or skip.
 
-Also the test command `git bisect run` calls (`python -m harness.bisect_step PLAN.json`, in the checkout, which
+Also the test command `git bisect run` calls (`python -m harness.bisect.step PLAN.json`, in the checkout, which
 git has moved to the commit to test); it follows git's contract: exit 0 good, 1 bad, 125 skip, 128 abort (a fault
 of the harness itself must stop the bisection, not be counted as a bad commit).
 
@@ -20,9 +20,9 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.bisect_envs import EnvBuildError, compiled_changes, package_dir, release_env, sync_overlay, wheel_env
+from harness.bisect.envs import EnvBuildError, compiled_changes, package_dir, release_env, sync_overlay, wheel_env
+from harness.paths import REPO_ROOT
 from harness.records import read_json
-from harness.runner import REPO_ROOT
 
 OUTCOME = {"pass": "good", "xfail": "good", "fail": "bad", "error": "bad", "skip": "skip"}
 EXIT_CODE = {"good": 0, "bad": 1, "skip": 125}
@@ -118,7 +118,7 @@ def run_step(plan: Plan, ref: str, label: str = "") -> Step:
     out.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([*path_first, str(REPO_ROOT)]))
     with (steps_dir / f"{run_id}.log").open("wb") as log:
-        subprocess.run([str(python), "-m", "harness.bisect_cell", plan.cell, str(steps_dir), run_id,
+        subprocess.run([str(python), "-m", "harness.bisect.cell", plan.cell, str(steps_dir), run_id,
                         plan.cache_dir, str(out)], env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                        stdin=subprocess.DEVNULL)
     step = Step(ref, "skip", label=label, env_s=env_s, cell_s=time.monotonic() - started - env_s)

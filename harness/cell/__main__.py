@@ -1,0 +1,15 @@
+"""`python -m harness.cell SPEC.json RESULT.json`: one cell in its own process (the cell's work: main.py)."""
+
+import os
+import sys
+
+from harness.cell.main import main
+
+# In-process engine: the probe then reaches the worker directly, and one process group holds everything.
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+code = main(*sys.argv[1:3])
+sys.stdout.flush()
+sys.stderr.flush()
+# Skip interpreter teardown: vLLM's shutdown hooks can hang or crash after the result is already written,
+# and the parent would then report a finished cell as timed out or killed.
+os._exit(code)

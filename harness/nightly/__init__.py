@@ -1,0 +1,1 @@
+"""Across runs: the history database, what changed since the previous run, and the CI pipeline definitions."""
