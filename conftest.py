@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.run.runner import run_tasks
+from harness.run.pool import run_tasks
 from harness.run.session import Session, open_session, vllm_vocabulary
 from matrix.expand import expand_case
 from matrix.load import CASES_DIR, load_case

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from harness.cli import cell_selected, load_cells
 from harness.paths import REPO_ROOT
-from harness.run.runner import run_tasks
+from harness.run.pool import run_tasks
 from harness.run.session import open_session
 
 WARM_UP = "import torch, vllm; torch.cuda.init() if torch.cuda.is_available() else None"

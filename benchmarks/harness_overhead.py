@@ -23,8 +23,9 @@ from pathlib import Path
 from harness.cli import load_cells
 from harness.paths import REPO_ROOT
 from harness.records import RunDir
+from harness.run.cell_env import cell_env
 from harness.run.engine_args import engine_args_for
-from harness.run.runner import cell_env, run_tasks
+from harness.run.pool import run_tasks
 from harness.run.session import open_session
 
 BARE = Path(__file__).with_name("bare_cell.py")

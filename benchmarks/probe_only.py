@@ -20,7 +20,7 @@ from pathlib import Path
 from harness.cli import load_cells
 from harness.paths import REPO_ROOT
 from harness.records import RunDir
-from harness.run.runner import run_tasks
+from harness.run.pool import run_tasks
 from harness.run.session import open_session
 from reports.summary import facts
 

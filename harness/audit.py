@@ -16,11 +16,13 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from harness.judge.judge import judge_record
+from harness.judge.outcome import reclassify
 from harness.judge.waivers import WAIVERS_FILE, apply_waivers, load_waivers
 from harness.paths import REPO_ROOT
 from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
-from harness.run.runner import Task, judge_record, reclassify
 from harness.run.session import open_session
+from harness.task import Task
 from harness.vllm_compat import installed_vllm_version
 from matrix.expand import expand_all
 from matrix.load import CASES_DIR, case_files, load_cases, load_models, load_pool

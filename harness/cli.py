@@ -11,14 +11,17 @@ from pathlib import Path
 
 from harness.audit import add_audit_command
 from harness.bisect.command import add_bisect_command
+from harness.judge.judge import judge_record
+from harness.judge.outcome import reclassify
 from harness.judge.waivers import WAIVERS_FILE, WaiverError, apply_waivers, cell_keys, load_waivers
 from harness.nightly import history, pipelines
 from harness.nightly.diff import Diff, diff_records
 from harness.paths import DEFAULT_CACHE
 from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
 from harness.run.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
-from harness.run.runner import Task, judge_record, reclassify, run_tasks
+from harness.run.pool import LocalPool
 from harness.run.session import open_session, vllm_vocabulary
+from harness.task import Task
 from matrix.expand import Cell, expand_case
 from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
 from matrix.pool import PoolError
@@ -120,20 +123,19 @@ def run_here(args: argparse.Namespace, tasks: list[Task], session, on_record) ->
     if Path(args.db).exists():
         db = history.open_db(args.db)
         expected, verdicts = history.last_timings(db, session.gpu_name), history.last_verdicts(db, session.gpu_name)
-    return run_tasks(tasks, session.settings, jobs=args.jobs or session.slots, on_record=on_record,
-                     slot_env=session.slot_env, expected_s=expected, last_verdicts=verdicts)
+    pool = LocalPool(args.jobs or session.slots, session.slot_env, expected, verdicts)
+    return pool.run(tasks, session.settings, on_record)
 
 
 def run_on_ray(args: argparse.Namespace, tasks: list[Task], session, on_record) -> list[dict]:
     """An existing Ray cluster's nodes of the class (harness/run/ray_pool.py); records land here as local ones do."""
     import ray  # only a Ray pool needs Ray
 
-    from harness.run.ray_pool import run_tasks_on_ray
+    from harness.run.ray_pool import RayPool
 
     ray.init(address=args.ray)
     try:
-        return run_tasks_on_ray(tasks, session.settings, on_record=on_record, real_gpus=args.ray_real_gpus,
-                                pool=session.pool)
+        return RayPool(real_gpus=args.ray_real_gpus, pool=session.pool).run(tasks, session.settings, on_record)
     finally:
         ray.shutdown()
 

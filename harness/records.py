@@ -76,6 +76,15 @@ def write_json_atomic(path: Path, data: dict) -> None:
         raise
 
 
+def read_tail(path: Path, n: int = 8000) -> str:
+    """The last `n` bytes of a text file (a cell's log), as text; empty where it cannot be read."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return ""
+    return data[-n:].decode(errors="replace")
+
+
 def read_json(path: Path) -> dict | None:
     try:
         data = json.loads(Path(path).read_text())

@@ -126,5 +126,5 @@ def counts(df: pd.DataFrame) -> dict[str, int]:
 
 
 def leaks(records: list[dict]) -> list[str]:
-    """One line per cell that left GPU memory behind (see harness/run/runner.py check_gpu_memory)."""
+    """One line per cell that left GPU memory behind (see harness/run/gpu_check.py)."""
     return [f"{r['cell_id']} on {r.get('gpu_class', '?')}: {r['leak']}" for r in records if r.get("leak")]

@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 from harness.records import RunDir
-from harness.run.runner import RunSettings, run_tasks
+from harness.run.pool import run_tasks
 from harness.run.session import Session
+from harness.run.settings import RunSettings
 from matrix.expand import expand_all
 from matrix.load import load_cases, load_models, load_pool
 

@@ -3,8 +3,11 @@ failure on a real card of that class is a failure."""
 
 from __future__ import annotations
 
+from harness.judge.outcome import classify_outcome
 from harness.records import RunDir
-from harness.run.runner import RunSettings, Task, _finish, _outcome
+from harness.run.cell_run import finish
+from harness.run.settings import RunSettings
+from harness.task import Task
 from matrix.expand import expand_case
 from matrix.load import CASES_DIR, load_case, load_models, load_pool
 
@@ -19,8 +22,8 @@ def finished(gpu: str, emulated_from: str | None) -> dict:
     result = {"status": "crash", "phase": "init", "vllm_version": "0.26.0",
               "exception": {"type": "ModuleNotFoundError", "message": "No module named 'cutlass'"}}
     record = {"cell_id": cell.cell_id}
-    return _finish(record, Task(cell, gpu, POOL[gpu], emulated_from), settings,
-                   _outcome(1, False, 600, result, CUTLASS_LOG), 0.0)
+    return finish(record, Task(cell, gpu, POOL[gpu], emulated_from), settings,
+                   classify_outcome(1, False, 600, result, CUTLASS_LOG), 0.0)
 
 
 def test_missing_kernels_of_the_emulated_class_are_not_emulable():

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness.judge.fingerprint import fingerprint, normalize
+from harness.judge.outcome import classify_outcome, reclassify
 from harness.records import RunDir
-from harness.run.runner import _outcome, reclassify
 from tests.conftest import FIXTURES
 
 FOLDERS = sorted(p for p in (FIXTURES / "records").iterdir() if p.is_dir())
@@ -25,7 +25,7 @@ FIXTURE_FILES = sorted(path for folder in FOLDERS for path in folder.glob("*.jso
 
 def runner_record(result: dict) -> dict:
     """A captured result (or a whole captured record) as the runner completes it from the cell's exit."""
-    return _outcome(1 if result["status"] == "crash" else 0, False, 600, result, result.get("log_tail") or "")
+    return classify_outcome(1 if result["status"] == "crash" else 0, False, 600, result, result.get("log_tail") or "")
 
 
 def label(path: Path) -> str:
@@ -133,7 +133,7 @@ def engine_process_log(record: dict) -> tuple[dict, str]:
 def test_an_engine_wrapper_is_fingerprinted_by_the_root_cause_above_it(name):
     record = FAILED[name]
     wrapped, log = engine_process_log(record)
-    again = _outcome(1, False, 600, wrapped, log)
+    again = classify_outcome(1, False, 600, wrapped, log)
     assert again["crash"] == record["crash"]
     assert again["fingerprint"] == record["fingerprint"]
 
@@ -174,7 +174,7 @@ def partial(name: str, phase: str) -> dict:
 
 def test_timeouts_and_kills_are_fingerprinted_by_phase():
     def fp(name: str, phase: str, returncode: int = 0, timed_out: bool = False, log: str = "") -> str:
-        return _outcome(returncode, timed_out, 600, partial(name, phase), log)["fingerprint"]
+        return classify_outcome(returncode, timed_out, 600, partial(name, phase), log)["fingerprint"]
 
     assert fp("llama-auto", "generate", timed_out=True) == fp("deepseek_v2-auto", "generate", timed_out=True)
     assert fp("llama-auto", "generate", timed_out=True) != fp("llama-auto", "init", timed_out=True)
@@ -195,15 +195,16 @@ def faulthandler_dump(address: str, prefix: str) -> str:
 
 
 def test_a_segfault_is_fingerprinted_by_signal_and_the_vllm_frame_it_died_in():
-    one = _outcome(-11, False, 600, partial("deepseek_v2-auto", "generate"),
+    one = classify_outcome(-11, False, 600, partial("deepseek_v2-auto", "generate"),
                    faulthandler_dump("0x00007f3a2c001000", "/work/main/.venv/lib/python3.11/site-packages"))
-    two = _outcome(-11, False, 600, partial("deepseek_v2-fp8", "init"),
+    two = classify_outcome(-11, False, 600, partial("deepseek_v2-fp8", "init"),
                    faulthandler_dump("0x00007fbb00c0ffee", "/opt/venv/lib/python3.12/site-packages"))
     assert (one["signature"], one["crash"]["site"]) == ("signal_SIGSEGV", "vllm._custom_ops:mla_decode_kvcache_cpu")
     assert one["fingerprint"] == two["fingerprint"]
-    bare = _outcome(-11, False, 600, partial("deepseek_v2-auto", "generate"), "")
+    bare = classify_outcome(-11, False, 600, partial("deepseek_v2-auto", "generate"), "")
     assert bare["crash"]["phase"] == "generate" and bare["fingerprint"] != one["fingerprint"]
-    assert _outcome(-6, False, 600, partial("deepseek_v2-auto", "generate"), "")["fingerprint"] != bare["fingerprint"]
+    aborted = classify_outcome(-6, False, 600, partial("deepseek_v2-auto", "generate"), "")
+    assert aborted["fingerprint"] != bare["fingerprint"]
 
 
 def captured_with(old: str, new: str) -> dict:

@@ -14,17 +14,12 @@ from pathlib import Path
 import pytest
 
 from harness.records import RunDir
-from harness.run.gpu_memory import physical_index
-from harness.run.runner import (
-    GPU_LEAK_TOLERANCE_MIB,
-    CellProcesses,
-    RunSettings,
-    check_gpu_memory,
-    gpu_baselines,
-    pinned_gpus,
-    run_tasks,
-)
+from harness.run.gpu_check import GPU_LEAK_TOLERANCE_MIB, check_gpu_memory, pinned_gpus
+from harness.run.gpu_memory import gpu_baselines, physical_index
+from harness.run.pool import run_tasks
+from harness.run.process import CellProcesses
 from harness.run.session import Session
+from harness.run.settings import RunSettings
 from matrix.expand import expand_all
 from matrix.load import load_cases, load_models, load_pool
 from reports import html, junit, markdown

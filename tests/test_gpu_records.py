@@ -7,9 +7,10 @@ import json
 
 import pytest
 
+from harness.judge.judge import judge_record
 from harness.judge.verdict import judge
 from harness.records import RunDir
-from harness.run.runner import Task, judge_record
+from harness.task import Task
 from matrix.expand import expand_all
 from matrix.load import load_cases, load_models, load_pool
 from reports.markdown import class_differences

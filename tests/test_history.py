@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
+from harness.judge.outcome import classify_outcome
 from harness.judge.verdict import judge
 from harness.nightly import history
 from harness.records import RunDir, record_stem
-from harness.run.runner import _outcome
 from matrix.expand import expand_case
 from matrix.load import CASES_DIR, load_case, load_models, load_pool
 from tests.conftest import FIXTURES
@@ -26,7 +26,7 @@ def captured_record(cell_id: str, capture: str, gpu_class: str = "cpu-avx512", r
     (cell,) = [c for c in expand_case(load_case(CASES_DIR / f"{case}.yaml"), load_models(), POOL)
                if c.cell_id == cell_id]
     result = json.loads((CAPTURED / f"{capture}.json").read_text())
-    outcome = _outcome(1 if result["status"] == "crash" else 0, False, 600, result, result.get("log_tail", ""))
+    outcome = classify_outcome(1 if result["status"] == "crash" else 0, False, 600, result, result.get("log_tail", ""))
     record = {**outcome, "cell_id": cell_id, "case": case, "model": cell.model, "axes": cell.axes,
               "gpu_class": gpu_class, "emulated_from": None, "run_id": run_id, "signature": outcome.get("signature"),
               "log": f"logs/{record_stem(cell_id, gpu_class)}.log"}

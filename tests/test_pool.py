@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from harness.records import RunDir
-from harness.run.runner import RunSettings
 from harness.run.session import Session
+from harness.run.settings import RunSettings
 from matrix.load import load_pool
 from matrix.pool import LocalDevice, PoolError, class_of, resolve
 

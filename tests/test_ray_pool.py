@@ -14,7 +14,8 @@ import pytest
 
 from harness import cli
 from harness.records import RunDir
-from harness.run.runner import RunSettings, Task
+from harness.run.settings import RunSettings
+from harness.task import Task
 from matrix.expand import expand_all
 from matrix.load import load_cases, load_models, load_pool
 from tests.conftest import CPU_CLASS, write_case

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from harness.judge.judge import judge_record
 from harness.records import RunDir
-from harness.run.runner import Task, judge_record
+from harness.task import Task
 from matrix.expand import expand_all
 from matrix.load import load_cases, load_models, load_pool
 from tests.conftest import FIXTURES

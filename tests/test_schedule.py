@@ -12,8 +12,10 @@ import pytest
 
 from harness.nightly import history
 from harness.records import RunDir
-from harness.run.runner import RunSettings, Task, run_tasks
+from harness.run.pool import run_tasks
 from harness.run.schedule import order_tasks
+from harness.run.settings import RunSettings
+from harness.task import Task
 from matrix.expand import expand_case
 from matrix.load import load_case, load_models, load_pool
 from tests.conftest import write_case

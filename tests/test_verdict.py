@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from harness.judge.outcome import classify_outcome
 from harness.judge.verdict import judge
-from harness.run.runner import _outcome
 from matrix.expand import expand_case
 from matrix.load import CASES_DIR, load_case, load_models, load_pool
 from tests.conftest import FIXTURES
@@ -22,7 +22,7 @@ def record(name: str) -> dict:
     """A captured cell result completed as the runner completes it (status, signature, error tail)."""
     result = json.loads((CPU_RECORDS / f"{name}.json").read_text())
     assert result["vllm_version"] == "0.32.0"
-    return _outcome(1 if result["status"] == "crash" else 0, False, 600, result, result.get("log_tail", ""))
+    return classify_outcome(1 if result["status"] == "crash" else 0, False, 600, result, result.get("log_tail", ""))
 
 
 def verdict(case: str, cell_id: str, rec: dict, gpu: str = "cpu-avx512") -> tuple[str, str, list]:

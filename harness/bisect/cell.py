@@ -13,7 +13,7 @@ from pathlib import Path
 
 from harness.records import write_json_atomic
 from harness.run.engine_args import engine_args_for, models_needed
-from harness.run.runner import run_tasks
+from harness.run.pool import run_tasks
 from harness.run.session import open_session
 from harness.vllm_compat import known_engine_args, known_kv_cache_dtypes
 from matrix.expand import expand_case

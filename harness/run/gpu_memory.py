@@ -4,6 +4,7 @@ cell to find memory a cell left behind. Reading NVML never initialises CUDA, so 
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from typing import Protocol
 
 MIB = 1024 * 1024
@@ -17,6 +18,18 @@ class GpuMemory(Protocol):
     def processes(self, index: int) -> dict[int, float]:
         """The compute processes on the GPU: pid → MiB they hold."""
         ...
+
+
+@dataclass(frozen=True)
+class GpuBaseline:
+    """A GPU before the run: the memory in use and the processes (not the harness's) that held it."""
+
+    used_mib: float
+    pids: frozenset[int]
+
+
+def gpu_baselines(memory: GpuMemory, indices: set[int]) -> dict[int, GpuBaseline]:
+    return {i: GpuBaseline(memory.used_mib(i), frozenset(memory.processes(i))) for i in indices}
 
 
 class NvmlGpuMemory:

@@ -26,19 +26,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.judge.judge import judge_record
 from harness.records import RunDir, record_stem
 from harness.run.accuracy_plan import baselines_first
+from harness.run.cell_run import cell_record, skip_record
 from harness.run.engine_args import models_needed
 from harness.run.models import build_models
-from harness.run.runner import (
-    CellProcesses,
-    RunSettings,
-    Task,
-    cell_record,
-    finished_records,
-    judge_record,
-    skip_record,
-)
+from harness.run.pool import finished_records
+from harness.run.process import CellProcesses
+from harness.run.settings import RunSettings
+from harness.task import Task
 from matrix.schema import GpuClass
 
 
@@ -171,3 +168,19 @@ def _drain(ray, pending: dict, keep: Callable, settings: RunSettings, unplaceabl
                 del pending[ref]
                 keep(task, unobserved_record(task, settings, f"no live node with resource {resource} for "
                                              f"{unplaceable_after_s:g} s"), None, False)
+
+
+@dataclasses.dataclass
+class RayPool:
+    """`run_tasks_on_ray` as a `Pool` (harness/run/pool.py), for a cluster the caller has joined."""
+
+    real_gpus: bool = False
+    pool: dict[str, GpuClass] | None = None
+    accelerator_types: dict[str, str] | None = None
+    max_retries: int = 3
+    unplaceable_after_s: float = 60.0
+
+    def run(self, tasks: list[Task], settings: RunSettings,
+            on_record: Callable[[dict, int, int, bool], None] | None = None) -> list[dict]:
+        return run_tasks_on_ray(tasks, settings, on_record, self.real_gpus, self.pool, self.accelerator_types,
+                                self.max_retries, self.unplaceable_after_s)

@@ -8,12 +8,8 @@ timings (`history.last_timings`), previous verdicts from `history.last_verdicts`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from harness.records import FAILING_VERDICTS
-
-if TYPE_CHECKING:  # the runner imports this module
-    from harness.run.runner import Task
+from harness.task import Task
 
 DEFAULT_COST_S = 60.0
 

@@ -11,7 +11,8 @@ from harness.paths import DEFAULT_CACHE
 from harness.records import RUNS_DIR, RunDir
 from harness.run.gpu_memory import open_gpu_memory
 from harness.run.models import build_models
-from harness.run.runner import RunSettings, Task
+from harness.run.settings import RunSettings
+from harness.task import Task
 from harness.vllm_compat import (
     detect_cpu_isa,
     installed_vllm_version,

@@ -1,0 +1,58 @@
+"""What happened to a cell process, from its result file (possibly partial), exit status and log tail: `ok`,
+`crash` (named by a signature, else by its fingerprint), `timeout`, `killed` or `error`. Also names a stored
+failure again under the current signature table and fingerprint rules."""
+
+from __future__ import annotations
+
+import signal
+
+from harness.judge.fingerprint import UNFINGERPRINTED_STATUSES, signal_of, stamp
+from harness.judge.signatures import classify, last_exception_line
+from harness.records import RunDir, read_tail
+
+
+def _failure_text(exception: dict, log_tail: str) -> str:
+    return "\n".join(filter(None, [exception.get("message"), exception.get("traceback_tail"), log_tail]))
+
+
+def classify_outcome(returncode: int, timed_out: bool, timeout: float, result: dict, log_tail: str) -> dict:
+    """What happened to the cell process, from its result file (possibly partial), exit status and log."""
+    outcome = dict(result)
+    exception = result.get("exception") or {}
+    text = _failure_text(exception, log_tail)
+    if timed_out:
+        outcome["status"] = "timeout"
+        outcome["error_tail"] = f"no result within {timeout:g} s (phase {result.get('phase', 'start')})"
+    elif returncode < 0:
+        name = signal.Signals(-returncode).name
+        # SIGKILL/SIGTERM come from outside (OOM killer, an operator); other signals are the cell's own crash.
+        outcome["status"] = "killed" if -returncode in (signal.SIGKILL, signal.SIGTERM) else "crash"
+        outcome["signal"] = name
+        outcome["error_tail"] = f"{name} in phase {result.get('phase', 'start')}: {last_exception_line(log_tail)}"
+        outcome["signature"] = classify(text, result.get("vllm_version")) or f"signal_{name}"
+    elif result.get("status") == "crash":
+        message = exception.get("message") or ""
+        outcome["error_tail"] = (f"{exception.get('type')}: {message}"[:500] if exception.get("type")
+                                 else last_exception_line(log_tail))
+        outcome["signature"] = classify(text, result.get("vllm_version"))
+    elif result.get("status") == "ok" and result.get("phase") == "done":
+        outcome["status"] = "ok"
+    else:
+        outcome["status"] = "error"
+        outcome["error_tail"] = (f"cell process exited {returncode} without a complete result: "
+                                 f"{last_exception_line(log_tail)}")
+    stamp(outcome, log_tail)
+    return outcome
+
+
+def reclassify(record: dict, run_dir: RunDir) -> None:
+    """Name and fingerprint a stored failure again with the current signature table and fingerprint rules (its
+    exception and log tail are kept); records of earlier harnesses get their fingerprint here."""
+    if record.get("status") in UNFINGERPRINTED_STATUSES:
+        return
+    log_tail = read_tail(run_dir.root / record["log"]) if record.get("log") else ""
+    if record.get("status") == "crash":
+        text = _failure_text(record.get("exception") or {}, log_tail)
+        died_of = signal_of(record)
+        record["signature"] = classify(text, record.get("vllm_version")) or (f"signal_{died_of}" if died_of else None)
+    stamp(record, log_tail)

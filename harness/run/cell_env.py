@@ -1,0 +1,36 @@
+"""A cell process's environment: the compile and JIT caches every cell of a run shares, the repository on its
+PYTHONPATH, unbuffered output and Python's fault handler, and what the case and the slot add."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from harness.paths import REPO_ROOT
+from harness.run.settings import RunSettings
+
+# The CUDA driver's own cache holds PTX compiled for this card (e.g. kernels shipped without its machine code).
+CACHE_ENV = ("VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
+             "CUDA_CACHE_PATH")
+CACHE_FOLDERS = ("vllm", "flashinfer", "inductor", "triton", "cuda")
+
+
+def shared_cache_env(cache_dir: Path) -> dict[str, str]:
+    """Compile and JIT caches shared by every cell of a run: kernels one cell builds serve the next."""
+    folders = dict(zip(CACHE_ENV, CACHE_FOLDERS, strict=True))
+    return {var: str(cache_dir / sub) for var, sub in folders.items()}
+
+
+def cell_env(settings: RunSettings, extra: dict[str, str] | None = None, key: str = "") -> dict[str, str]:
+    env = dict(os.environ)
+    caches = settings.cache_dir / "fresh" / key if settings.fresh_caches else settings.cache_dir
+    env.update(shared_cache_env(caches))
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"  # a segfault prints its Python frames: the crash fingerprint's site
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    if env.get("VLLM_CPU_KVCACHE_SPACE") == "":
+        del env["VLLM_CPU_KVCACHE_SPACE"]  # empty crashes the CPU backend; unset lets kv_cache_memory_bytes rule
+    env.update(settings.env or {})
+    env.update(extra or {})
+    return env

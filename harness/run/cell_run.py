@@ -1,0 +1,151 @@
+"""One task to its judged record: a skip, or its cell process run (again, `retries` times, while it fails).
+
+The cell process (`python -m harness.cell`) writes what it learned after every phase; this side adds what only
+the parent can know (exit status, timing, timeout, signal), classifies the failure and judges the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.judge.judge import judge_record
+from harness.judge.outcome import classify_outcome
+from harness.paths import REPO_ROOT
+from harness.records import FAILING_VERDICTS, read_tail, write_json_atomic
+from harness.run.accuracy_plan import accuracy_spec, offline_reason
+from harness.run.cell_env import cell_env
+from harness.run.engine_args import cell_mode, engine_args_for, generation
+from harness.run.gpu_check import check_gpu_memory
+from harness.run.gpu_memory import physical_index
+from harness.run.process import CellProcesses, cap_log, die_with_parent, killpg
+from harness.run.settings import RunSettings
+from harness.task import Task
+
+
+def base_record(task: Task, run_id: str) -> dict[str, Any]:
+    """What every record of a task says before anything runs."""
+    cell = task.cell
+    return {"cell_id": cell.cell_id, "case": cell.case.name, "model": cell.model, "axes": cell.axes,
+            "gpu_class": task.gpu_name, "emulated_from": task.emulated_from, "run_id": run_id}
+
+
+def cell_spec(task: Task, settings: RunSettings, engine_args: dict, mode: str) -> dict:
+    """What the runner tells the cell process (SPEC.json)."""
+    return {
+        "cell_id": task.cell.cell_id,
+        "engine_args": engine_args,
+        **generation(task.cell, mode),
+        "emulate_capability": _capability(task),
+        "emulate_cpu_isa": task.gpu.cpu_isa if task.emulated_from and task.gpu.device == "cpu" else None,
+        "accuracy": accuracy_spec(task.cell, settings.use_hub),
+    }
+
+
+def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict | None = None) -> dict:
+    """Run one cell to a judged record (not yet written)."""
+    cell, run_dir = task.cell, settings.run_dir
+    stem = f"{task.key}.{os.getpid()}"  # two harnesses on one run folder (xdist workers) never share files
+    spec_path, result_path = run_dir.root / "work" / f"{stem}.spec.json", run_dir.root / "work" / f"{stem}.result.json"
+    result_path.unlink(missing_ok=True)
+    # Which GPU of the machine ran the cell (its slot's pin), for reports of multi-GPU hosts.
+    record = {**base_record(task, run_dir.root.name), "gpu_index": (extra_env or {}).get("CUDA_VISIBLE_DEVICES")}
+    mode, full_because = cell_mode(cell, settings.probe_only)
+    record["mode"] = mode
+    if full_because:
+        record["mode_note"] = full_because
+    gpu = physical_index(record["gpu_index"])
+    started = time.monotonic()
+    try:
+        engine_args = engine_args_for(cell, task.gpu, settings.models, settings.built, settings.use_hub,
+                                      probe=mode == "probe", vllm_version=settings.vllm_version)
+    except KeyError as err:
+        return finish(record, task, settings, {"status": "error", "error_tail": str(err.args[0])}, started)
+    record["engine_args"] = engine_args
+    write_json_atomic(spec_path, cell_spec(task, settings, engine_args, mode))
+    log = run_dir.log_path(cell.cell_id, task.gpu_name)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    timeout = cell.case.timeout_s * settings.timeout_scale
+    env = cell_env(settings, {**cell.case.env, **(extra_env or {})}, task.key)
+    returncode, timed_out = _supervise([*settings.cell_command, str(spec_path), str(result_path)], log, env,
+                                       timeout, processes, gpu)
+    cap_log(log)
+    outcome = classify_outcome(returncode, timed_out, timeout, _load_result(result_path), read_tail(log))
+    outcome["log"] = str(log.relative_to(run_dir.root))
+    if settings.gpu_memory is not None and gpu in processes.gpu_baselines:
+        outcome.update(check_gpu_memory(settings.gpu_memory, gpu, processes, settings.gpu_settle_s))
+    return finish(record, task, settings, outcome, started)
+
+
+def _supervise(command: list[str], log: Path, env: dict, timeout: float, processes: CellProcesses,
+               gpu: int | None) -> tuple[int, bool]:
+    """Run the cell process in its own group, its output into `log`; (exit status, timed out)."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                cwd=REPO_ROOT, start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
+        processes.add(proc.pid, gpu)
+        try:
+            proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            # The whole group: vLLM may have started helpers that would outlive the cell.
+            killpg(proc.pid)
+            proc.wait()
+            processes.discard(proc.pid)
+    return proc.returncode, timed_out
+
+
+def _capability(task: Task) -> list[int] | None:
+    if task.emulated_from is None or task.gpu.compute_capability is None:
+        return None
+    major, minor = task.gpu.compute_capability.split(".")
+    return [int(major), int(minor)]
+
+
+def _load_result(path: Path) -> dict:
+    """The cell's result file as far as it got; {} where it wrote none."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def finish(record: dict, task: Task, settings: RunSettings, outcome: dict, started: float) -> dict:
+    record.update(outcome)
+    record.setdefault("vllm_version", settings.vllm_version)
+    record.setdefault("signature", None)
+    timings = dict(record.get("timings") or {})
+    timings["total_s"] = round(time.monotonic() - started, 3)
+    record["timings"] = timings
+    judge_record(record, task, settings.run_dir)
+    record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return record
+
+
+def skip_record(task: Task, reason: str, run_id: str) -> dict:
+    return {**base_record(task, run_id), "status": "skipped", "verdict": "skip", "reason": reason,
+            "expectations": [], "tags": list(task.cell.case.tags)}
+
+
+def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict | None = None) -> dict:
+    """The judged record of one task: a skip, or its cell run (again, `retries` times, while it fails)."""
+    reason = (task.cell.skip_reason(task.context(settings.vllm_version))
+              or offline_reason(task.cell, settings.models, settings.use_hub))
+    if reason:
+        return skip_record(task, reason, settings.run_dir.root.name)
+    record = run_cell(task, settings, processes, extra_env)
+    retries = task.cell.case.retries
+    while record["verdict"] in FAILING_VERDICTS and retries > 0:
+        retries -= 1
+        retry = run_cell(task, settings, processes, extra_env)
+        if retry["verdict"] == "pass":
+            retry.update(verdict="fail", flaky=True, reason=f"flaky: failed first ({record['reason']}), then passed")
+        record = retry
+    return record

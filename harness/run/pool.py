@@ -1,0 +1,121 @@
+"""Pools run tasks to records: this machine's slots (`LocalPool`, `run_tasks`) or a Ray cluster
+(harness/run/ray_pool.py), behind one `Pool` protocol. Both resume: a task whose record is already in the run
+folder is not run again; both write each record as its cell finishes, and return every record in task order."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+from harness.records import RunDir, read_json
+from harness.run.accuracy_plan import baselines_first
+from harness.run.cell_run import cell_record
+from harness.run.gpu_check import pinned_gpus
+from harness.run.gpu_memory import gpu_baselines
+from harness.run.process import CellProcesses
+from harness.run.schedule import order_tasks
+from harness.run.settings import RunSettings
+from harness.task import Task
+
+OnRecord = Callable[[dict, int, int, bool], None]
+
+
+class Pool(Protocol):
+    def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[dict]:
+        """Every task not already recorded in the run folder, run; all records, finished ones too, in task order.
+        `on_record(record, done, total, resumed)` is called once per cell as it finishes (progress lines)."""
+        ...
+
+
+def finished_records(tasks: list[Task], run_dir: RunDir,
+                     on_record: OnRecord | None = None) -> tuple[dict[str, dict], list[Task]]:
+    """Resuming: (the records already in the run folder by task key, the tasks still to run)."""
+    records: dict[str, dict] = {}
+    todo = []
+    for task in tasks:
+        existing = read_json(run_dir.record_path(task.cell.cell_id, task.gpu_name))
+        if existing is not None:
+            records[task.key] = existing
+            if on_record:
+                on_record(existing, len(records), len(tasks), True)
+        else:
+            todo.append(task)
+    return records, todo
+
+
+@dataclass
+class LocalPool:
+    """This machine's slots. `slot_env(slot)` gives each concurrent slot its environment (e.g.
+    CUDA_VISIBLE_DEVICES for its GPU). `expected_s` (cell id → expected seconds, e.g. the last run's) starts cells
+    longest first, grouped by model and backend (harness/run/schedule.py), cells whose `last_verdicts` failed
+    first; without it they start in the given order."""
+
+    jobs: int = 1
+    slot_env: Callable[[int], dict[str, str]] | None = None
+    expected_s: dict[str, float] | None = None
+    last_verdicts: dict[str, str] | None = None
+
+    def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[dict]:
+        run_dir, total, jobs = settings.run_dir, len(tasks), max(1, self.jobs)
+        records, todo = finished_records(tasks, run_dir, on_record)
+        if self.expected_s is not None:
+            todo = order_tasks(todo, self.expected_s, last_verdicts=self.last_verdicts)
+        # Before any cell starts: what the slots' GPUs hold that is not this run's.
+        baselines = (gpu_baselines(settings.gpu_memory, pinned_gpus(self.slot_env, jobs))
+                     if settings.gpu_memory is not None else None)
+        processes = CellProcesses(baselines)
+        lock = threading.Lock()
+        free_slots = list(range(jobs))
+
+        def one(task: Task) -> None:
+            if processes.stopping:
+                return
+            with lock:
+                slot = free_slots.pop()
+            try:
+                record = cell_record(task, settings, processes, self.slot_env(slot) if self.slot_env else None)
+                if processes.stopping:
+                    return
+                run_dir.write(record)
+            finally:
+                with lock:
+                    free_slots.append(slot)
+            with lock:
+                records[task.key] = record
+                if on_record:
+                    on_record(record, len(records), total, False)
+
+        _run_waves(todo, one, processes, jobs)
+        return [records[t.key] for t in tasks if t.key in records]
+
+
+def _run_waves(todo: list[Task], one: Callable[[Task], None], processes: CellProcesses, jobs: int) -> None:
+    """Baselines first (a compared cell reads its baseline's finished record), `jobs` at a time; an interrupted
+    harness kills every running cell before it stops."""
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        for wave in baselines_first(todo):
+            futures = [pool.submit(one, t) for t in wave]
+            for f in futures:
+                f.result()
+    except BaseException:
+        processes.kill_all()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
+def run_tasks(
+    tasks: list[Task],
+    settings: RunSettings,
+    jobs: int = 1,
+    on_record: OnRecord | None = None,
+    slot_env: Callable[[int], dict[str, str]] | None = None,
+    expected_s: dict[str, float] | None = None,
+    last_verdicts: dict[str, str] | None = None,
+) -> list[dict]:
+    """This machine's pool in one call (see `LocalPool` and `Pool.run`)."""
+    return LocalPool(jobs, slot_env, expected_s, last_verdicts).run(tasks, settings, on_record)

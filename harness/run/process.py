@@ -1,0 +1,102 @@
+"""Cell processes: each in its own process group that dies with the harness (even a SIGKILLed one), the groups
+of the cells running now (so an interrupted harness kills every one), and the per-cell log, capped at its tail."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from harness.run.gpu_memory import GpuBaseline
+
+LOG_CAP_BYTES = 2 * 1024 * 1024
+PR_SET_PDEATHSIG = 1
+
+
+def cap_log(path: Path, cap: int = LOG_CAP_BYTES) -> None:
+    """Keep a log's tail (where the error is) when a cell printed more than `cap` bytes."""
+    size = path.stat().st_size if path.exists() else 0
+    if size <= cap:
+        return
+    with path.open("rb") as f:
+        f.seek(size - cap)
+        tail = f.read()
+    path.write_bytes(f"[kvmatrix: log capped, first {size - cap} bytes dropped]\n".encode() + tail)
+
+
+class CellProcesses:
+    """The process groups of running cells (with the GPU each is pinned to), so that an interrupted harness kills
+    every one of them and the GPU check knows which processes belong to cells still running; and the GPUs'
+    baselines that check compares with (none: no check)."""
+
+    def __init__(self, gpu_baselines: dict[int, GpuBaseline] | None = None) -> None:
+        self._pgids: dict[int, int | None] = {}
+        self._lock = threading.Lock()
+        self.stopping = False
+        self.gpu_baselines = gpu_baselines or {}
+
+    def add(self, pgid: int, gpu: int | None = None) -> None:
+        with self._lock:
+            self._pgids[pgid] = gpu
+            if self.stopping:  # started while the harness was being stopped
+                killpg(pgid)
+
+    def discard(self, pgid: int) -> None:
+        with self._lock:
+            self._pgids.pop(pgid, None)
+
+    def running(self) -> dict[int, int | None]:
+        """pgid → GPU index of every cell running now."""
+        with self._lock:
+            return dict(self._pgids)
+
+    def keep_leak(self, gpu: int, pids: set[int], mib: float) -> None:
+        """A reported leak becomes part of its GPU's baseline: the cells after the one that leaked are not blamed."""
+        with self._lock:
+            before = self.gpu_baselines[gpu]
+            self.gpu_baselines[gpu] = GpuBaseline(before.used_mib + mib, before.pids | pids)
+
+    def kill_all(self) -> None:
+        """The harness is stopping: cells it kills now are not recorded, so a rerun runs them again."""
+        self.stopping = True
+        with self._lock:
+            for pgid in list(self._pgids):
+                killpg(pgid)
+
+
+try:  # resolved once here: the forked child must not load libraries (another thread may hold the loader lock)
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None
+
+
+def die_with_parent(parent: int) -> Callable[[], None]:
+    """For the cell process before exec: Linux kills it if the harness dies (even by SIGKILL), so a killed harness
+    leaves no cell running on. A harness that died between fork and this call is caught by the parent check.
+    Elsewhere a no-op."""
+
+    def arm() -> None:
+        if _prctl is not None:
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    return arm
+
+
+def killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def pgid_of(pid: int) -> int | None:
+    """The process group of a pid; None for one that is gone or not visible here."""
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None

@@ -1,0 +1,31 @@
+"""A run's settings as every pool and cell process sees them: the run folder, the models, the vLLM version,
+the caches, the cell command, the waivers that judging applies and the GPU-memory check."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.judge.waivers import Waiver
+from harness.records import RunDir
+from harness.run.gpu_memory import GpuMemory
+from matrix.schema import ModelEntry
+
+
+@dataclass
+class RunSettings:
+    run_dir: RunDir
+    models: dict[str, ModelEntry]
+    built: dict[str, Path]
+    vllm_version: str | None
+    cache_dir: Path
+    use_hub: bool = False
+    timeout_scale: float = 1.0
+    env: dict[str, str] | None = None
+    fresh_caches: bool = False  # each cell its own empty caches (benchmarks: what sharing saves)
+    cell_command: tuple[str, ...] = (sys.executable, "-m", "harness.cell")
+    probe_only: bool = False  # cells that need only the resolved state run one short request (cell_mode)
+    gpu_memory: GpuMemory | None = None  # where set, each cell's GPU is checked back at its baseline
+    gpu_settle_s: float = 15.0  # how long a cell's GPU may take to free its memory before it counts as leaked
+    waivers: list[Waiver] = field(default_factory=list)  # known failures (cases/_waivers.txt): judged xfail
