@@ -1,7 +1,9 @@
 """pytest front end over the matrix: `pytest cases/ -k ct-llama` runs those cells, `pytest cases/ -n 4` spreads
 them over xdist workers. Each case file is collected as a file of items, one per cell (the pattern of pytest's
 "Working with non-python tests"); each item runs its cell through the same harness as `kvmatrix run`, into the
-same results folder, so a pytest run and a `kvmatrix run` with the same run id resume each other.
+same results folder, judged the same way (the case's expectations and the known failures of cases/_waivers.txt,
+harness/judge/judge.py), behind the same guard (a results folder made with other case files is refused), so a
+pytest run and a `kvmatrix run` with the same run id resume each other and give the same verdicts.
 
 The harness's own tests live in tests/ and do not collect cells.
 """
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import pytest
 
+from harness.records import FAILING_VERDICTS
+from harness.run.guards import GuardError, cases_fingerprint, claim_run_folder
 from harness.run.pool import run_tasks
 from harness.run.session import Session, open_session, vllm_vocabulary
 from matrix.expand import expand_case
@@ -22,12 +26,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gpu", help="GPU class to run cells as (default: this machine's)")
     group.addoption("--emulate", action="store_true", help="emulate --gpu's decisions on this machine's GPU")
     group.addoption("--run-id", help="results folder under reports/runs/ (the same id resumes)")
+    group.addoption("--force", action="store_true", help="resume a results folder made with other case files")
 
 
 def _session(config: pytest.Config) -> Session:
     if not hasattr(config, "_kvmatrix_session"):
-        config._kvmatrix_session = open_session(
-            config.getoption("--gpu"), config.getoption("--emulate"), config.getoption("--run-id"))
+        session = open_session(config.getoption("--gpu"), config.getoption("--emulate"),
+                               config.getoption("--run-id"), cases_dir=CASES_DIR)
+        try:
+            claim_run_folder(session.run_dir.root, cases_fingerprint(CASES_DIR), config.getoption("--force"))
+        except GuardError as err:
+            raise pytest.UsageError(str(err)) from None
+        config._kvmatrix_session = session
     return config._kvmatrix_session
 
 
@@ -50,6 +60,16 @@ class CellFailed(Exception):
     pass
 
 
+def report_verdict(record: dict) -> None:
+    """A record's verdict as pytest's outcome: skip, xfail, a failure (fail and error), or a pass."""
+    if record["verdict"] == "skip":
+        pytest.skip(record["reason"])
+    if record["verdict"] == "xfail":
+        pytest.xfail(record["reason"])
+    if record["verdict"] in FAILING_VERDICTS:
+        raise CellFailed(record)
+
+
 class CellItem(pytest.Item):
     def __init__(self, *, task, **kwargs):
         super().__init__(**kwargs)
@@ -61,12 +81,7 @@ class CellItem(pytest.Item):
         (record,) = run_tasks([self.task], session.settings)
         self.user_properties.append(("record", str(session.run_dir.record_path(self.task.cell.cell_id,
                                                                               self.task.gpu_name))))
-        if record["verdict"] == "skip":
-            pytest.skip(record["reason"])
-        if record["verdict"] == "xfail":
-            pytest.xfail(record["reason"])
-        if record["verdict"] in ("fail", "error"):
-            raise CellFailed(record)
+        report_verdict(record)
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, CellFailed):

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from harness.judge.judge import judge_record
 from harness.judge.outcome import reclassify
-from harness.judge.waivers import WAIVERS_FILE, apply_waivers, load_waivers
+from harness.judge.waivers import waive
 from harness.paths import REPO_ROOT
 from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
-from harness.run.session import open_session
+from harness.run.session import open_session, session_waivers
 from harness.task import Task
 from harness.vllm_compat import installed_vllm_version
 from matrix.expand import expand_all
@@ -62,6 +62,7 @@ def run_classes(classes: list[str], runs_dir: Path, extra: list[str]) -> list[Pa
 def rejudged(run_dir: RunDir, cases_dir: Path) -> list[tuple[dict, dict]]:
     """(record as stored, record judged again now with waivers applied) for every record of a run folder."""
     pool, models = load_pool(cases_dir), load_models(cases_dir)
+    waivers = session_waivers(cases_dir, pool)
     cells = {c.cell_id: c for c in expand_all(load_cases(case_files(cases_dir)), models, pool)}
     pairs = []
     for stored in run_dir.records():
@@ -69,14 +70,12 @@ def rejudged(run_dir: RunDir, cases_dir: Path) -> list[tuple[dict, dict]]:
         cell, gpu = cells.get(stored["cell_id"]), stored.get("gpu_class")
         if cell is not None and gpu in pool and stored.get("status") != "skipped":
             reclassify(now, run_dir)
-            judge_record(now, Task(cell, gpu, pool[gpu], stored.get("emulated_from")), run_dir)
-        elif cell is None:
-            now.update(verdict="error", reason="no cell of the current cases has this id (renamed or removed)")
+            judge_record(now, Task(cell, gpu, pool[gpu], stored.get("emulated_from")), run_dir, waivers)
+        else:
+            if cell is None:
+                now.update(verdict="error", reason="no cell of the current cases has this id (renamed or removed)")
+            now, _ = waive(now, waivers)
         pairs.append((stored, now))
-    waivers_path = cases_dir / WAIVERS_FILE.name
-    if waivers_path.exists():
-        waived, _ = apply_waivers([now for _, now in pairs], load_waivers(waivers_path, pool))
-        pairs = [(stored, now) for (stored, _), now in zip(pairs, waived, strict=True)]
     return pairs
 
 

@@ -13,14 +13,14 @@ from harness.audit import add_audit_command
 from harness.bisect.command import add_bisect_command
 from harness.judge.judge import judge_record
 from harness.judge.outcome import reclassify
-from harness.judge.waivers import WAIVERS_FILE, WaiverError, apply_waivers, cell_keys, load_waivers
+from harness.judge.waivers import WaiverError, apply_waivers, cell_keys
 from harness.nightly import history, pipelines
 from harness.nightly.diff import Diff, diff_records
 from harness.paths import DEFAULT_CACHE
 from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
 from harness.run.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
 from harness.run.pool import LocalPool
-from harness.run.session import open_session, vllm_vocabulary
+from harness.run.session import open_session, session_waivers, vllm_vocabulary
 from harness.task import Task
 from matrix.expand import Cell, expand_case
 from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
@@ -143,7 +143,7 @@ def run_on_ray(args: argparse.Namespace, tasks: list[Task], session, on_record) 
 def finish_run(args: argparse.Namespace, records: list[dict], invalid: list[CaseError], every: list[Cell],
                session, started: float) -> int:
     """Waivers, reports and the exit status, whichever pool ran the cells."""
-    records, problems = apply_known_failures(Path(args.cases_dir), records, every, session)
+    records, problems = known_failure_problems(records, every, session)
     records += [invalid_case_record(err, session.gpu_name) for err in invalid]
     paths = write_reports(session.run_dir, records, f"kvmatrix {session.run_dir.root.name}",
                           header="\n".join(f"- waivers: {p}" for p in problems))
@@ -157,14 +157,11 @@ def finish_run(args: argparse.Namespace, records: list[dict], invalid: list[Case
     return 1 if failed else 0
 
 
-def apply_known_failures(cases_dir: Path, records: list[dict], every: list[Cell], session) -> tuple[list, list]:
-    """Known failures (cases/_waivers.txt) become xfail; the waived records are written back, so that history
-    and diffs see what the report shows."""
-    path = cases_dir / WAIVERS_FILE.name
-    if not path.exists():
-        return records, []
-    waivers = load_waivers(path, session.pool)
-    waived, problems = apply_waivers(records, waivers, known_cells=cell_keys(every))
+def known_failure_problems(records: list[dict], every: list[Cell], session) -> tuple[list, list]:
+    """Judging applied the known failures (cases/_waivers.txt) to every cell it ran; records resumed from an
+    earlier run get them here (written back, so that history and diffs see what the report shows). Also the
+    waivers' problems over the whole run: expired, matching no cell, or removable."""
+    waived, problems = apply_waivers(records, session.settings.waivers, known_cells=cell_keys(every))
     for before, after in zip(records, waived, strict=True):
         if after is not before:
             session.run_dir.write(after)
@@ -178,6 +175,7 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
     cells, _, _ = load_cells(args)
     by_id = {c.cell_id: c for c in cells}
     pool = load_pool(Path(args.cases_dir))
+    waivers = session_waivers(Path(args.cases_dir), pool)
     for folder in args.run_dirs:
         run_dir = RunDir(Path(folder))
         records = []
@@ -185,7 +183,7 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
             cell, gpu = by_id.get(record["cell_id"]), record.get("gpu_class")
             if cell is not None and gpu in pool and record.get("status") != "skipped":
                 reclassify(record, run_dir)
-                judge_record(record, Task(cell, gpu, pool[gpu], record.get("emulated_from")), run_dir)
+                judge_record(record, Task(cell, gpu, pool[gpu], record.get("emulated_from")), run_dir, waivers)
                 run_dir.write(record)
             records.append(record)
         paths = write_reports(run_dir, records, f"kvmatrix {run_dir.root.name}")

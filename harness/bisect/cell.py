@@ -35,7 +35,8 @@ def run(cell_id: str, runs_dir: Path, run_id: str, cache_dir: Path, cases_dir: P
     dtype = cell.axes.get("kv_cache_dtype")
     if known and dtype not in known:
         return {"skip": f"this vLLM has no kv_cache_dtype {dtype!r}"}
-    session = open_session(run_id=run_id, runs_dir=runs_dir, cache_dir=cache_dir, cases_dir=cases_dir)
+    session = open_session(run_id=run_id, runs_dir=runs_dir, cache_dir=cache_dir, cases_dir=cases_dir,
+                           with_waivers=False)
     tasks = session.tasks([cell])
     if not tasks:
         return {"skip": f"{cell_id} does not run on {session.gpu_name}"}

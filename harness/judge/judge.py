@@ -1,24 +1,32 @@
 """The one judging path: a record (fresh from a cell, or stored) → its final verdict and reason, with the
-per-rule results. Used by every pool, `kvmatrix rejudge`, `kvmatrix audit` and the pytest front end.
+per-rule results. Used by both pools (this machine's and Ray's), `kvmatrix run`, `rejudge` and `audit`, and the
+pytest front end, so every front end gives a record the same verdict.
 
-In order: the case's expectations (harness/judge/verdict.py); accuracy against the baseline cell
-(accuracy.py); a failure emulation cannot reproduce is `skip`, a failure of the environment (not vLLM) is
-`error`; a cell that failed and then passed on retry stays a (flaky) failure; a known failure
-(cases/_waivers.txt) is `xfail` with its link.
+In order: the case's expectations (verdict.py); accuracy against the baseline cell (accuracy.py); a failure
+emulation cannot reproduce is `skip`, a failure of the environment (not vLLM) is `error`; a cell that failed
+and then passed on a retry stays a (flaky) failure; a known failure (cases/_waivers.txt, waivers.py) is `xfail`
+with its link.
 """
 
 from __future__ import annotations
 
+import datetime
+from collections.abc import Sequence
+
 from harness.judge.accuracy import judge_accuracy
 from harness.judge.verdict import judge
+from harness.judge.waivers import Waiver, waive
 from harness.records import RunDir
 from harness.task import Task
 from harness.vllm_compat import ENVIRONMENT_SIGNATURES, NOT_EMULABLE_SIGNATURES, normalize_record
 
 
-def judge_record(record: dict, task: Task, run_dir: RunDir) -> dict:
-    """Set a record's verdict, reason and per-rule results from the case's expectations (and the baseline's
-    accuracy); also used to judge stored records again after a case or signature change."""
+def judge_record(record: dict, task: Task, run_dir: RunDir, waivers: Sequence[Waiver] = (),
+                 first_failure: str | None = None, today: datetime.date | None = None) -> dict:
+    """Set a record's final verdict, reason and per-rule results (in place; also returned). `first_failure` is
+    the reason an earlier attempt of the same cell failed with (a retry); a stored record judged again keeps
+    its `flaky` mark. Stored records are judged again from scratch: a waiver applied earlier is undone first."""
+    record.pop("waived", None)
     context = task.context(record.get("vllm_version"))
     normalize_record(record)
     verdict, reason, results = judge(record, task.cell.case.expect, context)
@@ -31,5 +39,12 @@ def judge_record(record: dict, task: Task, run_dir: RunDir) -> dict:
         record["not_emulable"] = True
     elif record.get("signature") in ENVIRONMENT_SIGNATURES:
         verdict, reason = "error", f"environment, not vLLM: {record.get('error_tail')}"
+    if first_failure is not None and verdict == "pass":
+        record.update(flaky=True, first_failure=first_failure)
+    if record.get("flaky") and verdict == "pass":
+        first = f" ({record['first_failure']})" if record.get("first_failure") else ""
+        verdict, reason = "fail", f"flaky: failed first{first}, then passed"
     record.update(expectations=results, verdict=verdict, reason=reason, tags=list(task.cell.case.tags))
+    waived, _ = waive(record, waivers, today)  # a "removable" waiver is reported over the whole run
+    record.update(waived)
     return record

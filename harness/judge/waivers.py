@@ -149,6 +149,49 @@ def cell_keys(cells: Iterable[Cell]) -> list[tuple[str, str]]:
     return [(cell.cell_id, gpu) for cell in cells for gpu in cell.gpu_classes]
 
 
+def waiver_for(record: dict, waivers: Iterable[Waiver]) -> Waiver | None:
+    """The first waiver that matches a record's cell and class."""
+    return next((w for w in waivers if w.matches(record["cell_id"], record.get("gpu_class") or "?")), None)
+
+
+def unwaived(record: dict) -> dict:
+    """A record as judged before any waiver (itself where none applied): waiving is applied afresh each time."""
+    waived = record.get("waived")
+    if not isinstance(waived, dict):
+        return record
+    prefix = f"waived ({waived.get('link')}): "
+    reason = record.get("reason") or ""
+    out = {k: v for k, v in record.items() if k != "waived"}
+    out.update(verdict=waived.get("verdict", record["verdict"]), reason=reason.removeprefix(prefix))
+    return out
+
+
+def waive(record: dict, waivers: Iterable[Waiver], today: datetime.date | None = None
+          ) -> tuple[dict, WaiverProblem | None]:
+    """(the record with the first matching waiver applied, a "removable" problem or None). A waived failure
+    becomes `xfail` naming the link; an expired waiver only says so in the reason. The input is not changed."""
+    today = today or datetime.date.today()
+    record = unwaived(record)
+    waiver = waiver_for(record, waivers)
+    if waiver is None:
+        return record, None
+    where = f"{record['cell_id']} @{record.get('gpu_class')}"
+    if waiver.expired(today):
+        if record["verdict"] in FAILING_VERDICTS:
+            return {**record, "reason": f"waiver expired on {waiver.until} ({waiver.link}): "
+                                        f"{record.get('reason', '')}"}, None
+        return record, None
+    if record["verdict"] in FAILING_VERDICTS:
+        return {**record, "verdict": "xfail", "reason": f"waived ({waiver.link}): {record.get('reason', '')}",
+                "waived": {"verdict": record["verdict"], "waiver": waiver.where, "link": waiver.link}}, None
+    if record["verdict"] == "pass":
+        return record, WaiverProblem("removable", waiver, f"waiver can be removed: {where} passes")
+    if record["verdict"] == "xfail":
+        return record, WaiverProblem("removable", waiver,
+                                     f"waiver can be removed: the case already expects {where} to fail")
+    return record, None
+
+
 def apply_waivers(
     records: list[dict],
     waivers: list[Waiver],
@@ -163,28 +206,12 @@ def apply_waivers(
                 for w in waivers if w.expired(today)]
     out = []
     for rec in records:
-        waiver = next((w for w in waivers if w.matches(rec["cell_id"], rec.get("gpu_class") or "?")), None)
-        out.append(_waived(rec, waiver, today, problems) if waiver else rec)
+        waived, problem = waive(rec, waivers, today)
+        out.append(rec if waived == rec else waived)
+        problems += [problem] if problem else []
     keys = {(r["cell_id"], r.get("gpu_class") or "?") for r in records} | set(known_cells or ())
     for w in waivers:
         if not any(w.matches(*key) for key in keys):
             hint = "" if "[" in w.pattern or "*" in w.pattern else " (cell ids end in [...]: use a * for a case)"
             problems.append(WaiverProblem("unmatched", w, f"waiver for {w.pattern} matches no cell{hint}"))
     return out, problems
-
-
-def _waived(rec: dict, waiver: Waiver, today: datetime.date, problems: list[WaiverProblem]) -> dict:
-    where = f"{rec['cell_id']} @{rec.get('gpu_class')}"
-    if waiver.expired(today):
-        if rec["verdict"] in FAILING_VERDICTS:
-            return {**rec, "reason": f"waiver expired on {waiver.until} ({waiver.link}): {rec.get('reason', '')}"}
-        return rec
-    if rec["verdict"] in FAILING_VERDICTS:
-        return {**rec, "verdict": "xfail", "reason": f"waived ({waiver.link}): {rec.get('reason', '')}",
-                "waived": {"verdict": rec["verdict"], "waiver": waiver.where, "link": waiver.link}}
-    if rec["verdict"] == "pass":
-        problems.append(WaiverProblem("removable", waiver, f"waiver can be removed: {where} passes"))
-    elif rec["verdict"] == "xfail":
-        problems.append(WaiverProblem("removable", waiver,
-                                      f"waiver can be removed: the case already expects {where} to fail"))
-    return rec

@@ -15,6 +15,7 @@ from typing import Any
 
 from harness.judge.judge import judge_record
 from harness.judge.outcome import classify_outcome
+from harness.judge.waivers import unwaived
 from harness.paths import REPO_ROOT
 from harness.records import FAILING_VERDICTS, read_tail, write_json_atomic
 from harness.run.accuracy_plan import accuracy_spec, offline_reason
@@ -46,8 +47,9 @@ def cell_spec(task: Task, settings: RunSettings, engine_args: dict, mode: str) -
     }
 
 
-def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict | None = None) -> dict:
-    """Run one cell to a judged record (not yet written)."""
+def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict | None = None,
+             first_failure: str | None = None) -> dict:
+    """Run one cell to a judged record (not yet written); `first_failure`: why an earlier attempt failed."""
     cell, run_dir = task.cell, settings.run_dir
     stem = f"{task.key}.{os.getpid()}"  # two harnesses on one run folder (xdist workers) never share files
     spec_path, result_path = run_dir.root / "work" / f"{stem}.spec.json", run_dir.root / "work" / f"{stem}.result.json"
@@ -64,7 +66,8 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_
         engine_args = engine_args_for(cell, task.gpu, settings.models, settings.built, settings.use_hub,
                                       probe=mode == "probe", vllm_version=settings.vllm_version)
     except KeyError as err:
-        return finish(record, task, settings, {"status": "error", "error_tail": str(err.args[0])}, started)
+        outcome = {"status": "error", "error_tail": str(err.args[0])}
+        return finish(record, task, settings, outcome, started, first_failure)
     record["engine_args"] = engine_args
     write_json_atomic(spec_path, cell_spec(task, settings, engine_args, mode))
     log = run_dir.log_path(cell.cell_id, task.gpu_name)
@@ -78,7 +81,7 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_
     outcome["log"] = str(log.relative_to(run_dir.root))
     if settings.gpu_memory is not None and gpu in processes.gpu_baselines:
         outcome.update(check_gpu_memory(settings.gpu_memory, gpu, processes, settings.gpu_settle_s))
-    return finish(record, task, settings, outcome, started)
+    return finish(record, task, settings, outcome, started, first_failure)
 
 
 def _supervise(command: list[str], log: Path, env: dict, timeout: float, processes: CellProcesses,
@@ -117,14 +120,15 @@ def _load_result(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def finish(record: dict, task: Task, settings: RunSettings, outcome: dict, started: float) -> dict:
+def finish(record: dict, task: Task, settings: RunSettings, outcome: dict, started: float,
+           first_failure: str | None = None) -> dict:
     record.update(outcome)
     record.setdefault("vllm_version", settings.vllm_version)
     record.setdefault("signature", None)
     timings = dict(record.get("timings") or {})
     timings["total_s"] = round(time.monotonic() - started, 3)
     record["timings"] = timings
-    judge_record(record, task, settings.run_dir)
+    judge_record(record, task, settings.run_dir, settings.waivers, first_failure)
     record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return record
 
@@ -142,10 +146,7 @@ def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, ext
         return skip_record(task, reason, settings.run_dir.root.name)
     record = run_cell(task, settings, processes, extra_env)
     retries = task.cell.case.retries
-    while record["verdict"] in FAILING_VERDICTS and retries > 0:
+    while (judged := unwaived(record))["verdict"] in FAILING_VERDICTS and retries > 0:
         retries -= 1
-        retry = run_cell(task, settings, processes, extra_env)
-        if retry["verdict"] == "pass":
-            retry.update(verdict="fail", flaky=True, reason=f"flaky: failed first ({record['reason']}), then passed")
-        record = retry
+        record = run_cell(task, settings, processes, extra_env, first_failure=judged["reason"])
     return record

@@ -87,7 +87,7 @@ def unobserved_record(task: Task, settings: RunSettings, why: str) -> dict:
     record = {**skip_record(task, why, settings.run_dir.root.name), "status": "error", "error_tail": why,
               "vllm_version": settings.vllm_version, "signature": None,
               "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    return judge_record(record, task, settings.run_dir)
+    return judge_record(record, task, settings.run_dir, settings.waivers)
 
 
 def run_tasks_on_ray(

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.judge.waivers import WAIVERS_FILE, Waiver, load_waivers
 from harness.paths import DEFAULT_CACHE
 from harness.records import RUNS_DIR, RunDir
 from harness.run.gpu_memory import open_gpu_memory
@@ -71,6 +72,12 @@ class Session:
             self.settings.built.update(build_models(tasks, self.settings.models, self.settings.cache_dir / "models"))
 
 
+def session_waivers(cases_dir: Path, pool: dict[str, GpuClass]) -> list[Waiver]:
+    """The known failures of a cases folder (none without a waivers file); a bad file raises WaiverError."""
+    path = cases_dir / WAIVERS_FILE.name
+    return load_waivers(path, pool) if path.exists() else []
+
+
 def open_session(
     gpu: str | None = None,
     emulate: bool = False,
@@ -82,8 +89,11 @@ def open_session(
     timeout_scale: float = 1.0,
     probe_only: bool = False,
     on_ray: bool = False,
+    with_waivers: bool = True,
 ) -> Session:
-    """`on_ray`: the cells run on a Ray cluster's nodes of class `gpu`, whatever this machine is."""
+    """`on_ray`: the cells run on a Ray cluster's nodes of class `gpu`, whatever this machine is. Records are
+    judged with the known failures of `cases_dir` (its _waivers.txt) unless `with_waivers` is False (bisection
+    looks for the raw verdict)."""
     pool = load_pool(cases_dir)
     if on_ray and gpu is not None:
         if gpu not in pool:
@@ -99,5 +109,6 @@ def open_session(
         vllm_version=version, cache_dir=Path(cache_dir), use_hub=use_hub, timeout_scale=timeout_scale,
         probe_only=probe_only,
         gpu_memory=None if on_ray else open_gpu_memory(),  # the GPUs cells run on here (Ray nodes: not checked)
+        waivers=session_waivers(Path(cases_dir), pool) if with_waivers else [],
     )
     return Session(settings, gpu_name, pool[gpu_name], emulated_from, pool, device_count)

@@ -1,0 +1,107 @@
+"""`pytest cases/` and `kvmatrix run` give a cell the same verdict: the same fake cells (tests/fake_cell.py, the
+real cell protocol) through both front ends, with a case's expected crash, a skip rule and a waiver of
+cases/_waivers.txt, each into its own results folder; and the pytest front end refuses a results folder made
+with other case files, as `kvmatrix run` does."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import cli
+from harness.records import RunDir
+from tests.conftest import CPU_CLASS, write_case
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE_CELL = (sys.executable, str(REPO / "tests" / "fake_cell.py"))
+LINK = "https://example.org/known"
+# pytest's outcome for each verdict (fail and error both fail the item).
+OUTCOME = {"pass": "passed", "skip": "skipped", "xfail": "xfailed", "fail": "failed", "error": "failed"}
+
+
+def front_end_module():
+    """The repository's pytest front end (conftest.py at the root), as a module of its own."""
+    spec = importlib.util.spec_from_file_location("kvmatrix_front_end", REPO / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_sessions(open_session, cases_dir: Path, tmp_path: Path):
+    """`open_session` with fake cells, no model build and the test's runs and cache folders."""
+
+    def fake(*args, **kwargs):
+        if len(args) < 4:  # the pytest front end names no folders: the test's
+            kwargs.update(runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache")
+        session = open_session(*args, **kwargs)
+        session.settings.cell_command = FAKE_CELL
+        session.build_models = lambda tasks: session.settings.built.update(llama=cases_dir)
+        return session
+
+    return fake
+
+
+@pytest.fixture
+def matrix_with_waiver(cases_dir: Path) -> Path:
+    write_case(cases_dir, "ok", {"model": "llama", "gpus": [CPU_CLASS],
+                                 "matrix": {"kv_cache_dtype": ["auto", "fp8"]},
+                                 "skip": [{"when": {"kv_cache_dtype": "fp8"}, "reason": "not here"}],
+                                 "expect": [{"crash": False}]})
+    write_case(cases_dir, "crash", {
+        "model": "llama", "gpus": [CPU_CLASS], "matrix": {"kv_cache_dtype": ["auto", "bfloat16", "fp8"]},
+        "expect": [{"when": {"kv_cache_dtype": "bfloat16"},
+                    "crash": {"signature": "no_common_block_size", "link": LINK}}]})
+    (cases_dir / "_waivers.txt").write_text(f"crash[kv=auto,*] {LINK}\n")
+    return cases_dir
+
+
+def run_pytest_front_end(cases_dir: Path, tmp_path: Path, monkeypatch, *args: str) -> tuple[int, dict[str, str]]:
+    """`pytest cases/` over `cases_dir` in this process: (exit code, cell id → pytest outcome)."""
+    front_end = front_end_module()
+    monkeypatch.setattr(front_end, "CASES_DIR", cases_dir)
+    monkeypatch.setattr(front_end, "open_session", fake_sessions(front_end.open_session, cases_dir, tmp_path))
+    outcomes: dict[str, str] = {}
+
+    class Outcomes:
+        def pytest_runtest_logreport(self, report):
+            cell_id = report.nodeid.split("::")[-1]
+            if report.when == "call" or report.outcome != "passed":
+                outcomes[cell_id] = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+
+    code = pytest.main([str(cases_dir), "-p", "no:cacheprovider", "-p", "no:randomly", "-c", os.devnull,
+                        "--rootdir", str(tmp_path), "-q", *args], plugins=[front_end, Outcomes()])
+    return int(code), outcomes
+
+
+def test_pytest_and_kvmatrix_run_give_the_same_verdicts(matrix_with_waiver, tmp_path, monkeypatch):
+    cases_dir = matrix_with_waiver
+    monkeypatch.setattr(cli, "open_session", fake_sessions(cli.open_session, cases_dir, tmp_path))
+    code = cli.main(["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / "runs"), "--run-id", "cli",
+                     "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", CPU_CLASS])
+    assert code == 1  # crash[kv=fp8] fails: no rule and no waiver explains it
+    by_cli = {r["cell_id"]: r["verdict"] for r in RunDir(tmp_path / "runs" / "cli").records()}
+    assert by_cli == {"ok[kv=auto,skip=-,spec=-]": "pass", "ok[kv=fp8,skip=-,spec=-]": "skip",
+                      "crash[kv=auto,skip=-,spec=-]": "xfail", "crash[kv=bfloat16,skip=-,spec=-]": "xfail",
+                      "crash[kv=fp8,skip=-,spec=-]": "fail"}
+
+    code, by_pytest = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--run-id", "pytest")
+    assert code == pytest.ExitCode.TESTS_FAILED
+    assert by_pytest == {cell: OUTCOME[verdict] for cell, verdict in by_cli.items()}
+    stored = {r["cell_id"]: r for r in RunDir(tmp_path / "runs" / "pytest").records()}
+    assert {cell: r["verdict"] for cell, r in stored.items()} == by_cli
+    assert stored["crash[kv=auto,skip=-,spec=-]"]["waived"]["link"] == LINK
+
+
+def test_pytest_front_end_refuses_a_folder_of_other_cases(matrix_with_waiver, tmp_path, monkeypatch):
+    cases_dir = matrix_with_waiver
+    code, _ = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--run-id", "shared", "-k", "ok")
+    assert code == pytest.ExitCode.OK
+    write_case(cases_dir, "ok", {"model": "llama", "gpus": [CPU_CLASS], "matrix": {"kv_cache_dtype": ["auto"]}})
+    code, outcomes = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--run-id", "shared", "-k", "ok")
+    assert code == pytest.ExitCode.INTERRUPTED and not outcomes  # refused at collection, nothing ran
+    code, _ = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--run-id", "shared", "-k", "ok", "--force")
+    assert code == pytest.ExitCode.OK
