@@ -15,10 +15,10 @@ import ast
 import functools
 import importlib.metadata
 import importlib.util
-import re
 from pathlib import Path
 from typing import Any, TypeVar
 
+from matrix.conditions import release_of, version_in
 from matrix.schema import X86_CPU_LEVELS
 
 T = TypeVar("T")
@@ -28,40 +28,25 @@ T = TypeVar("T")
 
 
 def release_tuple(version: str) -> tuple[int, ...]:
-    """The numeric release of a version string: "0.26.0+cu130" -> (0, 26, 0), "0.25.0rc1.dev3" -> (0, 25, 0).
+    """The numeric release of a version string: "0.26.0+cu130" -> (0, 26), "0.25.0rc1.dev3" -> (0, 25).
 
-    Pre-releases and dev builds count as their release: those are built from the branch that already carries
-    the release's changes, which is what the tables key on.
-    """
-    match = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
-    if not match:
-        raise ValueError(f"not a version: {version!r}")
-    parts = [int(p) for p in match.group(1).split(".")]
+    Pre-releases and dev builds count as their release (matrix/conditions.py `release_of`, the one rule)."""
+    parts = list(release_of(version).release)
     while len(parts) > 1 and parts[-1] == 0:  # 0.25 == 0.25.0
         parts.pop()
     return tuple(parts)
 
 
-_COMPARE = {
-    ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
-    "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
-}
-
-
 def version_matches(version: str | None, specifier: str) -> bool:
-    """Whether `version` lies in `specifier` (comma-separated clauses, all must hold).
+    """Whether `version` lies in `specifier` (comma-separated clauses, all must hold), by the rule of `when:`
+    ranges (matrix/conditions.py `version_in`).
 
     An unknown version matches every range: the caller then gets the union of what any version could mean,
     which is right for classifying messages (patterns of other versions do not match by accident).
     """
     if version is None or not specifier.strip():
         return True
-    have = release_tuple(version)
-    for clause in specifier.split(","):
-        op, bound = re.fullmatch(r"\s*(>=|<=|==|!=|>|<)\s*(\S+)\s*", clause).groups()
-        if not _COMPARE[op](have, release_tuple(bound)):
-            return False
-    return True
+    return version_in(version, specifier)
 
 
 def for_version(table: list[tuple[str, T]], version: str | None) -> list[T]:

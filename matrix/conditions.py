@@ -4,7 +4,8 @@ GPU-class filters and expectation values.
 A condition value is one of:
 - a scalar: equal (strings with `*`, `?` or `[` are shell-style globs, case-sensitive);
 - a string starting with a comparison operator: a range, e.g. ``">=8.0,<9.0"`` or ``"<0.27"``, compared as
-  versions (compute capabilities and vLLM versions both read as versions);
+  versions (compute capabilities and vLLM versions both read as versions) by `version_in`, the project's one
+  version rule: a pre-release, dev or local build counts as its release (0.25.0rc1.dev3 is 0.25 for `>=0.25`);
 - a list: any of its members matches (a list of lists compares lists as whole values).
 """
 
@@ -41,6 +42,18 @@ def check_condition_value(value: object) -> str | None:
     return None
 
 
+def release_of(version: str) -> Version:
+    """A version as its release: "0.25.0rc1.dev3+g12" -> 0.25.0. Pre-releases and dev builds are built from the
+    branch that already carries the release's changes, which is what ranges key on. Raises InvalidVersion
+    (a ValueError) for what is not a version."""
+    return Version(".".join(str(part) for part in Version(version).release))
+
+
+def version_in(version: str, specifier: str) -> bool:
+    """Whether `version`, as its release, lies in `specifier` (comma-separated clauses, all must hold)."""
+    return SpecifierSet(specifier).contains(release_of(version), prereleases=True)
+
+
 def matches(condition: object, actual: object) -> bool:
     """Does the recorded or configured value `actual` satisfy `condition`?"""
     if isinstance(condition, list) and not (isinstance(actual, list) and _is_flat(condition)):
@@ -49,7 +62,7 @@ def matches(condition: object, actual: object) -> bool:
         if actual is None:
             return False
         try:
-            return SpecifierSet(condition).contains(Version(str(actual)), prereleases=True)
+            return version_in(str(actual), condition)
         except InvalidVersion:
             return False
     if isinstance(condition, str) and _GLOB_CHARS & set(condition) and isinstance(actual, str):

@@ -19,6 +19,7 @@ from harness.vllm_compat import (
     release_tuple,
     version_matches,
 )
+from matrix.conditions import matches, when_matches
 
 RECORDS = Path(__file__).parent / "fixtures" / "records" / "cpu-vllm-0.32.0"
 
@@ -143,3 +144,18 @@ def test_known_kv_cache_dtypes_reads_the_installed_vllm_cheaply() -> None:
     assert time.monotonic() - started < 1.0  # read from source, not by importing vLLM
     assert {"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"} <= dtypes
     assert "int3" not in dtypes
+
+
+@pytest.mark.parametrize("version", ["0.25.0rc1.dev3", "0.25.0rc1.dev3+g1234", "0.24.9", "0.25.0", "0.27.0rc1",
+                                     "0.26.0+cu130", "v0.26.0"])
+@pytest.mark.parametrize("specifier", [">=0.25", "<0.27", ">=0.20,<0.25", "==0.25", "!=0.25.0", ">0.24"])
+def test_one_version_rule_for_tables_and_when_clauses(version: str, specifier: str) -> None:
+    """vLLM-version tables (vllm_compat) and `when:` ranges (matrix/conditions.py) read a version alike."""
+    assert version_matches(version, specifier) is matches(specifier, version)
+
+
+def test_a_pre_release_counts_as_its_release_everywhere() -> None:
+    assert version_matches("0.25.0rc1.dev3", ">=0.25") is True
+    assert matches(">=0.25", "0.25.0rc1.dev3") is True
+    assert when_matches({"vllm_version": ">=0.25"}, {"vllm_version": "0.25.0rc1.dev3"}) is True
+    assert matches("<0.25", "0.25.0rc1.dev3") is False
