@@ -52,7 +52,7 @@ def run_classes(classes: list[str], runs_dir: Path, extra: list[str]) -> list[Pa
     for gpu in classes:
         run_id = f"audit-{gpu}-vllm{installed_vllm_version()}"
         command = [sys.executable, "-m", "harness.cli", "run", "--gpu", gpu, "--emulate", "--run-id", run_id,
-                   "--runs-dir", str(runs_dir), *extra]
+                   "--runs-dir", str(runs_dir.absolute()), *extra]
         print("$ " + " ".join(command[1:]), flush=True)
         subprocess.run(command, cwd=REPO_ROOT, check=False)  # its failures are what the audit lists
         folders.append(runs_dir / run_id)

@@ -1,4 +1,5 @@
-"""Cell records on disk: one JSON object per (cell, GPU class) under `reports/runs/<run-id>/`.
+"""Cell records on disk: one JSON object per (cell, GPU class) under `reports/runs/<run-id>/` of the working
+directory (or the folder `--runs-dir` names): an installed kvmatrix writes where it is run, never into its package.
 
 Writes are atomic (a temporary file in the same folder, then `os.replace`), so a run killed at any moment leaves
 each record either whole or absent, and a rerun with the same run id skips exactly the finished cells. Tools
@@ -13,7 +14,8 @@ import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
-RUNS_DIR = Path(__file__).resolve().parent.parent / "reports" / "runs"
+# Relative: resolved against the working directory when used (RunDir makes its root absolute).
+RUNS_DIR = Path("reports") / "runs"
 VERDICTS = ("pass", "fail", "xfail", "error", "skip")
 # What makes a run red (its exit status), a cell a new failure, a waiver apply, a retry happen.
 FAILING_VERDICTS = ("fail", "error")
@@ -31,7 +33,7 @@ def record_stem(cell_id: str, gpu_class: str) -> str:
 
 class RunDir:
     def __init__(self, root: Path):
-        self.root = Path(root)
+        self.root = Path(root).absolute()  # cell processes run elsewhere: every path they get is absolute
         self.logs = self.root / "logs"
 
     def record_path(self, cell_id: str, gpu_class: str) -> Path:

@@ -19,7 +19,7 @@ from harness.judge.fingerprint import failure_name
 from harness.records import record_stem
 from reports.summary import facts
 
-FINDINGS_DIR = Path(__file__).resolve().parent / "findings"
+FINDINGS_DIR = Path("reports") / "findings"  # the project's findings, in the working directory
 INDEX = "README.md"
 # Engine arguments the harness sets for every cell; a reproducer repeats only what the cell itself chose.
 HARNESS_ARGS = ("model", "tokenizer", "seed", "max_model_len", "enforce_eager", "dtype")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from harness.records import RunDir
@@ -35,3 +37,16 @@ def test_torn_or_foreign_files_are_not_records(tmp_path):
     (tmp_path / "cpu--torn.json").write_text('{"cell_id": "torn", "verd')
     (tmp_path / "cpu--other.json").write_text('{"something": 1}')
     assert run.records() == [] and run.read("torn", "cpu") is None
+
+
+def test_runs_folder_is_found_from_the_working_directory(tmp_path, monkeypatch):
+    """An installed kvmatrix writes its runs where it is run (or to --runs-dir), never into its package."""
+    from harness.nightly.history import DEFAULT_DB
+    from harness.records import RUNS_DIR
+    from harness.run.session import open_session
+
+    monkeypatch.chdir(tmp_path)
+    session = open_session(run_id="here")
+    assert session.run_dir.root == tmp_path / "reports" / "runs" / "here"
+    assert not RUNS_DIR.is_absolute() and not DEFAULT_DB.is_absolute()
+    assert RunDir(Path("elsewhere")).root == tmp_path / "elsewhere"  # absolute: cell processes run in the repo

@@ -19,7 +19,7 @@ import pandas as pd
 from harness.judge.fingerprint import fingerprint
 from harness.records import RunDir
 
-DEFAULT_DB = Path(__file__).resolve().parents[2] / "reports" / "history.sqlite"
+DEFAULT_DB = Path("reports") / "history.sqlite"  # in the working directory, beside its reports/runs/
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
