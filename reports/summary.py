@@ -6,66 +6,9 @@ from collections import Counter
 
 import pandas as pd
 
-from harness.judge.fingerprint import failure_name
+from harness.judge.facts import facts
 
 VERDICT_ORDER = ("fail", "error", "xfail", "pass", "skip")
-
-
-def _unique(values) -> list:
-    out = []
-    for v in values:
-        if v is not None and v not in out:
-            out.append(v)
-    return out
-
-
-def facts(record: dict) -> dict[str, str]:
-    """The resolved state in a few short strings: backend, KV dtype, query dtype, page size, and the failure's
-    signature (else its fingerprint)."""
-    layers = record.get("layers") or []
-    out: dict[str, str] = {}
-    for role, prefix in (("target", ""), ("draft", "draft ")):
-        mine = [la for la in layers if la.get("role", "target") == role]
-        if not mine:
-            continue
-        out[f"{prefix}backend"] = "/".join(_unique(la.get("backend") for la in mine))
-        out[f"{prefix}kv"] = "/".join(_unique(la.get("kv_cache_dtype") for la in mine))
-    queries = []
-    for group in record.get("attn_groups") or []:
-        builder = group.get("builder") or {}
-        q = [builder.get(k) for k in ("q_data_type_prefill", "q_data_type_decode", "q_data_type")]
-        q = [x.replace("torch.", "") for x in q if x]
-        if q:
-            queries.append("/".join(_unique(q)))
-    if queries:
-        out["q"] = ",".join(_unique(queries))
-    # Per layer: a group of mixed specs (UniformTypeKVCacheSpecs) reports the sum of its layers' pages.
-    pages = _unique(la.get("page_size_bytes") for la in layers)
-    if not pages:
-        pages = _unique(g.get("page_size_bytes") for g in record.get("kv_groups") or [])
-    if pages:
-        out["page"] = "/".join(str(p) for p in pages)
-    out.update(_accuracy_facts(record))
-    if name := failure_name(record):
-        out["sig"] = name
-    if record.get("emulated_from"):
-        out["emulated"] = f"on {record['emulated_from']}"
-    if record.get("mode") == "probe":
-        out["mode"] = "probe"
-    return out
-
-
-def _accuracy_facts(record: dict) -> dict[str, str]:
-    """The cell's score; against its baseline, the paired delta with its interval and the number of samples."""
-    accuracy, versus = record.get("accuracy"), record.get("accuracy_vs_baseline") or {}
-    if not accuracy:
-        return {}
-    if "delta" not in versus:
-        return {"acc": f"{accuracy['score']:.3f} n={accuracy['n']}" + (f" ({versus['missing']})" if versus else "")}
-    low, high = versus["interval"]
-    return {"acc": f"{versus['score']:.3f}",
-            "Δacc": f"{versus['delta']:+.3f} [{low:+.3f}, {high:+.3f}] n={versus['n']}",
-            "same": f"{versus['identical_fraction']:.1%}"}
 
 
 def cell_text(record: dict) -> str:

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from tabulate import tabulate
 
 from harness.bisect.step import Step
+from harness.judge.facts import facts
 from harness.records import read_json
-from reports.summary import facts
 
 
 @dataclass

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from harness.judge.facts import facts
 from harness.records import FAILING_VERDICTS, run_mode
-from reports.summary import facts
 
 
 @dataclass(frozen=True)
