@@ -9,7 +9,7 @@ the phase it died in. The probe runs before generation: a cell whose decode cras
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import platform
 import time
 import traceback
@@ -19,6 +19,7 @@ from typing import Any
 
 from harness import vllm_compat
 from harness.cell.probe import probe
+from harness.cell.spec import CellSpec
 from harness.records import write_json_atomic
 
 MESSAGE_CAP = 4096
@@ -93,10 +94,10 @@ def import_vllm(result: CellResult, capability: list[int] | None, cpu_isa: str |
     return vllm
 
 
-def probe_engine(result: CellResult, llm: Any, draft_layer_offset: int | None) -> None:
+def probe_engine(result: CellResult, llm: Any) -> None:
     """Record the resolved state; a probe failure is the harness's problem, not the cell's crash."""
     try:
-        state = llm.collective_rpc(probe, args=(draft_layer_offset,))[0]
+        state = llm.collective_rpc(probe)[0]
     except Exception:
         traceback.print_exc()
         result.data["probe_error"] = traceback.format_exc()[-TRACEBACK_CAP:]
@@ -119,21 +120,20 @@ def measure_accuracy(result: CellResult, llm: Any, accuracy: dict) -> None:
 
 
 def main(spec_path: str, result_path: str) -> int:
-    spec = json.loads(Path(spec_path).read_text())
-    result = CellResult(Path(result_path), spec.get("cell_id", ""))
-    ok, vllm = result.run("import", lambda: import_vllm(result, spec.get("emulate_capability"),
-                                                           spec.get("emulate_cpu_isa")))
+    spec = CellSpec.read(Path(spec_path))
+    result = CellResult(Path(result_path), spec.cell_id)
+    ok, vllm = result.run("import", lambda: import_vllm(result, spec.emulate_capability, spec.emulate_cpu_isa))
     if not ok:
         return 1
-    ok, llm = result.run("init", lambda: vllm.LLM(**spec["engine_args"]))
+    ok, llm = result.run("init", lambda: vllm.LLM(**spec.engine_args))
     if not ok:
         return 1
-    result.run("probe", lambda: probe_engine(result, llm, spec.get("draft_layer_offset")))
-    ok, _ = result.run("generate", lambda: generate(result, vllm, llm, spec["prompts"], spec["max_tokens"]))
+    result.run("probe", lambda: probe_engine(result, llm))
+    ok, _ = result.run("generate", lambda: generate(result, vllm, llm, spec.prompts, spec.max_tokens))
     if not ok:
         return 1
-    if spec.get("accuracy"):
-        ok, _ = result.run("accuracy", lambda: measure_accuracy(result, llm, spec["accuracy"]))
+    if spec.accuracy is not None:
+        ok, _ = result.run("accuracy", lambda: measure_accuracy(result, llm, dataclasses.asdict(spec.accuracy)))
         if not ok:
             return 1
     result.data["phase"] = "done"

@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.cell.spec import AccuracySpec, CellSpec
 from harness.judge.judge import judge_record
 from harness.judge.outcome import classify_outcome
 from harness.judge.waivers import unwaived
 from harness.paths import REPO_ROOT
-from harness.records import FAILING_VERDICTS, read_tail, write_json_atomic
+from harness.records import FAILING_VERDICTS, read_tail
 from harness.run.accuracy_plan import accuracy_spec, offline_reason
 from harness.run.cell_env import cell_env
 from harness.run.engine_args import cell_mode, engine_args_for, generation
@@ -35,16 +36,17 @@ def base_record(task: Task, run_id: str) -> dict[str, Any]:
             "gpu_class": task.gpu_name, "emulated_from": task.emulated_from, "run_id": run_id}
 
 
-def cell_spec(task: Task, settings: RunSettings, engine_args: dict, mode: str) -> dict:
+def cell_spec(task: Task, settings: RunSettings, engine_args: dict, mode: str) -> CellSpec:
     """What the runner tells the cell process (SPEC.json)."""
-    return {
-        "cell_id": task.cell.cell_id,
-        "engine_args": engine_args,
+    accuracy = accuracy_spec(task.cell, settings.use_hub)
+    return CellSpec(
+        cell_id=task.cell.cell_id,
+        engine_args=engine_args,
         **generation(task.cell, mode),
-        "emulate_capability": _capability(task),
-        "emulate_cpu_isa": task.gpu.cpu_isa if task.emulated_from and task.gpu.device == "cpu" else None,
-        "accuracy": accuracy_spec(task.cell, settings.use_hub),
-    }
+        emulate_capability=_capability(task),
+        emulate_cpu_isa=task.gpu.cpu_isa if task.emulated_from and task.gpu.device == "cpu" else None,
+        accuracy=AccuracySpec(**accuracy) if accuracy is not None else None,
+    )
 
 
 def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict | None = None,
@@ -69,7 +71,7 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_
         outcome = {"status": "error", "error_tail": str(err.args[0])}
         return finish(record, task, settings, outcome, started, first_failure)
     record["engine_args"] = engine_args
-    write_json_atomic(spec_path, cell_spec(task, settings, engine_args, mode))
+    cell_spec(task, settings, engine_args, mode).write(spec_path)
     log = run_dir.log_path(cell.cell_id, task.gpu_name)
     log.parent.mkdir(parents=True, exist_ok=True)
     timeout = cell.case.timeout_s * settings.timeout_scale

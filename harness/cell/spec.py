@@ -1,0 +1,52 @@
+"""What the runner tells a cell process (SPEC.json): the one typed contract between the two sides. The runner
+writes it (harness/run/cell_run.py), the cell process reads it (main.py); the JSON keeps its plain shape, so
+stand-ins (tests/fake_cell.py, benchmarks/bare_cell.py) read it as a dict."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.records import write_json_atomic
+
+
+@dataclass(frozen=True)
+class AccuracySpec:
+    """An lm-eval run through the cell's own engine (harness/cell/lm_eval_engine.py)."""
+
+    task: str
+    metric: str
+    limit: int | None = None
+    num_fewshot: int | None = None
+    include_path: str | None = None
+    include_defaults: bool = True  # lm-eval's built-in task files (seconds to index): only built-in tasks
+    offline: bool = True
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    cell_id: str
+    engine_args: dict[str, Any]
+    prompts: list[str]
+    max_tokens: int
+    emulate_capability: list[int] | None = None  # [major, minor] of the emulated CUDA class
+    emulate_cpu_isa: str | None = None  # the emulated CPU level (avx2, ...)
+    accuracy: AccuracySpec | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # keys of a newer runner this cell does not know
+
+    def write(self, path: Path) -> None:
+        data = dataclasses.asdict(self)
+        data.update(data.pop("extra"))
+        write_json_atomic(path, data)
+
+    @classmethod
+    def read(cls, path: Path) -> CellSpec:
+        data = json.loads(Path(path).read_text())
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {k: v for k, v in data.items() if k in names}
+        if known.get("accuracy") is not None:
+            known["accuracy"] = AccuracySpec(**known["accuracy"])
+        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
