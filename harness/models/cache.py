@@ -55,10 +55,11 @@ def _remove_orphans(cache_dir: Path) -> None:
 _BUILD_LIBRARIES = ("torch", "tokenizers", "safetensors", "transformers")
 
 
-def source_fingerprint(module_name: str) -> str:
-    """A builder module's source plus the library versions that shape the bytes: editing a builder rebuilds.
-    Versions come from package metadata, so finding a cached model does not import torch."""
-    src = inspect.getsource(sys.modules[module_name])
+def source_fingerprint(module_name: str, *also: str) -> str:
+    """A builder module's source (and that of the modules it builds with) plus the library versions that shape
+    the bytes: editing a builder rebuilds. Versions come from package metadata, so finding a cached model does not
+    import torch."""
+    src = "\0".join(inspect.getsource(sys.modules[name]) for name in (module_name, *also))
     libs = "\0".join(importlib.metadata.version(m) for m in _BUILD_LIBRARIES)
     return hashlib.sha256(f"{src}\0{libs}".encode()).hexdigest()[:12]
 
@@ -68,12 +69,12 @@ class BuilderFamily:
     <fingerprint of the module's source>`, so editing a builder rebuilds and unknown names or options fail before
     anything is built."""
 
-    def __init__(self, module_name: str, builders: dict[str, Callable]):
-        self.module_name, self.builders = module_name, builders
+    def __init__(self, module_name: str, builders: dict[str, Callable], also: tuple[str, ...] = ()):
+        self.module_name, self.builders, self.also = module_name, builders, also
 
     @functools.cached_property
     def fingerprint(self) -> str:
-        return source_fingerprint(self.module_name)
+        return source_fingerprint(self.module_name, *self.also)
 
     def folder_name(self, name: str, **options) -> str:
         if name not in self.builders:

@@ -11,153 +11,31 @@ neither dict order nor what was built before.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 from harness.models.cache import BuilderFamily
-
-VOCAB = 320
-SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<mask>"]  # ids 0..3, fixed by training order
-BOS, EOS, PAD, MASK = range(4)
-HIDDEN, LAYERS, INTERMEDIATE, MAX_POS = 128, 4, 256, 512
-ROPE = {"rope_type": "default", "rope_theta": 10000.0}
-
-# The tokenizer's training text: fixed, so its merges (and so the vocab) never change.
-CORPUS = """\
-The quick brown fox jumps over the lazy dog. A key value cache stores the keys and values of past tokens.
-vLLM pages the cache into blocks; each block holds sixteen tokens of every layer. Quantised caches keep
-eight bit floats with a per tensor scale, and attention reads them back in the model's own precision.
-Once upon a time there was a small model that could count: one, two, three, four, five, six, seven, eight,
-nine, ten. It liked numbers 0123456789 and punctuation (like this!) and questions? Yes: it answered them.
-def add(a, b):\n    return a + b\nprint(add(2, 3))\n
-Speculative decoding lets a draft propose tokens that the target verifies in one pass.
-"""
-
-
-# ---------------------------------------------------------------------------------------------- tokenizer
-def _tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: any text encodes
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer)
-    # Llama-style prompts start with BOS; vLLM and AutoTokenizer both honour the post-processor.
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS)])
-    assert tok.get_vocab_size() <= VOCAB, tok.get_vocab_size()
-    return tok
-
-
-def _write_tokenizer(out: Path) -> None:
-    _tokenizer().save(str(out / "tokenizer.json"))
-    names = dict(bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    _write_json(out / "special_tokens_map.json", names)
-    _write_json(
-        out / "tokenizer_config.json",
-        {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "model_max_length": MAX_POS,
-            **names,
-            "add_bos_token": True,
-            "clean_up_tokenization_spaces": False,
-        },
-    )
-
-
-# ------------------------------------------------------------------------------------------------ weights
-def _write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
-def _weights(shapes: dict[str, tuple[int, ...]], seed: int):
-    """bf16 tensors: norms are ones; matrices are N(0, 1/fan_in) so activations stay O(1) through the layers
-    (with the usual 0.02 the residual stream would swamp attention and KV precision would never show)."""
-    import torch
-
-    out = {}
-    for name, shape in shapes.items():
-        if name.endswith("norm.weight"):
-            out[name] = torch.ones(shape, dtype=torch.bfloat16)
-            continue
-        if name.endswith("e_score_correction_bias"):  # router bias: fp32 zeros, as real GLM checkpoints
-            out[name] = torch.zeros(shape, dtype=torch.float32)
-            continue
-        digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-        gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
-        std = 1.0 if "embed_tokens" in name else shape[-1] ** -0.5
-        out[name] = (torch.randn(shape, generator=gen) * std).to(torch.bfloat16)
-    return out
-
-
-def _save(out: Path, config: dict, shapes: dict, seed: int, extra=None) -> None:
-    from safetensors.torch import save_file
-
-    tensors = _weights(shapes, seed)
-    tensors.update(extra or {})
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(out / "config.json", config)
-    _write_json(out / "generation_config.json", {"bos_token_id": BOS, "eos_token_id": EOS, "do_sample": False})
-    _write_tokenizer(out)
-
-
-def _common(arch: str, model_type: str, layers: int = LAYERS) -> dict:
-    return {
-        "architectures": [arch],
-        "model_type": model_type,
-        "vocab_size": VOCAB,
-        "hidden_size": HIDDEN,
-        "intermediate_size": INTERMEDIATE,
-        "num_hidden_layers": layers,
-        "max_position_embeddings": MAX_POS,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-6,
-        "rope_theta": ROPE["rope_theta"],
-        "rope_parameters": dict(ROPE),
-        "bos_token_id": BOS,
-        "eos_token_id": EOS,
-        "pad_token_id": PAD,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "attention_bias": False,
-    }
-
-
-def _layer_shapes(cfg: dict, attn: dict[str, tuple[int, int]], prefix: str = "model.") -> dict:
-    h, i = cfg["hidden_size"], cfg["intermediate_size"]
-    shapes = {}
-    for n in range(cfg["num_hidden_layers"]):
-        p = f"{prefix}layers.{n}."
-        shapes.update({f"{p}self_attn.{k}.weight": v for k, v in attn.items()})
-        shapes.update(
-            {
-                f"{p}mlp.gate_proj.weight": (i, h),
-                f"{p}mlp.up_proj.weight": (i, h),
-                f"{p}mlp.down_proj.weight": (h, i),
-                f"{p}input_layernorm.weight": (h,),
-                f"{p}post_attention_layernorm.weight": (h,),
-            }
-        )
-    return shapes
-
-
-def _head_shapes(cfg: dict) -> dict:
-    v, h = cfg["vocab_size"], cfg["hidden_size"]
-    return {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
+from harness.models.checkpoint import (
+    BOS,
+    EOS,
+    LAYERS,
+    MASK,
+    ROPE,
+    VOCAB,
+    common,
+    head_shapes,
+    layer_shapes,
+    save,
+    write_json,
+    write_tokenizer,
+)
 
 
 # ---------------------------------------------------------------------------------------------- llamas
 def _llama_config() -> dict:
     # head_dim 64: a size every backend takes (CPU attention 32/64/80/..., FlashAttention, FlashInfer 64/128/256),
     # so the same checkpoint runs on the CPU and on every GPU class; 2 KV heads exercise GQA.
-    return {**_common("LlamaForCausalLM", "llama"), "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
+    return {**common("LlamaForCausalLM", "llama"), "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
 
 
 def _llama_shapes(cfg: dict, qk_norm: bool = False, prefix: str = "model.") -> dict:
@@ -166,12 +44,12 @@ def _llama_shapes(cfg: dict, qk_norm: bool = False, prefix: str = "model.") -> d
     attn = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q)}
     if qk_norm:  # Qwen3-style per-head norms (the DFlash draft's layer)
         attn |= {"q_norm": (d,), "k_norm": (d,)}
-    return _layer_shapes(cfg, attn, prefix)
+    return layer_shapes(cfg, attn, prefix)
 
 
 def build_llama(out: Path, seed: int = 0) -> None:
     cfg = _llama_config()
-    _save(out, cfg, _head_shapes(cfg) | _llama_shapes(cfg), seed)
+    save(out, cfg, head_shapes(cfg) | _llama_shapes(cfg), seed)
 
 
 def build_ct_llama(out: Path, seed: int = 0, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
@@ -195,13 +73,13 @@ def build_ct_llama(out: Path, seed: int = 0, k_scale: float = 1.0, v_scale: floa
     for n in range(cfg["num_hidden_layers"]):
         scales[f"model.layers.{n}.self_attn.k_scale"] = torch.tensor(k_scale, dtype=torch.float32)
         scales[f"model.layers.{n}.self_attn.v_scale"] = torch.tensor(v_scale, dtype=torch.float32)
-    _save(out, cfg, _head_shapes(cfg) | _llama_shapes(cfg), seed, scales)
+    save(out, cfg, head_shapes(cfg) | _llama_shapes(cfg), seed, scales)
 
 
 def _draft_of_llama(arch: str, model_type: str) -> dict:
     """A one-layer draft config whose attention has the target llama's shape (heads, KV heads, head dim)."""
     t = _llama_config()
-    return {**_common(arch, model_type, layers=1),
+    return {**common(arch, model_type, layers=1),
             **{k: t[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")}}
 
 
@@ -227,7 +105,7 @@ def build_dflash_llama(out: Path, seed: int = 0) -> None:
     h, n_aux = cfg["hidden_size"], len(cfg["dflash_config"]["target_layer_ids"])
     shapes = _llama_shapes(cfg, qk_norm=True, prefix="")
     shapes |= {"fc.weight": (h, h * n_aux), "hidden_norm.weight": (h,), "norm.weight": (h,)}
-    _save(out, cfg, shapes, seed + 1)  # its own stream, independent of the target's tensors
+    save(out, cfg, shapes, seed + 1)  # its own stream, independent of the target's tensors
 
 
 # --------------------------------------------------------------------------------------------------- MLA
@@ -236,7 +114,7 @@ def _mla_config(arch: str, model_type: str) -> dict:
     # q_lora_rank null keeps q_proj plain; first_k_dense_replace = layers makes every MLP dense, while
     # n_routed_experts stays an int because transformers rejects null.
     return {
-        **_common(arch, model_type),
+        **common(arch, model_type),
         "num_attention_heads": 4,
         "num_key_value_heads": 4,
         "kv_lora_rank": 512,
@@ -270,12 +148,12 @@ def _mla_shapes(cfg: dict) -> dict:
         "kv_b_proj": (nh * (nope + v), r),
         "o_proj": (h, nh * v),
     }
-    return _head_shapes(cfg) | _layer_shapes(cfg, attn)
+    return head_shapes(cfg) | layer_shapes(cfg, attn)
 
 
 def build_deepseek_v2(out: Path, seed: int = 0) -> None:
     cfg = _mla_config("DeepseekV2ForCausalLM", "deepseek_v2")
-    _save(out, cfg, _mla_shapes(cfg), seed)
+    save(out, cfg, _mla_shapes(cfg), seed)
 
 
 def _glm_config() -> dict:
@@ -301,7 +179,7 @@ def build_glm_mla(out: Path, seed: int = 0) -> None:
         shapes |= {f"{p}experts.{x}.{k}.weight": v for k, v in ffn.items()}
     si = i * cfg["n_shared_experts"]
     shapes |= {f"{p}shared_experts.{k}.weight": (si, h) if k != "down_proj" else (h, si) for k in ffn}
-    _save(out, cfg, shapes, seed)
+    save(out, cfg, shapes, seed)
 
 
 # ------------------------------------------------------------------------------- shapes from transformers
@@ -325,7 +203,7 @@ GEMMA_LAYER_TYPES = ["sliding_attention", "full_attention"] * (LAYERS // 2)  # G
 
 def _gemma3_config() -> dict:
     cfg = {
-        **_common("Gemma3ForCausalLM", "gemma3_text"),
+        **common("Gemma3ForCausalLM", "gemma3_text"),
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "head_dim": 64,
@@ -348,7 +226,7 @@ def _gemma3_config() -> dict:
 
 def build_gemma3(out: Path, seed: int = 0) -> None:
     cfg = _gemma3_config()
-    _save(out, cfg, _transformers_shapes(cfg), seed)
+    save(out, cfg, _transformers_shapes(cfg), seed)
 
 
 # ------------------------------------------------------------------------------- hybrid attention + Mamba-2
@@ -358,7 +236,7 @@ NEMOTRON_H_PATTERN = "M*M*"  # Mamba-2, attention, Mamba-2, attention: layers 1 
 
 def _nemotron_h_config() -> dict:
     cfg = {
-        **_common("NemotronHForCausalLM", "nemotron_h"),
+        **common("NemotronHForCausalLM", "nemotron_h"),
         "hybrid_override_pattern": NEMOTRON_H_PATTERN,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
@@ -385,7 +263,7 @@ def _nemotron_h_config() -> dict:
 
 def build_nemotron_h(out: Path, seed: int = 0) -> None:
     cfg = _nemotron_h_config()
-    _save(out, cfg, _transformers_shapes(cfg), seed)
+    save(out, cfg, _transformers_shapes(cfg), seed)
 
 
 # ---------------------------------------------------------------------------------------------- EAGLE-3
@@ -434,7 +312,7 @@ def build_eagle3_llama(out: Path, seed: int = 0, config: Callable[[], dict] = _e
         "norm.weight": (h,),
         "lm_head.weight": (cfg["draft_vocab_size"], h),
     }
-    _save(out, cfg, shapes, seed + 2)  # its own stream, independent of the target's and the DFlash draft's
+    save(out, cfg, shapes, seed + 2)  # its own stream, independent of the target's and the DFlash draft's
 
 
 def build_eagle3_llama_flat(out: Path, seed: int = 0) -> None:
@@ -467,9 +345,9 @@ def _deepseek_v32_config() -> dict:
 
 def build_deepseek_v32(out: Path, seed: int = 0) -> None:
     del seed  # no weights: load_format dummy
-    _write_json(out / "config.json", _deepseek_v32_config())
-    _write_json(out / "generation_config.json", {"bos_token_id": BOS, "eos_token_id": EOS, "do_sample": False})
-    _write_tokenizer(out)
+    write_json(out / "config.json", _deepseek_v32_config())
+    write_json(out / "generation_config.json", {"bos_token_id": BOS, "eos_token_id": EOS, "do_sample": False})
+    write_tokenizer(out)
 
 
 # -------------------------------------------------------------------------------------------------- API
@@ -506,7 +384,7 @@ def num_layers(name: str) -> int:
     return _CONFIGS[name]()["num_hidden_layers"]
 
 
-_FAMILY = BuilderFamily(__name__, BUILDERS)
+_FAMILY = BuilderFamily(__name__, BUILDERS, also=("harness.models.checkpoint",))
 folder_name = _FAMILY.folder_name
 build = _FAMILY.build  # build(name, cache_dir, **options) -> checkpoint folder, built once
 
