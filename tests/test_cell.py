@@ -29,10 +29,10 @@ def models(tmp_path_factory: pytest.TempPathFactory):
     return lambda name: str(build(name, cache))
 
 
-def run_cell(tmp_path: Path, engine_args: dict, draft_layer_offset: int | None = None) -> dict:
+def run_cell(tmp_path: Path, engine_args: dict) -> dict:
     spec = {
         "cell_id": "test", "prompts": ["The quick brown fox", "Once upon a time"], "max_tokens": 4,
-        "emulate_capability": None, "draft_layer_offset": draft_layer_offset,
+        "emulate_capability": None,
         "engine_args": {"dtype": "bfloat16", "kv_cache_memory_bytes": 32 << 20, "enforce_eager": True,
                         "max_model_len": 256, "seed": 0, **engine_args},
     }
@@ -112,7 +112,7 @@ def test_emulated_capability_patches_only_the_cuda_platform_classes(monkeypatch:
 
     from vllm.platforms.interface import DeviceCapability, Platform
 
-    from harness import vllm_compat
+    from harness.vllm_compat import emulation as vllm_compat
 
     fake = types.ModuleType("fake_cuda")
 

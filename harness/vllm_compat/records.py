@@ -1,0 +1,35 @@
+"""Record fields vLLM renamed between releases: each release's record gets the current names too."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.vllm_compat.versions import for_version
+
+# ---------------------------------------------------------------------------------------------------------------
+# Record fields that were renamed: each release's record gets the current name too (the raw attribute stays), so
+# an expectation naming `q_data_type_prefill` finds it on every release. Before 0.25 FlashInfer's builder planned
+# prefill and decode with one `q_data_type` (v1/attention/backends/flashinfer.py); 0.25 split it in two.
+
+# Every name a builder's query dtype was recorded under, across releases (what reports show as `q`).
+QUERY_DTYPE_FIELDS = ("q_data_type_prefill", "q_data_type_decode", "q_data_type")
+BUILDER_FIELD_ALIASES = [
+    ("<0.25", {"q_data_type_prefill": "q_data_type", "q_data_type_decode": "q_data_type"}),
+]
+
+
+def normalized_builder(fields: dict[str, Any], version: str | None) -> dict[str, Any]:
+    """A metadata builder's recorded fields with the current names filled in from older ones where absent."""
+    out = dict(fields)
+    for aliases in for_version(BUILDER_FIELD_ALIASES, version):
+        for current, older in aliases.items():
+            if out.get(current) is None and out.get(older) is not None:
+                out[current] = out[older]
+    return out
+
+
+def normalize_record(record: dict[str, Any]) -> None:
+    """Current field names on a stored record of any release (records written before a rename are judged alike)."""
+    for group in record.get("attn_groups") or []:
+        if group.get("builder"):
+            group["builder"] = normalized_builder(group["builder"], record.get("vllm_version"))

