@@ -6,6 +6,8 @@ already reported upstream shows as `xfail` with its link instead of failing ever
 
 - the pattern is a cell id in which `*` and `?` are wildcards (`[` and `]` are literal: cell ids contain them);
 - `gpu=` (optional) limits the waiver to GPU classes, by name or glob, comma-separated;
+- `vllm=` (optional) limits it to vLLM versions: a version, a glob or a range (`vllm=0.30.*`, `vllm=<0.31`), for a
+  bug of some releases;
 - the link (http:// or https://, or a section of the project's own findings, reports/findings/README.md#name) is
   required: a waiver says where the failure is tracked;
 - `until=YYYY-MM-DD` (optional) is the last day the waiver holds; `#` after a space starts a comment.
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.records import FAILING_VERDICTS
+from matrix.conditions import check_condition_value, matches
 from matrix.expand import Cell
 
 WAIVERS_FILE = Path(__file__).resolve().parent.parent / "cases" / "_waivers.txt"
@@ -48,14 +51,17 @@ class Waiver:
     until: datetime.date | None = None
     file: str = ""
     line: int = 0
+    vllm: str | None = None  # a condition on the record's vLLM version (matrix/conditions.py); None: every version
 
     @property
     def where(self) -> str:
         return f"{self.file}:{self.line}"
 
-    def matches(self, cell_id: str, gpu_class: str) -> bool:
+    def matches(self, cell_id: str, gpu_class: str, vllm_version: str | None = None) -> bool:
+        """`vllm_version` None (a cell of the matrix, not a record) matches every version scope."""
         return _cell_pattern(self.pattern).fullmatch(cell_id) is not None and (
-            not self.gpus or any(fnmatch.fnmatchcase(gpu_class, g) for g in self.gpus))
+            not self.gpus or any(fnmatch.fnmatchcase(gpu_class, g) for g in self.gpus)) and (
+            self.vllm is None or vllm_version is None or matches(self.vllm, vllm_version))
 
     def expired(self, today: datetime.date) -> bool:
         return self.until is not None and today > self.until
@@ -90,14 +96,15 @@ def _parse_line(tokens: list[str], file: str, number: int, known: list[str] | No
         return WaiverError(file, number, message)
 
     pattern, *rest = tokens
-    if pattern.startswith(("gpu=", "until=", *LINK_PREFIXES)):
+    if pattern.startswith(("gpu=", "until=", "vllm=", *LINK_PREFIXES)):
         raise fail(f"a line starts with the cell pattern, not {pattern!r}")
     fields: dict[str, str] = {}
     for token in rest:
         name = ("link" if token.startswith(LINK_PREFIXES)
-                else token.split("=", 1)[0] if token.startswith(("gpu=", "until=")) else None)
+                else token.split("=", 1)[0] if token.startswith(("gpu=", "until=", "vllm=")) else None)
         if name is None:
-            raise fail(f"unexpected {token!r}: expected gpu=<class>, a link (https://...) or until=YYYY-MM-DD")
+            raise fail(f"unexpected {token!r}: expected gpu=<class>, vllm=<versions>, a link (https://...) or "
+                       f"until=YYYY-MM-DD")
         if name in fields:
             raise fail(f"more than one {name} for {pattern!r}")
         fields[name] = token if name == "link" else token.split("=", 1)[1]
@@ -118,7 +125,9 @@ def _parse_line(tokens: list[str], file: str, number: int, known: list[str] | No
             until = datetime.date.fromisoformat(fields["until"])
         except ValueError:
             raise fail(f"until={fields['until']} is not a real date") from None
-    return Waiver(pattern, fields["link"], gpus, until, file, number)
+    if "vllm" in fields and (problem := check_condition_value(fields["vllm"])):
+        raise fail(f"vllm={fields['vllm']}: {problem}")
+    return Waiver(pattern, fields["link"], gpus, until, file, number, fields.get("vllm"))
 
 
 def load_waivers(path: Path = WAIVERS_FILE, gpu_classes: Iterable[str] | None = None) -> list[Waiver]:
@@ -162,7 +171,8 @@ def apply_waivers(
                 for w in waivers if w.expired(today)]
     out = []
     for rec in records:
-        waiver = next((w for w in waivers if w.matches(rec["cell_id"], rec.get("gpu_class") or "?")), None)
+        waiver = next((w for w in waivers
+                       if w.matches(rec["cell_id"], rec.get("gpu_class") or "?", rec.get("vllm_version"))), None)
         out.append(_waived(rec, waiver, today, problems) if waiver else rec)
     keys = {(r["cell_id"], r.get("gpu_class") or "?") for r in records} | set(known_cells or ())
     for w in waivers:
