@@ -220,13 +220,16 @@ BUILDER_DTYPE_ATTRS = [
 PROBE_ONLY_ARG_NAMES = [("", {"sequences": "max_num_seqs", "batched_tokens": "max_num_batched_tokens",
                               "kv_blocks": "num_gpu_blocks_override"})]
 SMALLEST_KV_BLOCK_TOKENS = 16  # the smallest KV block of any backend: a block count sized on it fits them all
+PROBE_KV_GROUPS_COVERED = 4  # KV-cache groups a probe-only engine has room for (blocks of tiny models: kilobytes)
 
 
 def probe_only_engine_args(max_model_len: int, version: str | None) -> dict[str, int]:
     names = for_version(PROBE_ONLY_ARG_NAMES, version)[0]
     # vLLM admits an engine only if one max_model_len sequence fits, besides the null block it holds back; one
-    # more block covers a draft model's lookahead tokens.
-    kv_blocks = -(-max_model_len // SMALLEST_KV_BLOCK_TOKENS) + 2
+    # more block covers a draft model's lookahead tokens. The blocks are shared by the KV-cache groups, and a
+    # sequence holds blocks in each (a sliding-window and a full-attention group: twice as many; seen as
+    # "larger than the available KV cache memory" for Gemma-3 on the H200 with one group's worth).
+    kv_blocks = PROBE_KV_GROUPS_COVERED * (-(-max_model_len // SMALLEST_KV_BLOCK_TOKENS) + 2)
     # Not below max_model_len: a smaller batch needs chunked prefill, which some models and backends turn off.
     return {names["sequences"]: 1, names["batched_tokens"]: max_model_len, names["kv_blocks"]: kv_blocks}
 
@@ -344,13 +347,16 @@ ENGINE_DEATH_WRAPPER = r"root cause"
 NOT_EMULABLE_SIGNATURES = frozenset({"cutlass_missing", "kernel_download_failed"})
 # Failures of the machine or of the harness's packing, not of vLLM's KV-cache behaviour: the cell is an `error`
 # (run it again), never a `fail` or a finding.
-ENVIRONMENT_SIGNATURES = frozenset({"startup_free_memory_check"})
+ENVIRONMENT_SIGNATURES = frozenset({"startup_free_memory_check", "python_module_missing"})
 
 SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("cutlass_missing", "", (
         r"No module named '(?:nvidia_)?cutlass",
         r"(?:cannot|could not|failed to) import .{0,40}cutlass",
     )),
+    # A package the installed vLLM imports is not installed (seen: vLLM 0.22.0 staged without `humming-kernels`
+    # imports `humming` for any quantization config): the environment is incomplete, vLLM cannot be judged there.
+    ("python_module_missing", "", (r"ModuleNotFoundError: No module named ",)),
     # FlashInfer fetches prebuilt cubins for some architectures (TRT-LLM kernels for SM100) at first use; with no
     # network that fails: on an emulated class the real card would never need them (not emulable).
     ("kernel_download_failed", "", (r"Failed to get checksums\.txt",)),

@@ -76,14 +76,14 @@ def parse_waivers(text: str, file: str = "<waivers>", gpu_classes: Iterable[str]
     `gpu_classes` (the pool), a GPU scope that names no class is a mistake too."""
     known = list(gpu_classes) if gpu_classes is not None else None
     waivers: list[Waiver] = []
-    seen: dict[tuple[str, tuple[str, ...]], int] = {}
+    seen: dict[tuple[str, tuple[str, ...], str | None], int] = {}
     # Lines as editors number them: "\n" only (str.splitlines also breaks at \x1e, \x85, \u2028, ...).
     for number, raw in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
         tokens = _COMMENT.sub("", raw).split()
         if not tokens:
             continue
         waiver = _parse_line(tokens, file, number, known)
-        key = (waiver.pattern, waiver.gpus)
+        key = (waiver.pattern, waiver.gpus, waiver.vllm)
         if key in seen:
             raise WaiverError(file, number, f"{waiver.pattern!r} is already waived on line {seen[key]}")
         seen[key] = number
