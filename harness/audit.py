@@ -88,7 +88,7 @@ def render(pairs_by_run: dict[str, list[tuple[dict, dict]]]) -> tuple[str, int]:
             counts = Counter(n["verdict"] for _, n in mine)
             before = sum(s["verdict"] in FAILING_VERDICTS for s, _ in mine)
             bad = [n for _, n in mine if n["verdict"] in FAILING_VERDICTS]
-            # An incomplete environment (a package vLLM imports is missing) cannot judge vLLM: run it again.
+            # A broken environment (a package vLLM imports is missing, ...) cannot judge vLLM: run it again.
             broken = [n for n in bad if n["verdict"] == "error" and n.get("signature") in ENVIRONMENT_SIGNATURES]
             environment += [(run, n) for n in broken]
             unexplained += [(run, n) for n in bad if n not in broken]
@@ -98,8 +98,8 @@ def render(pairs_by_run: dict[str, list[tuple[dict, dict]]]) -> tuple[str, int]:
                          + f" | {before} | {len(broken)} | {len(bad) - len(broken)} |")
     lines += ["", f"Unexplained FAIL / ERROR: {len(unexplained)}", ""] + _listed(unexplained)
     if environment:
-        lines += ["", f"ERROR of an incomplete environment (not vLLM; run again where it is complete): "
-                      f"{len(environment)}", ""] + _listed(environment)
+        lines += ["", f"ERROR of the environment, not vLLM (a missing package, packed cells' memory check; run "
+                      f"again where it is sound): {len(environment)}", ""] + _listed(environment)
     return "\n".join(lines) + "\n", len(unexplained)
 
 

@@ -25,7 +25,8 @@ def test_old_releases_audit_clean_with_their_findings_and_environment_apart(tmp_
     assert text == capsys.readouterr().out.rstrip("\n") + "\n"
     assert "Unexplained FAIL / ERROR: 0" in text
     # vLLM 0.22.0 as staged lacked a package it imports: not vLLM's fault, and said so.
-    assert "ERROR of an incomplete environment (not vLLM; run again where it is complete): 4" in text
+    assert "ERROR of the environment, not vLLM (a missing package, packed cells' memory check; run again where it is " \
+        "sound): 4" in text
     assert "No module named 'humming'" in text
     row = next(line for line in text.splitlines() if line.startswith("| h200-vllm0.24.0 |"))
     # Stored at run time under the older cases: 3 FAIL; now the skip-layer bug is waived (a finding) and the
