@@ -23,7 +23,7 @@ from harness.paths import REPO_ROOT
 from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
 from harness.run.session import open_session, session_waivers
 from harness.task import Task
-from harness.vllm_compat import installed_vllm_version
+from harness.vllm_compat import ENVIRONMENT_SIGNATURES, installed_vllm_version
 from matrix.expand import expand_all
 from matrix.load import CASES_DIR, case_files, load_cases, load_models, load_pool
 from matrix.pool import PoolError
@@ -82,23 +82,32 @@ def rejudged(run_dir: RunDir, cases_dir: Path) -> list[tuple[dict, dict]]:
 def render(pairs_by_run: dict[str, list[tuple[dict, dict]]]) -> tuple[str, int]:
     """The Markdown audit (a table per run: verdicts as stored and as judged now) and the unexplained count."""
     lines = ["| run | class | emulated on | vLLM | cells | " + " | ".join(VERDICTS)
-             + " | FAIL+ERROR as stored | unexplained now |", "|" + "---|" * (len(VERDICTS) + 7)]
-    unexplained = []
+             + " | FAIL+ERROR as stored | environment | unexplained now |", "|" + "---|" * (len(VERDICTS) + 8)]
+    unexplained, environment = [], []
     for run, pairs in pairs_by_run.items():
         for gpu in sorted({now.get("gpu_class") for _, now in pairs}):
             mine = [(s, n) for s, n in pairs if n.get("gpu_class") == gpu]
             counts = Counter(n["verdict"] for _, n in mine)
             before = sum(s["verdict"] in FAILING_VERDICTS for s, _ in mine)
             bad = [n for _, n in mine if n["verdict"] in FAILING_VERDICTS]
-            unexplained += [(run, n) for n in bad]
+            # A broken environment (a package vLLM imports is missing, ...) cannot judge vLLM: run it again.
+            broken = [n for n in bad if n["verdict"] == "error" and n.get("signature") in ENVIRONMENT_SIGNATURES]
+            environment += [(run, n) for n in broken]
+            unexplained += [(run, n) for n in bad if n not in broken]
             first = mine[0][1]
             lines.append(f"| {run} | {gpu} | {first.get('emulated_from') or '-'} | {first.get('vllm_version')} | "
                          f"{len(mine)} | " + " | ".join(str(counts.get(v, 0)) for v in VERDICTS)
-                         + f" | {before} | {len(bad)} |")
-    lines += ["", f"Unexplained FAIL / ERROR: {len(unexplained)}", ""]
-    lines += [f"- **{n['verdict'].upper()}** `{n['cell_id']}` @{n.get('gpu_class')} ({run}): {n.get('reason')}"
-              for run, n in unexplained]
+                         + f" | {before} | {len(broken)} | {len(bad) - len(broken)} |")
+    lines += ["", f"Unexplained FAIL / ERROR: {len(unexplained)}", ""] + _listed(unexplained)
+    if environment:
+        lines += ["", f"ERROR of the environment, not vLLM (a missing package, packed cells' memory check; run "
+                      f"again where it is sound): {len(environment)}", ""] + _listed(environment)
     return "\n".join(lines) + "\n", len(unexplained)
+
+
+def _listed(found: list[tuple[str, dict]]) -> list[str]:
+    return [f"- **{n['verdict'].upper()}** `{n['cell_id']}` @{n.get('gpu_class')} ({run}): {n.get('reason')}"
+            for run, n in found]
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ def main() -> None:
     cells = expand_all(load_cases(sorted(p for p in cases_dir.glob("[!_]*.yaml"))), models, pool)
     settings = RunSettings(run_dir=RunDir(run_root), models=models, built={"llama": cases_dir},
                            vllm_version="fake", cache_dir=run_root.parent / "cache", cell_command=FAKE_CELL)
+    # Fake cells run no vLLM: any CPU class is a label here (the tests' cases name this one).
     session = Session(settings, "cpu-avx512", pool["cpu-avx512"], None, pool)
 
     def show(record, done, total, resumed):

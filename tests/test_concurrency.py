@@ -11,14 +11,14 @@ from pathlib import Path
 
 from harness.nightly import history
 from harness.records import RunDir
-from tests.conftest import CPU_CLASS, write_case
+from tests.conftest import write_case
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "FAKE_CELL_SLEEP": "0"}
 
 
 def test_many_cells_from_several_harnesses_into_one_run_folder_and_history(cases_dir, tmp_path):
-    write_case(cases_dir, "ok", {"model": "llama", "gpus": [CPU_CLASS], "matrix": {
+    write_case(cases_dir, "ok", {"model": "llama", "gpus": ["cpu-avx512"], "matrix": {
         "kv_cache_dtype": ["auto", "bfloat16", "fp8", "fp8_e5m2", "float16"],
         "kv_cache_dtype_skip_layers": [[], ["0"], ["1"], ["2"], ["3"], ["0", "3"]]}})
     run = tmp_path / "run"
@@ -39,6 +39,6 @@ def test_many_cells_from_several_harnesses_into_one_run_folder_and_history(cases
     for i in importers:
         assert i.wait(timeout=300) == 0, i.stderr.read()
     db = history.open_db(db_path)
-    assert len(history.records_of(db, "run", CPU_CLASS)) == 30
+    assert len(history.records_of(db, "run", "cpu-avx512")) == 30
     assert sorted(r["cell_id"] for r in history.records_of(db, "run")) == sorted(
         r["cell_id"] for r in RunDir(run).records())

@@ -18,7 +18,7 @@ import pytest
 
 from harness.records import RunDir
 from reports import markdown
-from tests.conftest import CPU_CLASS, write_case
+from tests.conftest import write_case
 
 REPO = Path(__file__).resolve().parent.parent
 FAULT_RUN = [sys.executable, str(REPO / "tests" / "fault_run.py")]
@@ -27,7 +27,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 def fault_cases(cases_dir: Path, names: list[str], **extra) -> None:
     for name in names:
-        write_case(cases_dir, name, {"model": "llama", "gpus": [CPU_CLASS], "timeout_s": 4, **extra})
+        write_case(cases_dir, name, {"model": "llama", "gpus": ["cpu-avx512"], "timeout_s": 4, **extra})
 
 
 def alive(pid: int) -> bool:
@@ -55,7 +55,7 @@ def test_faulty_cells_do_not_stop_the_run(cases_dir, tmp_path):
     assert "SIGKILL" in records["killed"]["reason"]
     assert (records["crash"]["signature"], records["crash"]["verdict"]) == ("no_common_block_size", "fail")
     assert records["orphan"]["verdict"] == "pass"
-    (pid_file,) = (run / "work").glob(f"{CPU_CLASS}--orphan*.result.pid")
+    (pid_file,) = (run / "work").glob("cpu-avx512--orphan*.result.pid")
     grandchild = int(pid_file.read_text())
     assert not alive(grandchild), "the cell's process group must be killed when it ends"
     log = run / records["noisy"]["log"]

@@ -18,7 +18,7 @@ from harness.run.settings import RunSettings
 from harness.task import Task
 from matrix.expand import expand_all
 from matrix.load import load_cases, load_models, load_pool
-from tests.conftest import CPU_CLASS, write_case
+from tests.conftest import write_case
 
 ray = pytest.importorskip("ray", reason="ray is not importable: the Ray pool is optional (pip install ray)",
                          exc_type=ImportError)
@@ -128,14 +128,16 @@ def test_placement_by_class_resource_or_accelerator_type(cases_dir):
 
 @pytest.fixture
 def cpu_cluster(monkeypatch):
-    """Two nodes of the `cpu` class, not joined by this process: `kvmatrix run --ray` joins it itself."""
-    cluster, _ = start_cluster(monkeypatch, {}, {name: {"gpu_class:cpu": 1} for name in ("cpu-a", "cpu-b")})
+    """Two nodes of the `cpu-avx512` class, not joined by this process: `kvmatrix run --ray` joins it itself (the
+    cells are fake: the class is a label, whatever this machine's CPU is)."""
+    cluster, _ = start_cluster(monkeypatch, {}, {name: {"gpu_class:cpu-avx512": 1} for name in ("cpu-a", "cpu-b")})
     yield cluster
     cluster.shutdown()
 
 
 def test_cli_runs_cells_on_a_ray_cluster_and_resumes(cpu_cluster, cases_dir, tmp_path, monkeypatch, capsys):
-    write_case(cases_dir, "ok", {"model": "llama", "gpus": [CPU_CLASS], "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})
+    write_case(cases_dir, "ok", {"model": "llama", "gpus": ["cpu-avx512"],
+                                 "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})
     markers = tmp_path / "markers"
     markers.mkdir()
     real_open_session = cli.open_session
@@ -148,7 +150,7 @@ def test_cli_runs_cells_on_a_ray_cluster_and_resumes(cpu_cluster, cases_dir, tmp
 
     monkeypatch.setattr(cli, "open_session", fake_cell_session)
     argv = ["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / "runs"), "--run-id", "ray",
-            "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", CPU_CLASS,
+            "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", "cpu-avx512",
             "--ray", cpu_cluster.address]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out

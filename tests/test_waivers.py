@@ -142,3 +142,14 @@ def test_shipped_waivers_file_parses_against_the_pool_and_links_to_written_findi
         if waiver.link.startswith("reports/findings/"):
             page, anchor = waiver.link.split("#")
             assert f"\n## {anchor}\n" in (WAIVERS_FILE.parent.parent / page).read_text(), waiver.where
+
+
+def test_a_waiver_scoped_to_vllm_versions_waives_only_those_releases():
+    """A bug of one release (vllm=0.30.*): its records are waived, another release's same failure is not."""
+    (w,) = waivers(f"ct-llama[*]  vllm=0.30.*  {LINK}")
+    old, new = {**failing_bf16(), "vllm_version": "0.30.0"}, {**failing_bf16(), "vllm_version": "0.31.0"}
+    out, problems = apply_waivers([old, new], [w], TODAY)
+    assert [r["verdict"] for r in out] == ["xfail", "fail"] and problems == []
+    assert w.matches(BF16, "L4") and not w.matches(BF16, "L4", "0.31.0")
+    with pytest.raises(WaiverError, match="vllm=>=nine: invalid range"):
+        waivers(f"{BF16} vllm=>=nine {LINK}")

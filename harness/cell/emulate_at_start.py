@@ -5,12 +5,41 @@ KVMATRIX_EMULATE_CPU_ISA is set, so every process (the tests, the harness, each 
 answering as that class does: the class detected, vLLM's refusals and its kernel build all follow. It is how a
 developer on an AVX-512 CPU runs the suite an AVX2-only CI machine runs. One cell as another class needs none of
 this: `--gpu cpu-avx2 --emulate` patches that cell's process alone.
+
+The probes are patched right after torch is imported, not at start: most processes never import torch (fake cells,
+helpers), and importing it in each would make them seconds slower than the tests' timeouts allow.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 
-from harness.vllm_compat import emulate_cpu_isa, installed_vllm_version
 
-emulate_cpu_isa(os.environ["KVMATRIX_EMULATE_CPU_ISA"], installed_vllm_version())
+class _PatchTorchOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)  # find torch's real spec, and patch once
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader.exec_module = _then_patch(spec.loader.exec_module)
+        return spec
+
+
+def _then_patch(exec_module):
+    def run(module):
+        exec_module(module)
+        from harness.vllm_compat import emulate_cpu_isa, installed_vllm_version
+
+        emulate_cpu_isa(os.environ["KVMATRIX_EMULATE_CPU_ISA"], installed_vllm_version())
+
+    return run
+
+
+if "torch" in sys.modules:
+    _then_patch(lambda module: None)(sys.modules["torch"])
+else:
+    sys.meta_path.insert(0, _PatchTorchOnImport())

@@ -6,6 +6,8 @@ already reported upstream shows as `xfail` with its link instead of failing ever
 
 - the pattern is a cell id in which `*` and `?` are wildcards (`[` and `]` are literal: cell ids contain them);
 - `gpu=` (optional) limits the waiver to GPU classes, by name or glob, comma-separated;
+- `vllm=` (optional) limits it to vLLM versions: a version, a glob or a range (`vllm=0.30.*`, `vllm=<0.31`), for a
+  bug of some releases;
 - the link (http:// or https://, or a section of the project's own findings, reports/findings/README.md#name) is
   required: a waiver says where the failure is tracked;
 - `until=YYYY-MM-DD` (optional) is the last day the waiver holds; `#` after a space starts a comment.
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.records import FAILING_VERDICTS
+from matrix.conditions import check_condition_value, matches
 from matrix.expand import Cell
 from matrix.load import CASES_DIR
 
@@ -49,14 +52,17 @@ class Waiver:
     until: datetime.date | None = None
     file: str = ""
     line: int = 0
+    vllm: str | None = None  # a condition on the record's vLLM version (matrix/conditions.py); None: every version
 
     @property
     def where(self) -> str:
         return f"{self.file}:{self.line}"
 
-    def matches(self, cell_id: str, gpu_class: str) -> bool:
+    def matches(self, cell_id: str, gpu_class: str, vllm_version: str | None = None) -> bool:
+        """`vllm_version` None (a cell of the matrix, not a record) matches every version scope."""
         return _cell_pattern(self.pattern).fullmatch(cell_id) is not None and (
-            not self.gpus or any(fnmatch.fnmatchcase(gpu_class, g) for g in self.gpus))
+            not self.gpus or any(fnmatch.fnmatchcase(gpu_class, g) for g in self.gpus)) and (
+            self.vllm is None or vllm_version is None or matches(self.vllm, vllm_version))
 
     def expired(self, today: datetime.date) -> bool:
         return self.until is not None and today > self.until
@@ -71,14 +77,14 @@ def parse_waivers(text: str, file: str = "<waivers>", gpu_classes: Iterable[str]
     `gpu_classes` (the pool), a GPU scope that names no class is a mistake too."""
     known = list(gpu_classes) if gpu_classes is not None else None
     waivers: list[Waiver] = []
-    seen: dict[tuple[str, tuple[str, ...]], int] = {}
+    seen: dict[tuple[str, tuple[str, ...], str | None], int] = {}
     # Lines as editors number them: "\n" only (str.splitlines also breaks at \x1e, \x85, \u2028, ...).
     for number, raw in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
         tokens = _COMMENT.sub("", raw).split()
         if not tokens:
             continue
         waiver = _parse_line(tokens, file, number, known)
-        key = (waiver.pattern, waiver.gpus)
+        key = (waiver.pattern, waiver.gpus, waiver.vllm)
         if key in seen:
             raise WaiverError(file, number, f"{waiver.pattern!r} is already waived on line {seen[key]}")
         seen[key] = number
@@ -91,14 +97,15 @@ def _parse_line(tokens: list[str], file: str, number: int, known: list[str] | No
         return WaiverError(file, number, message)
 
     pattern, *rest = tokens
-    if pattern.startswith(("gpu=", "until=", *LINK_PREFIXES)):
+    if pattern.startswith(("gpu=", "until=", "vllm=", *LINK_PREFIXES)):
         raise fail(f"a line starts with the cell pattern, not {pattern!r}")
     fields: dict[str, str] = {}
     for token in rest:
         name = ("link" if token.startswith(LINK_PREFIXES)
-                else token.split("=", 1)[0] if token.startswith(("gpu=", "until=")) else None)
+                else token.split("=", 1)[0] if token.startswith(("gpu=", "until=", "vllm=")) else None)
         if name is None:
-            raise fail(f"unexpected {token!r}: expected gpu=<class>, a link (https://...) or until=YYYY-MM-DD")
+            raise fail(f"unexpected {token!r}: expected gpu=<class>, vllm=<versions>, a link (https://...) or "
+                       f"until=YYYY-MM-DD")
         if name in fields:
             raise fail(f"more than one {name} for {pattern!r}")
         fields[name] = token if name == "link" else token.split("=", 1)[1]
@@ -119,7 +126,9 @@ def _parse_line(tokens: list[str], file: str, number: int, known: list[str] | No
             until = datetime.date.fromisoformat(fields["until"])
         except ValueError:
             raise fail(f"until={fields['until']} is not a real date") from None
-    return Waiver(pattern, fields["link"], gpus, until, file, number)
+    if "vllm" in fields and (problem := check_condition_value(fields["vllm"])):
+        raise fail(f"vllm={fields['vllm']}: {problem}")
+    return Waiver(pattern, fields["link"], gpus, until, file, number, fields.get("vllm"))
 
 
 def load_waivers(path: Path = WAIVERS_FILE, gpu_classes: Iterable[str] | None = None) -> list[Waiver]:
@@ -150,8 +159,9 @@ def cell_keys(cells: Iterable[Cell]) -> list[tuple[str, str]]:
 
 
 def waiver_for(record: dict, waivers: Iterable[Waiver]) -> Waiver | None:
-    """The first waiver that matches a record's cell and class."""
-    return next((w for w in waivers if w.matches(record["cell_id"], record.get("gpu_class") or "?")), None)
+    """The first waiver that matches a record's cell, class and vLLM version."""
+    return next((w for w in waivers if w.matches(record["cell_id"], record.get("gpu_class") or "?",
+                                                 record.get("vllm_version"))), None)
 
 
 def unwaived(record: dict) -> dict:

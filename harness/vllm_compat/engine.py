@@ -49,12 +49,15 @@ BUILDER_DTYPE_ATTRS = [
 PROBE_ONLY_ARG_NAMES = [("", {"sequences": "max_num_seqs", "batched_tokens": "max_num_batched_tokens",
                               "kv_blocks": "num_gpu_blocks_override"})]
 SMALLEST_KV_BLOCK_TOKENS = 16  # the smallest KV block of any backend: a block count sized on it fits them all
+PROBE_KV_GROUPS_COVERED = 4  # KV-cache groups a probe-only engine has room for (blocks of tiny models: kilobytes)
 
 
 def probe_only_engine_args(max_model_len: int, version: str | None) -> dict[str, int]:
     names = for_version(PROBE_ONLY_ARG_NAMES, version)[0]
     # vLLM admits an engine only if one max_model_len sequence fits, besides the null block it holds back; one
-    # more block covers a draft model's lookahead tokens.
-    kv_blocks = -(-max_model_len // SMALLEST_KV_BLOCK_TOKENS) + 2
+    # more block covers a draft model's lookahead tokens. The blocks are shared by the KV-cache groups, and a
+    # sequence holds blocks in each (a sliding-window and a full-attention group: twice as many; seen as
+    # "larger than the available KV cache memory" for Gemma-3 on the H200 with one group's worth).
+    kv_blocks = PROBE_KV_GROUPS_COVERED * (-(-max_model_len // SMALLEST_KV_BLOCK_TOKENS) + 2)
     # Not below max_model_len: a smaller batch needs chunked prefill, which some models and backends turn off.
     return {names["sequences"]: 1, names["batched_tokens"]: max_model_len, names["kv_blocks"]: kv_blocks}

@@ -17,13 +17,16 @@ ENGINE_DEATH_WRAPPER = r"root cause"
 NOT_EMULABLE_SIGNATURES = frozenset({"cutlass_missing", "kernel_download_failed"})
 # Failures of the machine or of the harness's packing, not of vLLM's KV-cache behaviour: the cell is an `error`
 # (run it again), never a `fail` or a finding.
-ENVIRONMENT_SIGNATURES = frozenset({"startup_free_memory_check"})
+ENVIRONMENT_SIGNATURES = frozenset({"startup_free_memory_check", "python_module_missing"})
 
 SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("cutlass_missing", "", (
         r"No module named '(?:nvidia_)?cutlass",
         r"(?:cannot|could not|failed to) import .{0,40}cutlass",
     )),
+    # A package the installed vLLM imports is not installed (seen: vLLM 0.22.0 staged without `humming-kernels`
+    # imports `humming` for any quantization config): the environment is incomplete, vLLM cannot be judged there.
+    ("python_module_missing", "", (r"ModuleNotFoundError: No module named ",)),
     # FlashInfer fetches prebuilt cubins for some architectures (TRT-LLM kernels for SM100) at first use; with no
     # network that fails: on an emulated class the real card would never need them (not emulable).
     ("kernel_download_failed", "", (r"Failed to get checksums\.txt",)),
