@@ -21,25 +21,26 @@ from harness.judge.outcome import reclassify
 from harness.judge.waivers import waive
 from harness.paths import REPO_ROOT
 from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
-from harness.run.session import open_session, session_waivers
+from harness.run.session import session_waivers, this_device
 from harness.task import Task
 from harness.vllm_compat import ENVIRONMENT_SIGNATURES, installed_vllm_version
 from matrix.expand import expand_all
 from matrix.load import CASES_DIR, case_files, load_cases, load_models, load_pool
-from matrix.pool import PoolError
+from matrix.pool import PoolError, resolve
 
 VERDICTS = ("pass", "xfail", "skip", "fail", "error")
 
 
 def runnable_classes(cases_dir: Path) -> list[str]:
-    """This machine's class first, then every class it can emulate."""
-    here = open_session(cases_dir=cases_dir).gpu_name
+    """This machine's class first, then every class it can emulate (the pool's own rule, `resolve`)."""
+    pool, device = load_pool(cases_dir), this_device()
+    here, _ = resolve(None, pool, device)
     classes = [here]
-    for name in load_pool(cases_dir):
+    for name in pool:
         if name == here:
             continue
         try:
-            open_session(name, emulate=True, cases_dir=cases_dir)
+            resolve(name, pool, device, emulate=True)
         except PoolError:
             continue
         classes.append(name)

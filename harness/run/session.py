@@ -23,7 +23,7 @@ from harness.vllm_compat import (
 )
 from matrix.expand import Cell
 from matrix.load import CASES_DIR, load_models, load_pool
-from matrix.pool import PoolError, detect_device, resolve
+from matrix.pool import LocalDevice, PoolError, detect_device, resolve
 from matrix.schema import GpuClass, Vocabulary
 
 
@@ -78,6 +78,11 @@ def session_waivers(cases_dir: Path, pool: dict[str, GpuClass]) -> list[Waiver]:
     return load_waivers(path, pool) if path.exists() else []
 
 
+def this_device() -> LocalDevice:
+    """This machine's GPUs, or its CPU's architecture and level as vLLM sees them."""
+    return detect_device(lambda machine: detect_cpu_isa(machine, installed_vllm_version()))
+
+
 def open_session(
     gpu: str | None = None,
     emulate: bool = False,
@@ -100,7 +105,7 @@ def open_session(
             raise PoolError(f"GPU class {gpu!r} is not in the pool; known: {', '.join(pool)}")
         gpu_name, emulated_from, device_count = gpu, None, 0
     else:
-        device = detect_device(lambda machine: detect_cpu_isa(machine, installed_vllm_version()))
+        device = this_device()
         (gpu_name, emulated_from), device_count = resolve(gpu, pool, device, emulate), device.count
     version = installed_vllm_version()
     run_id = run_id or f"{time.strftime('%Y%m%d')}-{gpu_name}-vllm{version}"
