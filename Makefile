@@ -12,6 +12,7 @@ JOBS ?=
 K ?=
 RAY ?=
 PROBE_ONLY ?=
+ISOLATION ?=
 ARGS ?=
 PYTEST_ARGS ?=
 CPU_ISA ?=
@@ -31,7 +32,7 @@ KVMATRIX := PYTHONPATH=$(CURDIR) $(RUN_PY) -m harness.cli
 matrix: $(ENV_STAMP)
 	$(KVMATRIX) run $(if $(GPU),--gpu $(GPU)) $(if $(EMULATE),--emulate) $(if $(RUN_ID),--run-id $(RUN_ID)) \
 		$(if $(JOBS),--jobs $(JOBS)) $(if $(K),-k '$(K)') $(if $(RAY),--ray $(RAY)) \
-		$(if $(PROBE_ONLY),--probe-only) $(ARGS)
+		$(if $(PROBE_ONLY),--probe-only) $(if $(ISOLATION),--isolation $(ISOLATION)) $(ARGS)
 
 # CPU_ISA=avx2 runs the tests as on an AVX2-only CPU (every process sees vLLM's CPU probes answer as there).
 test: $(ENV_STAMP)

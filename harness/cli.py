@@ -26,6 +26,7 @@ from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
 from matrix.pool import PoolError
 from matrix.schema import CaseError
 from reports import findings_pages, html, junit, markdown
+from reports.summary import fresh_rerun
 
 
 def load_cells(args: argparse.Namespace, tolerant: bool = False) -> tuple[list[Cell], list[CaseError], list[Cell]]:
@@ -72,6 +73,8 @@ def progress_printer(started: float):
         note = "" if record["verdict"] == "pass" else f"  {record.get('reason', '')}"
         if record.get("leak"):
             note += f"  LEAK: {record['leak']}"
+        if record.get("warm_attempt") and not resumed:
+            note += f"  [{fresh_rerun(record)}]"
         print(f"[{done:>3}/{total} {time.monotonic() - started:7.1f} s] {record['verdict'].upper():5} "
               f"{record['cell_id']} @{record.get('gpu_class')} ({took_text}){note}", flush=True)
     return show
@@ -104,10 +107,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     claim_run_folder(session.run_dir.root, cases_fingerprint(Path(args.cases_dir)), args.force)
     tasks = session.tasks(cells)
     settings = session.settings
+    settings.isolation = args.isolation
     print(f"kvmatrix: {len(tasks)} cells for {session.gpu_name}"
           + (f" (emulated on {session.emulated_from})" if session.emulated_from else "")
           + (" (probe-only)" if args.probe_only else "")
-          + f", vLLM {settings.vllm_version}, run {session.run_dir.root}"
+          + f", isolation {args.isolation}, vLLM {settings.vllm_version}, run {session.run_dir.root}"
           + (f", on the Ray cluster at {args.ray}" if args.ray else ""), flush=True)
     session.build_models(tasks)
     run = run_on_ray if args.ray else run_here
@@ -245,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--db", default=str(history.DEFAULT_DB),
                      help="history database whose last verdicts and timings order the cells: failed last time "
                           "first, then longest first")
+    run.add_argument("--isolation", choices=("worker", "process"), default="worker",
+                     help="worker: each slot runs cells one after another in a warm process that imported vLLM "
+                          "once (a cell that does not pass runs again in a fresh process); process: every cell "
+                          "in a fresh process")
     run.add_argument("--probe-only", action="store_true",
                      help="cells without an accuracy block run one prompt for 2 tokens on the smallest engine "
                           "(same resolved state, much cheaper); accuracy cells still run in full")

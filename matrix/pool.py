@@ -27,6 +27,7 @@ class LocalDevice:
     count: int
     cpu_arch: str | None = None  # platform.machine(): "x86_64", "aarch64"
     cpu_isa: str | None = None  # the CPU's best level as vLLM sees it: "avx512", "avx2", "neon"
+    memory_gib: float | None = None  # each GPU's memory (the first GPU's)
 
 
 def detect_device(cpu_isa: Callable[[str], str | None]) -> LocalDevice:
@@ -42,7 +43,8 @@ def detect_device(cpu_isa: Callable[[str], str | None]) -> LocalDevice:
     if not torch.cuda.is_available():
         return LocalDevice("cpu", None, 0, machine, cpu_isa(machine))
     major, minor = torch.cuda.get_device_capability(0)
-    return LocalDevice(torch.cuda.get_device_name(0), f"{major}.{minor}", torch.cuda.device_count(), machine)
+    return LocalDevice(torch.cuda.get_device_name(0), f"{major}.{minor}", torch.cuda.device_count(), machine,
+                       memory_gib=torch.cuda.get_device_properties(0).total_memory / 2**30)
 
 
 def class_of(device: LocalDevice, pool: dict[str, GpuClass]) -> str | None:

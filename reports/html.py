@@ -9,7 +9,17 @@ from pathlib import Path
 import jinja2
 
 from reports.diff_md import Comparison, detail, move
-from reports.summary import VERDICT_ORDER, counts, crash_counts, facts, frame, leaks, same_crash
+from reports.summary import (
+    VERDICT_ORDER,
+    counts,
+    crash_counts,
+    facts,
+    frame,
+    fresh_rerun,
+    fresh_reruns,
+    leaks,
+    same_crash,
+)
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
@@ -36,6 +46,7 @@ def render(records: list[dict], title: str = "kvmatrix", header: str = "", log_p
                 "log": f"{log_prefix}{r['log']}" if r.get("log") else None,
                 "emulated_from": r.get("emulated_from"),
                 "leak": r.get("leak"),
+                "rerun": fresh_rerun(r),
                 "same_crash": same_crash(r, shared, first_seen),
             })
         rows.append({"cell_id": cell_id, "entries": entries,
@@ -43,7 +54,7 @@ def render(records: list[dict], title: str = "kvmatrix", header: str = "", log_p
     return _ENV.get_template("matrix.html.j2").render(
         title=title, header=header, gpus=gpus, rows=rows, n_cells=len(df),
         counts=counts(df) if not df.empty else {}, verdicts=VERDICT_ORDER, diff=_diff_view(diff or []),
-        leaks=leaks(records),
+        leaks=leaks(records), reruns=fresh_reruns(records),
     )
 
 

@@ -7,6 +7,7 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 
 from harness.judge.fingerprint import failure_name
+from reports.summary import fresh_rerun
 
 
 def render(records: list[dict]) -> str:
@@ -36,6 +37,8 @@ def render(records: list[dict]) -> str:
                 properties = ET.SubElement(case, "properties")
                 ET.SubElement(properties, "property", name="gpu_leak", value=r["leak"])
                 out.append(f"LEAK: {r['leak']}")
+            if r.get("warm_attempt"):
+                out.append(f"run again in a fresh process: {fresh_rerun(r)}")
             if out:
                 ET.SubElement(case, "system-out").text = "\n".join(out)
     ET.indent(root)

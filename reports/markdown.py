@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from reports.summary import counts, crash_counts, frame, leaks, pivot, same_crash
+from reports.summary import counts, crash_counts, frame, fresh_reruns, leaks, pivot, same_crash
 
 
 def class_differences(records: list[dict], reference: str) -> list[str]:
@@ -73,6 +73,11 @@ def render(records: list[dict], title: str = "kvmatrix", header: str = "", compa
     if leaked:
         lines += ["", "## Leaks (GPU memory left behind after the cell ended)", ""]
         lines += [f"- {line}" for line in leaked]
+    rerun = fresh_reruns(records)
+    if rerun:
+        lines += ["", "## Run again in a fresh process (a warm worker's run did not pass; the fresh run is the record)",
+                  ""]
+        lines += [f"- {line}" for line in rerun]
     if compare_to:
         differences = class_differences(records, compare_to)
         lines += ["", f"## Differences from the {compare_to} column", ""]

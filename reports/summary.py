@@ -71,3 +71,21 @@ def counts(df: pd.DataFrame) -> dict[str, int]:
 def leaks(records: list[dict]) -> list[str]:
     """One line per cell that left GPU memory behind (see harness/run/gpu_check.py)."""
     return [f"{r['cell_id']} on {r.get('gpu_class', '?')}: {r['leak']}" for r in records if r.get("leak")]
+
+
+def fresh_rerun(record: dict) -> str:
+    """For a cell a warm worker ran to anything but a pass, so a fresh process ran it again (that run is the
+    record): what the worker's run saw. A worker that saw a failure the fresh process does not see was polluted."""
+    warm = record.get("warm_attempt")
+    if not warm:
+        return ""
+    worker = warm.get("worker") or {}
+    saw = warm.get("signature") or warm.get("status")
+    agreed = "same in a fresh process" if warm.get("verdict") == record["verdict"] else "NOT in a fresh process"
+    retired = f"; worker retired: {worker['retired']}" if worker.get("retired") else ""
+    return (f"warm worker {worker.get('pid')} (its cell {int(worker.get('cells_before') or 0) + 1}) saw "
+            f"{str(warm.get('verdict')).upper()} ({saw}); {agreed}{retired}")
+
+
+def fresh_reruns(records: list[dict]) -> list[str]:
+    return [f"{r['cell_id']} on {r.get('gpu_class', '?')}: {fresh_rerun(r)}" for r in records if r.get("warm_attempt")]

@@ -1,6 +1,7 @@
-"""A stand-in for `python -m harness.cell` that misbehaves on purpose, chosen by the cell's case name:
-ok, hang, segv, killed, crash, orphan (leaves a grandchild behind), escaped (a grandchild that leaves the cell's
-process group), noisy (megabytes of log), slow.
+"""A stand-in for `python -m harness.cell` that misbehaves on purpose, chosen by the cell's case name (after an
+optional ordering prefix, `3-segv`):
+ok, hang, segv, killed, crash, cudaerror, orphan (leaves a grandchild behind), escaped (a grandchild that leaves
+the cell's process group), noisy (megabytes of log), slow.
 It speaks the real cell protocol (SPEC.json in, RESULT.json out after each phase), so the harness under test
 is exactly the production one."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,10 +23,11 @@ def write(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def main() -> None:
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    out = Path(sys.argv[2])
-    behaviour = spec["cell_id"].split("[")[0]
+def run(spec_path: str, result_path: str) -> int:
+    """One cell (in its own process, or one of a fake warm worker's cells: tests/fake_worker.py)."""
+    spec = json.loads(Path(spec_path).read_text())
+    out = Path(result_path)
+    behaviour = re.sub(r"^\d+-", "", spec["cell_id"].split("[")[0])  # "3-segv": a case name that sorts 3rd
     result = {"vllm_version": "fake", "status": "ok", "phase": "init", "exception": None, "timings": {},
               "layers": [], "kv_groups": [], "attn_groups": [], "probe_error": None}
     write(out, result)
@@ -49,17 +52,23 @@ def main() -> None:
         sys.stdout.flush()
     if behaviour == "slow":
         time.sleep(float(os.environ.get("FAKE_CELL_SLEEP", "2")))
+    if behaviour == "cudaerror":  # a CUDA error poisons its process: a warm worker must retire after it
+        result.update(status="crash", exception={"type": "AcceleratorError", "message": "CUDA error: an illegal "
+                                                 "memory access was encountered", "traceback_tail": ""})
+        write(out, result)
+        return 1
     if behaviour == "crash":
         result.update(status="crash", exception={"type": "ValueError", "message": "No common block size for 32.",
                                                  "traceback_tail": "ValueError: No common block size for 32."})
         write(out, result)
-        sys.exit(1)
+        return 1
     layers = [{"name": f"model.layers.{i}.self_attn.attn", "index": i, "role": "target",
                "kv_cache_dtype": "auto", "backend": "FAKE", "spec_dtype": "bfloat16",
                "page_size_bytes": 32768, "group": 0} for i in range(4)]
-    result.update(phase="done", layers=layers, tokens=[[1, 2, 3]], texts=["abc"])
+    result.update(phase="done", layers=layers, tokens=[[1, 2, 3]], texts=["abc"], pid=os.getpid())
     write(out, result)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run(sys.argv[1], sys.argv[2]))

@@ -7,6 +7,7 @@ import pytest
 from harness.records import RunDir
 from harness.run.session import Session
 from harness.run.settings import RunSettings
+from harness.vllm_compat import CPU_THREADS_BIND_ENV
 from matrix.load import load_pool
 from matrix.pool import LocalDevice, PoolError, class_of, resolve
 
@@ -56,9 +57,10 @@ def test_cpu_emulation_only_downwards_on_the_same_architecture():
         resolve("cpu-avx2", POOL, H200, emulate=True)
 
 
-def session(gpu: str, emulated_from: str | None, devices: int) -> Session:
+def session(gpu: str, emulated_from: str | None, devices: int, cores: int = 32, memory_gib: float | None = None,
+            ) -> Session:
     settings = RunSettings(run_dir=RunDir("/nonexistent"), models={}, built={}, vllm_version=None, cache_dir=None)
-    return Session(settings, gpu, POOL[gpu], emulated_from, POOL, devices)
+    return Session(settings, gpu, POOL[gpu], emulated_from, POOL, devices, cores, memory_gib)
 
 
 def test_slots_pin_one_gpu_each_and_pack_by_the_real_class():
@@ -68,4 +70,24 @@ def test_slots_pin_one_gpu_each_and_pack_by_the_real_class():
     assert devices == ["0"] * POOL["H200"].slots_per_device + ["1"] * POOL["H200"].slots_per_device
     as_l4 = session("L4", "H200", 1)  # emulated: packed as the H200 it runs on, not as a 24 GB L4
     assert as_l4.slots == POOL["H200"].slots_per_device and as_l4.slot_env(3)["CUDA_VISIBLE_DEVICES"] == "0"
-    assert session("cpu-avx512", None, 0).slot_env(0) == {}
+    assert "CUDA_VISIBLE_DEVICES" not in session("cpu-avx512", None, 0).slot_env(0)
+
+
+def test_slots_are_sized_by_the_gpus_memory_and_the_hosts_cores():
+    assert session("H200", None, 1, cores=16, memory_gib=139.8).slots == POOL["H200"].slots_per_device
+    assert session("H200", None, 1, cores=4, memory_gib=139.8).slots == 2, "two cores per slot"
+    assert session("H100", None, 1, cores=16, memory_gib=79.6).slots == min(POOL["H100"].slots_per_device, 4)
+    assert session("L4", "H200", 1, cores=16, memory_gib=20.0).slots == 1, "a small card packs one"
+    assert session("cpu-avx512", None, 0, cores=2).slots == 1
+    h200 = session("H200", None, 2, cores=16, memory_gib=139.8)
+    assert [h200.slot_env(s)["OMP_NUM_THREADS"] for s in range(h200.slots)] == ["2"] * 8
+
+
+def test_cpu_slots_bind_their_own_cores():
+    cpu = POOL["cpu-avx512"].model_copy(update={"slots_per_device": 2})
+    packed = Session(RunSettings(run_dir=RunDir("/nonexistent"), models={}, built={}, vllm_version=None,
+                                 cache_dir=None), "cpu-avx512", cpu, None, POOL, 0, 8)
+    assert packed.slots == 2
+    assert [(packed.slot_env(s)["OMP_NUM_THREADS"], packed.slot_env(s)[CPU_THREADS_BIND_ENV]) for s in (0, 1)] == [
+        ("4", "0-3"), ("4", "4-7")]
+    assert CPU_THREADS_BIND_ENV not in session("cpu-avx512", None, 0, cores=8).slot_env(0), "one slot: vLLM's auto"

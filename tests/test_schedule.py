@@ -12,6 +12,7 @@ import pytest
 
 from harness.nightly import history
 from harness.records import RunDir
+from harness.run.pilots import pilots_first, warm_families
 from harness.run.pool import run_tasks
 from harness.run.schedule import order_tasks
 from harness.run.settings import RunSettings
@@ -124,3 +125,25 @@ def test_last_verdicts_are_each_cells_latest_run(tmp_path):
     history.import_records(db, [rec("w", "night-3", 3, "pass"),
                                 {**rec("y", "night-3", 3, "skip"), "finished_at": None}])
     assert history.last_verdicts(db, "cpu") == {"x": "fail", "y": "skip", "z": "error", "w": "pass"}
+
+
+def test_pilots_warm_each_backend_family_once_before_the_packed_waves(cases_dir):
+    tasks = tasks_of(cases_dir, "a", {"kv_cache_dtype": ["auto", "fp8"], "attention_backend": [None, "TRITON_ATTN"]})
+    tasks += tasks_of(cases_dir, "b", {"kv_cache_dtype": ["auto", "fp8", "fp8_e5m2"]}, model="ct-llama")
+    pilots, rest = pilots_first([tasks], warm_families=set())
+    assert ids(pilots) == ["a[kv=auto,skip=-,spec=-,attn=-]", "a[kv=auto,skip=-,spec=-,attn=TRITON_ATTN]",
+                           "a[kv=fp8,skip=-,spec=-,attn=-]", "a[kv=fp8,skip=-,spec=-,attn=TRITON_ATTN]"]
+    assert sorted(ids(pilots + rest)) == sorted(ids(tasks)), "every cell runs once"
+    (only,) = pilots_first([tasks], warm_families={"default-bf16", "default-fp8", "TRITON_ATTN-bf16",
+                                                    "TRITON_ATTN-fp8"})
+    assert ids(only) == ids(tasks), "a warm machine runs no pilot wave"
+
+
+def test_a_pool_marks_the_families_it_warmed(cases_dir, tmp_path):
+    tasks = tasks_of(cases_dir, "ok", {"kv_cache_dtype": ["auto", "fp8", "bfloat16"]})
+    settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models=load_models(cases_dir), built={"llama": cases_dir},
+                           vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL)
+    assert warm_families(settings) == set()
+    records = run_tasks(tasks, settings, jobs=2)
+    assert [r["verdict"] for r in records] == ["pass"] * 3
+    assert warm_families(settings) == {"default-bf16", "default-fp8"}

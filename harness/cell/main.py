@@ -77,7 +77,18 @@ def describe(exc: BaseException) -> dict:
     }
 
 
+_imported: dict[tuple, tuple[Any, dict | None]] = {}  # a warm worker's vLLM, by the emulation it was imported under
+
+
 def import_vllm(result: CellResult, capability: list[int] | None, cpu_isa: str | None) -> Any:
+    """vLLM, imported under the spec's emulation; in a warm worker the second cell finds it already imported (the
+    runner gives a worker only cells of one emulation, so a different one is the runner's bug)."""
+    key = (tuple(capability or ()), cpu_isa)
+    if _imported:
+        if key not in _imported:
+            raise RuntimeError(f"this worker imported vLLM under emulation {next(iter(_imported))}, not {key}")
+        vllm, result.data["emulation"] = _imported[key]
+        return _versions(result, vllm)
     if capability is not None:
         # Before LLM(): vLLM reads the capability while it picks backends and checks dtypes.
         patched = vllm_compat.emulate_device_capability(*capability, result.data["vllm_version"])
@@ -86,8 +97,14 @@ def import_vllm(result: CellResult, capability: list[int] | None, cpu_isa: str |
         # Before `import vllm`: its CPU platform picks a kernel build at import.
         patched = vllm_compat.emulate_cpu_isa(cpu_isa, result.data["vllm_version"])
         result.data["emulation"] = {"cpu_isa": cpu_isa, "patched_probes": patched}
-    import torch
     import vllm
+
+    _imported[key] = (vllm, result.data["emulation"])
+    return _versions(result, vllm)
+
+
+def _versions(result: CellResult, vllm: Any) -> Any:
+    import torch
 
     result.data["vllm_version"] = vllm.__version__
     result.data["torch_version"] = torch.__version__

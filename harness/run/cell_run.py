@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -17,14 +16,14 @@ from harness.cell.spec import AccuracySpec, CellSpec
 from harness.judge.judge import judge_record
 from harness.judge.outcome import classify_outcome
 from harness.judge.waivers import unwaived
-from harness.paths import REPO_ROOT
 from harness.records import FAILING_VERDICTS, read_tail
 from harness.run.accuracy_plan import accuracy_spec, offline_reason
 from harness.run.cell_env import cell_env
 from harness.run.engine_args import cell_mode, engine_args_for, generation
 from harness.run.gpu_check import check_gpu_memory
 from harness.run.gpu_memory import physical_index
-from harness.run.process import CellProcesses, cap_log, die_with_parent, killpg
+from harness.run.launch import CellFiles, FreshProcess, Launcher
+from harness.run.process import CellProcesses, cap_log
 from harness.run.settings import RunSettings
 from harness.task import Task
 
@@ -49,13 +48,14 @@ def cell_spec(task: Task, settings: RunSettings, engine_args: dict, mode: str) -
     )
 
 
-def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict | None = None,
-             first_failure: str | None = None) -> dict:
+def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, launcher: Launcher,
+             extra_env: dict | None = None, first_failure: str | None = None) -> dict:
     """Run one cell to a judged record (not yet written); `first_failure`: why an earlier attempt failed."""
     cell, run_dir = task.cell, settings.run_dir
     stem = f"{task.key}.{os.getpid()}"  # two harnesses on one run folder (xdist workers) never share files
-    spec_path, result_path = run_dir.root / "work" / f"{stem}.spec.json", run_dir.root / "work" / f"{stem}.result.json"
-    result_path.unlink(missing_ok=True)
+    files = CellFiles(run_dir.root / "work" / f"{stem}.spec.json", run_dir.root / "work" / f"{stem}.result.json",
+                      run_dir.log_path(cell.cell_id, task.gpu_name))
+    files.result.unlink(missing_ok=True)
     # Which GPU of the machine ran the cell (its slot's pin), for reports of multi-GPU hosts.
     record = {**base_record(task, run_dir.root.name), "gpu_index": (extra_env or {}).get("CUDA_VISIBLE_DEVICES")}
     mode, full_because = cell_mode(cell, settings.probe_only)
@@ -71,39 +71,26 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, extra_
         outcome = {"status": "error", "error_tail": str(err.args[0])}
         return finish(record, task, settings, outcome, started, first_failure)
     record["engine_args"] = engine_args
-    cell_spec(task, settings, engine_args, mode).write(spec_path)
-    log = run_dir.log_path(cell.cell_id, task.gpu_name)
-    log.parent.mkdir(parents=True, exist_ok=True)
+    spec = cell_spec(task, settings, engine_args, mode)
+    spec.write(files.spec)
+    files.log.parent.mkdir(parents=True, exist_ok=True)
     timeout = cell.case.timeout_s * settings.timeout_scale
     env = cell_env(settings, {**cell.case.env, **(extra_env or {})}, task.key)
-    returncode, timed_out = _supervise([*settings.cell_command, str(spec_path), str(result_path)], log, env,
-                                       timeout, processes, gpu)
-    cap_log(log)
-    outcome = classify_outcome(returncode, timed_out, timeout, _load_result(result_path), read_tail(log))
-    outcome["log"] = str(log.relative_to(run_dir.root))
+    # What is fixed before vLLM's import: cells that differ in it never share a warm worker.
+    share_key = (tuple(sorted(env.items())), tuple(spec.emulate_capability or ()), spec.emulate_cpu_isa)
+    launched = launcher.launch(files, env, share_key, timeout, processes, gpu)
+    cap_log(files.log)
+    outcome = classify_outcome(launched.returncode, launched.timed_out, timeout, _load_result(files.result),
+                               read_tail(files.log))
+    outcome["log"] = str(files.log.relative_to(run_dir.root))
+    outcome["isolation"] = launched.isolation
+    if launched.worker is not None:
+        outcome["worker"] = launched.worker
+        if launched.worker.get("teardown_s") is not None:
+            outcome.setdefault("timings", {})["teardown_s"] = launched.worker["teardown_s"]
     if settings.gpu_memory is not None and gpu in processes.gpu_baselines:
         outcome.update(check_gpu_memory(settings.gpu_memory, gpu, processes, settings.gpu_settle_s))
     return finish(record, task, settings, outcome, started, first_failure)
-
-
-def _supervise(command: list[str], log: Path, env: dict, timeout: float, processes: CellProcesses,
-               gpu: int | None) -> tuple[int, bool]:
-    """Run the cell process in its own group, its output into `log`; (exit status, timed out)."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                cwd=REPO_ROOT, start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
-        processes.add(proc.pid, gpu)
-        try:
-            proc.wait(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            # The whole group: vLLM may have started helpers that would outlive the cell.
-            killpg(proc.pid)
-            proc.wait()
-            processes.discard(proc.pid)
-    return proc.returncode, timed_out
 
 
 def _capability(task: Task) -> list[int] | None:
@@ -140,15 +127,37 @@ def skip_record(task: Task, reason: str, run_id: str) -> dict:
             "expectations": [], "tags": list(task.cell.case.tags)}
 
 
-def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict | None = None) -> dict:
-    """The judged record of one task: a skip, or its cell run (again, `retries` times, while it fails)."""
+def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict | None = None,
+                launcher: Launcher | None = None) -> dict:
+    """The judged record of one task: a skip, or its cell run (again, `retries` times, while it fails). A cell
+    that a warm worker ran to anything but a pass is run again in a fresh process, and that run is the record:
+    a worker polluted by an earlier cell can never cause a false FAIL."""
     reason = (task.cell.skip_reason(task.context(settings.vllm_version))
               or offline_reason(task.cell, settings.models, settings.use_hub))
     if reason:
         return skip_record(task, reason, settings.run_dir.root.name)
-    record = run_cell(task, settings, processes, extra_env)
+    fresh = FreshProcess(settings.cell_command)
+    launcher = launcher or fresh
+    record = run_cell(task, settings, processes, launcher, extra_env)
+    if launcher.isolation != fresh.isolation and _needs_fresh_process(record):
+        launcher.close()  # whatever state the worker holds is suspect now
+        warm = record
+        record = run_cell(task, settings, processes, fresh, extra_env)
+        record["warm_attempt"] = {key: warm.get(key) for key in WARM_ATTEMPT_FIELDS}
+        launcher = fresh
     retries = task.cell.case.retries
     while (judged := unwaived(record))["verdict"] in FAILING_VERDICTS and retries > 0:
         retries -= 1
-        record = run_cell(task, settings, processes, extra_env, first_failure=judged["reason"])
+        record = run_cell(task, settings, processes, launcher, extra_env, first_failure=judged["reason"])
     return record
+
+
+# What a record keeps of the warm worker's attempt when a fresh process ran the cell again.
+WARM_ATTEMPT_FIELDS = ("status", "verdict", "signature", "signal", "error_tail", "reason", "worker", "timings")
+
+
+def _needs_fresh_process(record: dict) -> bool:
+    """Anything but a pass (before waivers) or a clean refusal the case expects: a failure, an xfail, an error,
+    a timeout, a kill or a signal."""
+    return (unwaived(record)["verdict"] not in ("pass", "skip")
+            or record.get("status") not in ("ok", "crash") or bool(record.get("signal")))

@@ -15,6 +15,8 @@ from harness.run.accuracy_plan import baselines_first
 from harness.run.cell_run import cell_record
 from harness.run.gpu_check import pinned_gpus
 from harness.run.gpu_memory import gpu_baselines
+from harness.run.launch import FreshProcess, Launcher, WarmWorker
+from harness.run.pilots import backend_family, mark_warm, pilots_first, warm_families
 from harness.run.process import CellProcesses
 from harness.run.schedule import order_tasks
 from harness.run.settings import RunSettings
@@ -69,6 +71,7 @@ class LocalPool:
         processes = CellProcesses(baselines)
         lock = threading.Lock()
         free_slots = list(range(jobs))
+        launchers = [slot_launcher(settings) for _ in range(jobs)]
 
         def one(task: Task) -> None:
             if processes.stopping:
@@ -76,28 +79,45 @@ class LocalPool:
             with lock:
                 slot = free_slots.pop()
             try:
-                record = cell_record(task, settings, processes, self.slot_env(slot) if self.slot_env else None)
+                record = cell_record(task, settings, processes, self.slot_env(slot) if self.slot_env else None,
+                                     launchers[slot])
                 if processes.stopping:
                     return
                 run_dir.write(record)
             finally:
                 with lock:
                     free_slots.append(slot)
+            if jobs > 1:
+                mark_warm(settings, backend_family(task))
             with lock:
                 records[task.key] = record
                 if on_record:
                     on_record(record, len(records), total, False)
 
-        _run_waves(todo, one, processes, jobs)
+        waves = baselines_first(todo)
+        if jobs > 1:
+            waves = pilots_first(waves, warm_families(settings))
+        try:
+            _run_waves(waves, one, processes, jobs)
+        finally:
+            for launcher in launchers:
+                launcher.close()
         return [records[t.key] for t in tasks if t.key in records]
 
 
-def _run_waves(todo: list[Task], one: Callable[[Task], None], processes: CellProcesses, jobs: int) -> None:
-    """Baselines first (a compared cell reads its baseline's finished record), `jobs` at a time; an interrupted
-    harness kills every running cell before it stops."""
+def slot_launcher(settings: RunSettings) -> Launcher:
+    """A slot's way of running cells: its warm worker, or a fresh process per cell."""
+    if settings.isolation == "worker" and not settings.fresh_caches:  # a worker's caches are its first cell's
+        return WarmWorker(settings.worker_command, settings.run_dir.root / "logs" / "workers")
+    return FreshProcess(settings.cell_command)
+
+
+def _run_waves(waves: list[list[Task]], one: Callable[[Task], None], processes: CellProcesses, jobs: int) -> None:
+    """Wave after wave (pilots, baselines: a compared cell reads its baseline's finished record, the rest), `jobs`
+    at a time; an interrupted harness kills every running cell before it stops."""
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
-        for wave in baselines_first(todo):
+        for wave in waves:
             futures = [pool.submit(one, t) for t in wave]
             for f in futures:
                 f.result()

@@ -45,3 +45,4 @@ def order_tasks(tasks: list[Task], expected_s: dict[str, float], default_s: floa
         ordered += grouped([t for t in wave if failed_last_time(t)])
         ordered += grouped([t for t in wave if not failed_last_time(t)])
     return ordered
+

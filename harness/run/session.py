@@ -3,8 +3,9 @@ folder, which vLLM, which caches, and the models the cells need."""
 
 from __future__ import annotations
 
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.judge.waivers import WAIVERS_FILE, Waiver, load_waivers
@@ -13,6 +14,7 @@ from harness.records import RUNS_DIR, RunDir
 from harness.run.gpu_memory import open_gpu_memory
 from harness.run.models import build_models
 from harness.run.settings import RunSettings
+from harness.run.slots import slot_count, slot_env
 from harness.task import Task
 from harness.vllm_compat import (
     detect_cpu_isa,
@@ -40,6 +42,8 @@ class Session:
     emulated_from: str | None
     pool: dict[str, GpuClass]
     device_count: int = 0
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    device_memory_gib: float | None = None
 
     @property
     def run_dir(self) -> RunDir:
@@ -55,17 +59,13 @@ class Session:
 
     @property
     def slots(self) -> int:
-        """Cells at once: every GPU of the machine, each packed with its class's `slots_per_device` cells."""
-        return max(1, self.device_count) * self.host.slots_per_device
+        """Cells at once: every GPU packed with its class's `slots_per_device` cells, within its memory and the
+        host's cores (harness/run/slots.py)."""
+        return slot_count(self.host, self.device_count, self.cores, self.device_memory_gib)
 
     def slot_env(self, slot: int) -> dict[str, str]:
-        """Each slot's cells see one GPU, so engines on different GPUs never meet (worker/slot → device)."""
-        if self.host.device != "cuda":
-            return {}
-        # PCI bus order: CUDA's default (fastest first) could name another card than NVML's index on a host
-        # with mixed GPUs, and the GPU-memory check reads NVML by the pinned index.
-        return {"CUDA_VISIBLE_DEVICES": str(slot // self.host.slots_per_device % max(1, self.device_count)),
-                "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        """Each slot's cells see one GPU (engines on different GPUs never meet) and their share of the cores."""
+        return slot_env(self.host, slot, self.slots, self.device_count, self.cores)
 
     def build_models(self, tasks: list[Task]) -> None:
         if not self.settings.use_hub:
@@ -103,10 +103,11 @@ def open_session(
     if on_ray and gpu is not None:
         if gpu not in pool:
             raise PoolError(f"GPU class {gpu!r} is not in the pool; known: {', '.join(pool)}")
-        gpu_name, emulated_from, device_count = gpu, None, 0
+        gpu_name, emulated_from, device_count, memory = gpu, None, 0, None
     else:
         device = this_device()
         (gpu_name, emulated_from), device_count = resolve(gpu, pool, device, emulate), device.count
+        memory = device.memory_gib
     version = installed_vllm_version()
     run_id = run_id or f"{time.strftime('%Y%m%d')}-{gpu_name}-vllm{version}"
     settings = RunSettings(
@@ -116,4 +117,5 @@ def open_session(
         gpu_memory=None if on_ray else open_gpu_memory(),  # the GPUs cells run on here (Ray nodes: not checked)
         waivers=session_waivers(Path(cases_dir), pool) if with_waivers else [],
     )
-    return Session(settings, gpu_name, pool[gpu_name], emulated_from, pool, device_count)
+    return Session(settings, gpu_name, pool[gpu_name], emulated_from, pool, device_count,
+                   device_memory_gib=memory)

@@ -1,5 +1,6 @@
 """A run's settings as every pool and cell process sees them: the run folder, the models, the vLLM version,
-the caches, the cell command, the waivers that judging applies and the GPU-memory check."""
+the caches, the cell and worker commands and which of them runs cells, the waivers that judging applies and
+the GPU-memory check."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ class RunSettings:
     env: dict[str, str] | None = None
     fresh_caches: bool = False  # each cell its own empty caches (benchmarks: what sharing saves)
     cell_command: tuple[str, ...] = (sys.executable, "-m", "harness.cell")
+    # "worker": each slot runs its cells in a warm worker (`worker_command`, harness/cell/worker.py), a failing
+    # cell again in a fresh process; "process": every cell in a fresh process (`cell_command`).
+    isolation: str = "process"
+    worker_command: tuple[str, ...] = (sys.executable, "-m", "harness.cell.worker")
     probe_only: bool = False  # cells that need only the resolved state run one short request (cell_mode)
     gpu_memory: GpuMemory | None = None  # where set, each cell's GPU is checked back at its baseline
     gpu_settle_s: float = 15.0  # how long a cell's GPU may take to free its memory before it counts as leaked

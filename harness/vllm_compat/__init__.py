@@ -6,7 +6,8 @@ tables keyed by version specifiers (">=0.25", "<0.25", ">=0.20,<0.24"; "" means 
 failure classifier read these tables; no module outside this package reaches into vLLM. One module a concern:
 versions.py (the version rule, the installed vLLM), sources.py (what the installed vLLM accepts), engine.py
 (attribute paths inside a running engine, probe-only arguments), emulation.py (another GPU class, a lower CPU
-level), records.py (renamed record fields), signatures.py (failure messages).
+level), records.py (renamed record fields), signatures.py (failure messages), teardown.py (one engine's end
+in a warm worker).
 
 This package imports nothing from vLLM at import time: the classifier runs in the harness process, which may not
 have vLLM at all.
@@ -53,6 +54,7 @@ from harness.vllm_compat.signatures import (  # noqa: F401
 from harness.vllm_compat.sources import (  # noqa: F401
     BROKEN_WHEN_EMPTY_ENV,
     CACHE_DTYPE_SOURCES,
+    CPU_THREADS_BIND_ENV,
     ENGINE_ARGS_SOURCES,
     ENV_SOURCES,
     HARNESS_OWNED_ENV,
@@ -62,6 +64,14 @@ from harness.vllm_compat.sources import (  # noqa: F401
     known_env_vars,
     known_kv_cache_dtypes,
     vendored_pynvml,
+)
+from harness.vllm_compat.teardown import (  # noqa: F401
+    CUDA_ERROR_MARKERS,
+    TEARDOWN_CALLS,
+    cuda_error_in,
+    gpu_memory_left_mib,
+    retire_reason,
+    teardown_engine,
 )
 from harness.vllm_compat.versions import (  # noqa: F401
     VLLM_DISTRIBUTIONS,

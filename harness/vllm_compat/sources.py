@@ -82,6 +82,8 @@ ENV_SOURCES = [("", "envs.py")]
 IN_PROCESS_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # vLLM's compile/JIT cache folder (the run's shared caches set it with their companions').
 VLLM_CACHE_ENV = "VLLM_CACHE_ROOT"
+# The cores a CPU engine binds its OpenMP threads to ("0-3"; default "auto": all of them).
+CPU_THREADS_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 # Variables that crash the CPU backend when set but empty; unset, the engine's kv_cache_memory_bytes rules.
 BROKEN_WHEN_EMPTY_ENV = ("VLLM_CPU_KVCACHE_SPACE",)
 # Variables the harness itself sets for every cell (in-process engine, shared caches): a case may not change them.

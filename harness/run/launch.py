@@ -1,0 +1,171 @@
+"""How a cell's spec becomes a finished cell, behind one `Launcher` protocol: `FreshProcess` starts one process
+per cell (`python -m harness.cell`), `WarmWorker` hands the cell to a slot's long-lived worker
+(`python -m harness.cell.worker`, harness/cell/worker.py), which has imported torch and vLLM already.
+
+Either way the cell writes the same RESULT.json and log, and the launcher returns what only the parent knows: the
+exit status (a worker's cell: the code it answered, or the worker's own exit status when it died in the cell),
+whether the cell timed out, and which isolation ran it. A worker runs only cells that share everything fixed before
+vLLM's import (the environment, the emulated class): a cell that needs other state gets a fresh worker. A worker
+that died, timed out or retired itself is gone; the slot starts a fresh one for its next cell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from harness.paths import REPO_ROOT
+from harness.run.process import CellProcesses, die_with_parent, killpg
+
+WORKER_EXIT_GRACE_S = 30.0  # a retiring worker's own exit; then it is killed
+
+
+@dataclass
+class Launched:
+    returncode: int
+    timed_out: bool
+    isolation: str  # "process" or "worker"
+    worker: dict[str, Any] | None = None  # pid, cells it ran before this one, why it retired
+
+
+@dataclass(frozen=True)
+class CellFiles:
+    spec: Path
+    result: Path
+    log: Path
+
+
+class Launcher(Protocol):
+    isolation: str
+
+    def launch(self, files: CellFiles, env: dict[str, str], share_key: tuple, timeout: float,
+               processes: CellProcesses, gpu: int | None) -> Launched:
+        """Run the cell described by `files.spec` to its end (or its timeout); cells with another `share_key`
+        (what is fixed before vLLM's import) must not run in the same process."""
+        ...
+
+    def close(self) -> None:
+        """No process of this launcher outlives the call."""
+        ...
+
+
+@dataclass
+class FreshProcess:
+    """One process per cell: `command SPEC RESULT` in its own process group, its output into the cell's log."""
+
+    command: tuple[str, ...]
+    isolation: str = "process"
+
+    def launch(self, files: CellFiles, env: dict[str, str], share_key: tuple, timeout: float,
+               processes: CellProcesses, gpu: int | None) -> Launched:
+        with files.log.open("wb") as out:
+            proc = _start([*self.command, str(files.spec), str(files.result)], out, env, processes, gpu)
+            try:
+                proc.wait(timeout=timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                _end(proc, processes)  # the whole group: vLLM may have started helpers that would outlive the cell
+        return Launched(proc.returncode, timed_out, self.isolation)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class WarmWorker:
+    """A slot's long-lived worker process: `command REPLY_FD`, cells as JSON lines on its stdin (see
+    harness/cell/worker.py). Started on the first cell, replaced when a cell needs other process-wide state or
+    the worker is gone."""
+
+    command: tuple[str, ...]
+    log_dir: Path
+    isolation: str = "worker"
+    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _reply: Any = field(default=None, init=False, repr=False)
+    _share_key: tuple | None = field(default=None, init=False, repr=False)
+    _cells: int = field(default=0, init=False)
+    _processes: CellProcesses | None = field(default=None, init=False, repr=False)
+
+    def launch(self, files: CellFiles, env: dict[str, str], share_key: tuple, timeout: float,
+               processes: CellProcesses, gpu: int | None) -> Launched:
+        if self._proc is None or self._share_key != share_key:
+            self.close()
+            self._start(env, share_key, processes, gpu)
+        proc, info = self._proc, {"pid": self._proc.pid, "cells_before": self._cells}
+        self._cells += 1
+        request = {"spec": str(files.spec), "result": str(files.result), "log": str(files.log)}
+        files.log.write_bytes(b"")
+        try:
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+        except OSError:  # died between cells
+            pass
+        reply, timed_out = self._read_reply(timeout)
+        if reply is None:  # died in the cell (a signal, an exit) or ran out of time: the worker is gone with it
+            self.close()
+            return Launched(proc.returncode, timed_out, self.isolation, info)
+        if reply.get("retire"):
+            info["retired"] = reply["retire"]
+            self.close(grace_s=WORKER_EXIT_GRACE_S)
+        info["teardown_s"] = reply.get("teardown_s")
+        info["gpu_memory_left_mib"] = reply.get("gpu_memory_left_mib")
+        return Launched(int(reply["code"]), False, self.isolation, info)
+
+    def close(self, grace_s: float = 0.0) -> None:
+        """End the worker (given `grace_s` to exit by itself), its whole process group with it."""
+        proc, self._proc, self._share_key, self._cells = self._proc, None, None, 0
+        if proc is None:
+            return
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        _end(proc, self._processes)
+        self._reply.close()
+
+    def _start(self, env: dict[str, str], share_key: tuple, processes: CellProcesses, gpu: int | None) -> None:
+        read_end, write_end = os.pipe()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with (self.log_dir / f"worker-{time.strftime('%H%M%S')}-{os.getpid()}-{id(self)}.log").open("ab") as out:
+            self._proc = _start([*self.command, str(write_end)], out, env, processes, gpu, stdin=subprocess.PIPE,
+                                pass_fds=(write_end,))
+        os.close(write_end)
+        self._reply = os.fdopen(read_end, "r")
+        self._share_key, self._processes = share_key, processes
+
+    def _read_reply(self, timeout: float) -> tuple[dict | None, bool]:
+        """The worker's answer for the cell; (None, timed out?) when it died or ran past `timeout`."""
+        ready, _, _ = select.select([self._reply], [], [], timeout)
+        if not ready:
+            return None, True
+        line = self._reply.readline()
+        if not line:  # the reply pipe closed: the worker is gone
+            self._proc.wait()
+            return None, False
+        return json.loads(line), False
+
+
+def _start(command: list[str], out: Any, env: dict[str, str], processes: CellProcesses, gpu: int | None,
+           **popen: Any) -> subprocess.Popen:
+    """A cell or worker process in its own group, dying with the harness, its output into `out`."""
+    proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=popen.pop("stdin", subprocess.DEVNULL),
+                            env=env, cwd=REPO_ROOT, start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
+                            text=True, **popen)
+    processes.add(proc.pid, gpu)
+    return proc
+
+
+def _end(proc: subprocess.Popen, processes: CellProcesses | None) -> None:
+    killpg(proc.pid)
+    proc.wait()
+    if processes is not None:
+        processes.discard(proc.pid)

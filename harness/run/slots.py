@@ -1,0 +1,43 @@
+"""How many cells this machine runs at once, and what each slot sees: the class's `slots_per_device` packing,
+capped by the GPU's memory and the host's cores; each slot gets its share of the cores (torch's and vLLM's CPU
+threads), so packed engines do not fight over the same cores. A slot is pinned to one GPU (CUDA_VISIBLE_DEVICES,
+in NVML's PCI order) or, on a CPU class with several slots, to its own cores."""
+
+from __future__ import annotations
+
+from harness.vllm_compat import CPU_THREADS_BIND_ENV
+from matrix.schema import GpuClass
+
+# An engine's scheduler and its forward pass each keep a core busy: fewer per slot and packed cells wait on
+# each other instead of running side by side.
+MIN_CORES_PER_SLOT = 2
+# What one packed cell may hold of a GPU (CUDA context, a tiny model, the class's 1 GiB KV cache, activations
+# and compile workspaces) with room to spare: a 24 GiB card packs one, an 80 GiB card up to five.
+GPU_GIB_PER_SLOT = 16
+
+
+def slot_count(host: GpuClass, devices: int, cores: int, device_memory_gib: float | None = None) -> int:
+    """Cells at once: the class's packing on every GPU (one slot group on a CPU), within memory and cores."""
+    per_device = host.slots_per_device
+    if host.device == "cuda" and device_memory_gib:
+        per_device = min(per_device, max(1, int(device_memory_gib // GPU_GIB_PER_SLOT)))
+    wanted = per_device * (max(1, devices) if host.device == "cuda" else 1)
+    return max(1, min(wanted, cores // MIN_CORES_PER_SLOT))
+
+
+def slot_env(host: GpuClass, slot: int, slots: int, devices: int, cores: int) -> dict[str, str]:
+    """Slot `slot` of `slots`: its GPU and its share of the cores."""
+    share = max(1, cores // slots)
+    env = {"OMP_NUM_THREADS": str(share)}
+    if host.device == "cuda":
+        per_device = max(1, -(-slots // max(1, devices)))
+        # PCI bus order: CUDA's default (fastest first) could name another card than NVML's index on a host
+        # with mixed GPUs, and the GPU-memory check reads NVML by the pinned index.
+        env.update({"CUDA_VISIBLE_DEVICES": str(slot // per_device % max(1, devices)),
+                    "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    elif slots > 1:
+        # vLLM's CPU worker binds its OpenMP threads to the cores it is given; by default every engine takes
+        # them all.
+        first = slot * share
+        env[CPU_THREADS_BIND_ENV] = f"{first}-{first + share - 1}"
+    return env

@@ -1,0 +1,58 @@
+"""Between two cells of one warm worker: how vLLM's process-wide state is torn down after an engine, and which
+failures leave a process unfit for another cell (the worker then retires and a fresh one takes its slot)."""
+
+from __future__ import annotations
+
+import importlib
+
+from harness.vllm_compat.versions import for_version
+
+# Destroys the model-parallel groups and the distributed environment, unfreezes the objects vLLM froze out of the
+# garbage collector after start-up, collects them and empties the accelerator's caches (parallel_state.py, 0.22 to
+# 0.32). It also drops vLLM's cache of environment variables, so the next engine reads them afresh.
+TEARDOWN_CALLS = [("", ("vllm.distributed.parallel_state", "cleanup_dist_env_and_memory"))]
+
+# A CUDA error leaves the process's CUDA context unusable or suspect: no later cell in it can be trusted.
+CUDA_ERROR_MARKERS = ("CUDA error", "cudaError", "CUBLAS_STATUS_", "CUDNN_STATUS_", "illegal memory access",
+                      "device-side assert", "AcceleratorError", "NCCL error")
+# What torch's allocator may still reserve after teardown before the process counts as holding memory back:
+# more than a cell's 1 GiB KV cache would mean an engine's buffers outlived it.
+MEMORY_LEFT_TOLERANCE_MIB = 512
+
+
+def teardown_engine() -> None:
+    import torch
+    import vllm
+
+    module, name = for_version(TEARDOWN_CALLS, vllm.__version__)[0]
+    getattr(importlib.import_module(module), name)()
+    # torch.compile's per-process caches: the next engine compiles its own graphs (and never runs eager because
+    # earlier cells used up the recompile limit of a shared code object).
+    torch._dynamo.reset()
+
+
+def gpu_memory_left_mib() -> float:
+    """What torch's CUDA allocator still reserves in this process (0 on a process that never touched CUDA)."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return 0.0
+    return torch.cuda.memory_reserved() / 2**20
+
+
+def cuda_error_in(result: dict) -> str | None:
+    """The cell's exception, if it is a CUDA error: why its process must not run another cell."""
+    exception = result.get("exception") or {}
+    text = f"{exception.get('message') or ''}\n{exception.get('traceback_tail') or ''}"
+    marker = next((m for m in CUDA_ERROR_MARKERS if m in text), None)
+    return f"CUDA error in the cell ({marker})" if marker else None
+
+
+def retire_reason(result: dict) -> str | None:
+    """Why the process that produced this cell result must not run another cell; None when it may."""
+    if reason := cuda_error_in(result):
+        return reason
+    left = gpu_memory_left_mib()
+    if left > MEMORY_LEFT_TOLERANCE_MIB:
+        return f"{left:.0f} MiB of GPU memory still reserved after teardown"
+    return None

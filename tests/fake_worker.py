@@ -1,0 +1,14 @@
+"""A stand-in for `python -m harness.cell.worker`: the production worker loop (`serve`) running the misbehaving
+fake cells (tests/fake_cell.py) in-process, so a segfault, a kill or a hang takes the whole worker down, as a
+real one would be. It retires after a CUDA error as the real worker does; it holds no GPU memory to check."""
+
+from __future__ import annotations
+
+import sys
+
+from harness.cell.worker import read_result, serve
+from harness.vllm_compat import cuda_error_in
+from tests.fake_cell import run
+
+if __name__ == "__main__":
+    serve(run, int(sys.argv[1]), lambda result_path: cuda_error_in(read_result(result_path)))

@@ -1,0 +1,108 @@
+"""Warm workers (`--isolation worker`): many cells per process, and a hard failure never costs more than its cell.
+
+A segfault, a kill or a hang ends the worker: the cell gets its record and a fresh worker takes the slot. A CUDA
+error retires the worker after its cell. Every cell a worker ran to anything but a pass runs again in a fresh
+process, and that run is the record (the worker's run is kept beside it): the verdicts equal those of one process
+per cell. The workers are the production worker loop (harness/cell/worker.py `serve`) running the misbehaving fake
+cells (tests/fake_worker.py); what real vLLM cells give in both isolations is checked in test_isolation_equality.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness.records import RunDir
+from reports import html, junit, markdown
+from tests.conftest import write_case
+from tests.test_faults import alive
+
+REPO = Path(__file__).resolve().parent.parent
+FAULT_RUN = [sys.executable, str(REPO / "tests" / "fault_run.py")]
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+# In this order: the cells after a fault show whether the worker was replaced.
+BEHAVIOURS = ["ok", "crash", "segv", "killed", "hang", "cudaerror", "orphan", "slow"]
+
+
+def fault_cases(cases_dir: Path) -> None:
+    for i, name in enumerate(BEHAVIOURS):
+        # File names keep the order above (cases load sorted by file name).
+        write_case(cases_dir, f"{i}-{name}", {"model": "llama", "gpus": ["cpu-avx512"], "timeout_s": 4})
+
+
+def run_faults(cases_dir: Path, run: Path, isolation: str) -> dict[str, dict]:
+    done = subprocess.run([*FAULT_RUN, str(cases_dir), str(run), "1", isolation], env={**ENV, "FAKE_CELL_SLEEP": "0"},
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    return {r["case"].split("-", 1)[1]: r for r in RunDir(run).records()}
+
+
+def test_worker_faults_end_in_the_same_verdicts_as_fresh_processes(cases_dir, tmp_path):
+    fault_cases(cases_dir)
+    process = run_faults(cases_dir, tmp_path / "process", "process")
+    worker = run_faults(cases_dir, tmp_path / "worker", "worker")
+    assert set(worker) == set(BEHAVIOURS)
+    for name in BEHAVIOURS:
+        assert (worker[name]["verdict"], worker[name]["status"], worker[name].get("signature")) == (
+            process[name]["verdict"], process[name]["status"], process[name].get("signature")), name
+
+    # Passing cells stay in the warm workers; everything else was confirmed in a fresh process.
+    ran_warm = {name for name, r in worker.items() if r["isolation"] == "worker"}
+    assert ran_warm == {"ok", "orphan", "slow"}
+    for name in ("crash", "segv", "killed", "hang", "cudaerror"):
+        assert worker[name]["isolation"] == "process" and worker[name]["warm_attempt"]["worker"]["pid"] > 0, name
+    warm = {name: worker[name]["warm_attempt"] for name in ("segv", "killed", "hang")}
+    assert warm["segv"]["signature"] == "signal_SIGSEGV"
+    assert warm["killed"]["status"] == "killed" and warm["hang"]["status"] == "timeout"
+    assert "CUDA error" in worker["cudaerror"]["warm_attempt"]["worker"]["retired"]
+
+    # A worker that died, retired or ran a cell that did not pass is never used again: each of those cells is
+    # followed by a fresh worker; passing cells share one.
+    pids = [(worker[name].get("warm_attempt") or worker[name])["worker"]["pid"] for name in BEHAVIOURS]
+    assert pids[0] == pids[1] and pids[-2] == pids[-1], pids
+    for before, after in zip(pids[1:-2], pids[2:-1], strict=True):
+        assert before != after, pids
+    assert worker["orphan"]["worker"]["cells_before"] == 0 and worker["slow"]["worker"]["cells_before"] == 1
+    for name in BEHAVIOURS:
+        assert not alive(int((worker[name].get("warm_attempt") or worker[name])["worker"]["pid"])), name
+
+    # What a hard crash in a worker looks like in the reports.
+    records = list(worker.values())
+    report = markdown.render(records)
+    assert "## Run again in a fresh process" in report
+    assert (f"2-segv[kv=auto,skip=-,spec=-] on cpu-avx512: warm worker {pids[2]} (its cell 1) saw FAIL "
+            "(signal_SIGSEGV); same in a fresh process") in report
+    assert "run again in a fresh process: warm worker" in junit.render(records)
+    assert 'class="rerun"' in html.render(records)
+
+
+def test_killed_harness_leaves_no_worker_and_resumes(cases_dir, tmp_path):
+    write_case(cases_dir, "slow", {"model": "llama", "gpus": ["cpu-avx512"], "timeout_s": 10,
+                                   "matrix": {"kv_cache_dtype": ["auto", "bfloat16", "fp8", "fp8_e5m2"]}})
+    run = tmp_path / "run"
+    harness = subprocess.Popen([*FAULT_RUN, str(cases_dir), str(run), "1", "worker"],
+                               env={**ENV, "FAKE_CELL_SLEEP": "1.5"}, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(RunDir(run).records()) < 2:
+        assert time.monotonic() < deadline and harness.poll() is None
+        time.sleep(0.1)
+    harness.send_signal(signal.SIGKILL)
+    harness.wait(timeout=30)
+    before = {r["cell_id"]: r for r in RunDir(run).records()}
+    (pid,) = {r["worker"]["pid"] for r in before.values()}
+    deadline = time.monotonic() + 10
+    while alive(pid):  # the worker dies with the harness (parent-death signal), even a SIGKILLed one
+        assert time.monotonic() < deadline, "a killed harness must not leave its worker running"
+        time.sleep(0.1)
+
+    rerun = subprocess.run([*FAULT_RUN, str(cases_dir), str(run), "1", "worker"],
+                           env={**ENV, "FAKE_CELL_SLEEP": "0"}, capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    after = {r["cell_id"]: r for r in RunDir(run).records()}
+    assert len(after) == 4 and rerun.stdout.count("resumed") == len(before)
+    for cell_id, record in before.items():
+        assert after[cell_id] == record, "finished cells are not run again"
