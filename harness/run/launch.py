@@ -124,7 +124,10 @@ class WarmWorker:
         proc, self._proc, self._share_key, self._cells = self._proc, None, None, 0
         if proc is None:
             return
-        proc.stdin.close()
+        try:
+            proc.stdin.close()  # end of requests: a healthy worker exits by itself
+        except OSError:
+            pass
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
