@@ -38,12 +38,15 @@ class CaseError(ValueError):
         super().__init__(f"{': '.join(where)}: {message}")
 
 
+def validation_problems(err: ValidationError) -> list[tuple[str, str]]:
+    """(dotted field, message) for each of pydantic's errors, in its order."""
+    return [(".".join(str(p) for p in e["loc"] if p not in ("function-after", "function-before")), e["msg"])
+            for e in err.errors()]
+
+
 def wrap_validation_error(err: ValidationError, file: str, case: str | None) -> CaseError:
     """The first pydantic error as a CaseError; the rest follow in the message so none is hidden."""
-    problems = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if p not in ("function-after", "function-before"))
-        problems.append((loc, e["msg"]))
+    problems = validation_problems(err)
     field, message = problems[0]
     if len(problems) > 1:
         message += "; also: " + "; ".join(f"field '{f}': {m}" for f, m in problems[1:])
