@@ -29,7 +29,7 @@ _open = with_config(ConfigDict(extra="allow"))
 
 @_open
 class Axes(TypedDict, total=False):
-    """The cell's place on the case's matrix (matrix/schema.py AXES)."""
+    """The cell's place on the case's matrix (matrix/axes.py AXES)."""
 
     kv_cache_dtype: str
     kv_cache_dtype_skip_layers: list[str]

@@ -16,7 +16,7 @@ from harness.record_model import AccuracyComparison, CellRecord, RuleResult, Ver
 from harness.records import RunDir, read_json, run_mode
 from matrix.conditions import when_matches
 from matrix.expand import Cell
-from matrix.schema import Accuracy
+from matrix.expectations import Accuracy
 
 
 def compare(record: CellRecord, baseline: CellRecord | None, baseline_id: str, confidence: float

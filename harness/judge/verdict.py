@@ -19,7 +19,7 @@ from typing import Any
 from harness.judge.fingerprint import failure_name
 from harness.record_model import CellRecord, Layer, RuleResult, Verdict
 from matrix.conditions import matches, when_matches
-from matrix.schema import CrashExpected, Expectation, RecordCheck, RefusalExpected
+from matrix.expectations import CrashExpected, Expectation, RecordCheck, RefusalExpected
 
 
 def select_layers(record: CellRecord, selector: str | list[int], skip_layers: list[str]) -> list[Layer]:
