@@ -21,6 +21,8 @@ from harness.record_model import CellRecord, Layer, RuleResult, Verdict
 from matrix.conditions import matches, when_matches
 from matrix.expectations import CrashExpected, Expectation, RecordCheck, RefusalExpected
 
+Judgement = tuple[Verdict, str, list[RuleResult]]  # (verdict, reason, per-rule results)
+
 
 def select_layers(record: CellRecord, selector: str | list[int], skip_layers: list[str]) -> list[Layer]:
     layers = record.get("layers") or []
@@ -101,8 +103,7 @@ def _describe_rule(rule: Expectation) -> str:
     return str(rule.model_dump(exclude_defaults=True, exclude_none=True))
 
 
-def judge(record: CellRecord, rules: list[Expectation], context: dict[str, Any]
-          ) -> tuple[Verdict, str, list[RuleResult]]:
+def judge(record: CellRecord, rules: list[Expectation], context: dict[str, Any]) -> Judgement:
     """(verdict, reason, per-rule results) for one record under the case's expectations."""
     skip = context.get("kv_cache_dtype_skip_layers") or []
     applicable = [r for r in rules if when_matches(r.when, context)]
