@@ -20,6 +20,7 @@ from harness.judge.judge import judge_record
 from harness.judge.outcome import reclassify
 from harness.judge.waivers import waive
 from harness.paths import REPO_ROOT
+from harness.record_model import CellRecord
 from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
 from harness.run.session import session_waivers, this_device
 from harness.task import Task
@@ -60,7 +61,7 @@ def run_classes(classes: list[str], runs_dir: Path, extra: list[str]) -> list[Pa
     return folders
 
 
-def rejudged(run_dir: RunDir, cases_dir: Path) -> list[tuple[dict, dict]]:
+def rejudged(run_dir: RunDir, cases_dir: Path) -> list[tuple[CellRecord, CellRecord]]:
     """(record as stored, record judged again now with waivers applied) for every record of a run folder."""
     pool, models = load_pool(cases_dir), load_models(cases_dir)
     waivers = session_waivers(cases_dir, pool)
@@ -80,7 +81,7 @@ def rejudged(run_dir: RunDir, cases_dir: Path) -> list[tuple[dict, dict]]:
     return pairs
 
 
-def render(pairs_by_run: dict[str, list[tuple[dict, dict]]]) -> tuple[str, int]:
+def render(pairs_by_run: dict[str, list[tuple[CellRecord, CellRecord]]]) -> tuple[str, int]:
     """The Markdown audit (a table per run: verdicts as stored and as judged now) and the unexplained count."""
     lines = ["| run | class | emulated on | vLLM | cells | " + " | ".join(VERDICTS)
              + " | FAIL+ERROR as stored | environment | unexplained now |", "|" + "---|" * (len(VERDICTS) + 8)]
@@ -106,7 +107,7 @@ def render(pairs_by_run: dict[str, list[tuple[dict, dict]]]) -> tuple[str, int]:
     return "\n".join(lines) + "\n", len(unexplained)
 
 
-def _listed(found: list[tuple[str, dict]]) -> list[str]:
+def _listed(found: list[tuple[str, CellRecord]]) -> list[str]:
     return [f"- **{n['verdict'].upper()}** `{n['cell_id']}` @{n.get('gpu_class')} ({run}): {n.get('reason')}"
             for run, n in found]
 

@@ -13,13 +13,14 @@ from harness.bisect.command import add_bisect_command
 from harness.cli_nightly import add_nightly_commands
 from harness.judge.judge import judge_record
 from harness.judge.outcome import reclassify
-from harness.judge.waivers import WaiverError, apply_waivers, cell_keys
+from harness.judge.waivers import WaiverError, WaiverProblem, apply_waivers, cell_keys
 from harness.nightly import history
 from harness.paths import DEFAULT_CACHE
+from harness.record_model import CellRecord, RecordError, new_record
 from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
 from harness.run.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
-from harness.run.pool import LocalPool
-from harness.run.session import open_session, session_waivers, vllm_vocabulary
+from harness.run.pool import LocalPool, OnRecord
+from harness.run.session import Session, open_session, session_waivers, vllm_vocabulary
 from harness.task import Task
 from matrix.expand import Cell, expand_case
 from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
@@ -55,11 +56,11 @@ def load_cells(args: argparse.Namespace, tolerant: bool = False) -> tuple[list[C
     return cells, errors, every
 
 
-def invalid_case_record(err: CaseError, gpu_name: str) -> dict:
+def invalid_case_record(err: CaseError, gpu_name: str) -> CellRecord:
     """A report entry (never a record file: a fixed file must not stay failed) for a case that did not load."""
     case = err.case or Path(err.file).stem
-    return {"cell_id": f"{case}[invalid]", "case": case, "gpu_class": gpu_name, "status": "error",
-            "verdict": "error", "reason": str(err), "expectations": []}
+    return new_record(cell_id=f"{case}[invalid]", case=case, gpu_class=gpu_name, status="error", verdict="error",
+                      reason=str(err), expectations=[])
 
 
 def cell_selected(cell_id: str, pattern: str) -> bool:
@@ -67,7 +68,7 @@ def cell_selected(cell_id: str, pattern: str) -> bool:
 
 
 def progress_printer(started: float):
-    def show(record: dict, done: int, total: int, resumed: bool) -> None:
+    def show(record: CellRecord, done: int, total: int, resumed: bool) -> None:
         took = (record.get("timings") or {}).get("total_s")
         took_text = "resumed" if resumed else (f"{took:.1f} s" if took is not None else "not run")
         note = "" if record["verdict"] == "pass" else f"  {record.get('reason', '')}"
@@ -80,7 +81,7 @@ def progress_printer(started: float):
     return show
 
 
-def write_reports(run_dir: RunDir, records: list[dict], title: str, header: str = "",
+def write_reports(run_dir: RunDir, records: list[CellRecord], title: str, header: str = "",
                   compare_to: str | None = None) -> dict[str, Path]:
     out = {
         "md": run_dir.root / "matrix.md",
@@ -119,7 +120,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     return finish_run(args, records, invalid, every, session, started)
 
 
-def run_here(args: argparse.Namespace, tasks: list[Task], session, on_record) -> list[dict]:
+def run_here(args: argparse.Namespace, tasks: list[Task], session: Session, on_record: OnRecord
+             ) -> list[CellRecord]:
     """This machine's slots. Cells that failed last time start first, then longest first, by the history (when
     there is one): a run's first failures show early and no long cell starts last."""
     expected, verdicts = {}, {}
@@ -130,7 +132,8 @@ def run_here(args: argparse.Namespace, tasks: list[Task], session, on_record) ->
     return pool.run(tasks, session.settings, on_record)
 
 
-def run_on_ray(args: argparse.Namespace, tasks: list[Task], session, on_record) -> list[dict]:
+def run_on_ray(args: argparse.Namespace, tasks: list[Task], session: Session, on_record: OnRecord
+               ) -> list[CellRecord]:
     """An existing Ray cluster's nodes of the class (harness/run/ray_pool.py); records land here as local ones do."""
     import ray  # only a Ray pool needs Ray
 
@@ -143,8 +146,8 @@ def run_on_ray(args: argparse.Namespace, tasks: list[Task], session, on_record) 
         ray.shutdown()
 
 
-def finish_run(args: argparse.Namespace, records: list[dict], invalid: list[CaseError], every: list[Cell],
-               session, started: float) -> int:
+def finish_run(args: argparse.Namespace, records: list[CellRecord], invalid: list[CaseError], every: list[Cell],
+               session: Session, started: float) -> int:
     """Waivers, reports and the exit status, whichever pool ran the cells."""
     records, problems = known_failure_problems(records, every, session)
     records += [invalid_case_record(err, session.gpu_name) for err in invalid]
@@ -160,7 +163,8 @@ def finish_run(args: argparse.Namespace, records: list[dict], invalid: list[Case
     return 1 if failed else 0
 
 
-def known_failure_problems(records: list[dict], every: list[Cell], session) -> tuple[list, list]:
+def known_failure_problems(records: list[CellRecord], every: list[Cell], session: Session
+                           ) -> tuple[list[CellRecord], list[WaiverProblem]]:
     """Judging applied the known failures (cases/_waivers.txt) to every cell it ran; records resumed from an
     earlier run get them here (written back, so that history and diffs see what the report shows). Also the
     waivers' problems over the whole run: expired, matching no cell, or removable."""
@@ -202,7 +206,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def records_in(folders: list[str]) -> list[dict]:
+def records_in(folders: list[str]) -> list[CellRecord]:
     """Every record of these run folders, in folder order."""
     return [r for folder in folders for r in RunDir(Path(folder)).records()]
 
@@ -293,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CaseError, PoolError, GuardError, WaiverError) as err:
+    except (CaseError, PoolError, GuardError, WaiverError, RecordError) as err:
         print(f"kvmatrix: {err}", file=sys.stderr)
         return 2
 

@@ -3,7 +3,9 @@ directory (or the folder `--runs-dir` names): an installed kvmatrix writes where
 
 Writes are atomic (a temporary file in the same folder, then `os.replace`), so a run killed at any moment leaves
 each record either whole or absent, and a rerun with the same run id skips exactly the finished cells. Tools
-outside the project read these files: `cell_id` (str) and `verdict` are always at the top level.
+outside the project read these files: `cell_id` (str) and `verdict` are always at the top level. What a record
+holds is CellRecord (harness/record_model.py): every record is checked against it as it is written and read, and a
+malformed one raises RecordError naming the file and the field.
 """
 
 from __future__ import annotations
@@ -11,17 +13,20 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
+
+from harness.record_model import VERDICTS, CellRecord, check_record
 
 # Relative: resolved against the working directory when used (RunDir makes its root absolute).
 RUNS_DIR = Path("reports") / "runs"
-VERDICTS = ("pass", "fail", "xfail", "error", "skip")
 # What makes a run red (its exit status), a cell a new failure, a waiver apply, a retry happen.
 FAILING_VERDICTS = ("fail", "error")
 
 
-def run_mode(record: dict) -> str:
+def run_mode(record: CellRecord) -> str:
     """"full" or "probe" (`kvmatrix run --probe-only`); records from before the modes existed ran in full."""
     return record.get("mode") or "full"
 
@@ -42,18 +47,18 @@ class RunDir:
     def log_path(self, cell_id: str, gpu_class: str) -> Path:
         return self.logs / f"{record_stem(cell_id, gpu_class)}.log"
 
-    def write(self, record: dict) -> Path:
+    def write(self, record: CellRecord) -> Path:
         if record.get("verdict") not in VERDICTS or not isinstance(record.get("cell_id"), str):
             raise ValueError(f"a record needs cell_id and a verdict in {VERDICTS}: {record.get('cell_id')!r}")
         path = self.record_path(record["cell_id"], record["gpu_class"])
-        write_json_atomic(path, record)
+        write_json_atomic(path, check_record(record, str(path)))
         return path
 
-    def read(self, cell_id: str, gpu_class: str) -> dict | None:
+    def read(self, cell_id: str, gpu_class: str) -> CellRecord | None:
         """The finished record, or None (absent, or unreadable: then the cell runs again)."""
         return read_json(self.record_path(cell_id, gpu_class))
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[CellRecord]:
         out = []
         for path in sorted(self.root.glob("*.json")):
             if path.name == "run.json" or path.name.startswith("."):  # .tmp-*: a write not yet renamed
@@ -64,7 +69,7 @@ class RunDir:
         return out
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
     try:
@@ -87,9 +92,13 @@ def read_tail(path: Path, n: int = 8000) -> str:
     return data[-n:].decode(errors="replace")
 
 
-def read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> CellRecord | None:
+    """The record in a file; None where there is none (absent, torn, not a record). A file that is a record
+    (a `cell_id` and a verdict) but holds a wrong field raises RecordError."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and "cell_id" in data and data.get("verdict") in VERDICTS else None
+    if not (isinstance(data, dict) and "cell_id" in data and data.get("verdict") in VERDICTS):
+        return None
+    return check_record(data, str(path))

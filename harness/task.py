@@ -4,6 +4,7 @@ schedule orders; the record it ends in is filed under `key`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from harness.records import record_stem
 from matrix.expand import Cell
@@ -23,6 +24,6 @@ class Task:
     def key(self) -> str:
         return record_stem(self.cell.cell_id, self.gpu_name)
 
-    def context(self, vllm_version: str | None) -> dict:
+    def context(self, vllm_version: str | None) -> dict[str, Any]:
         """What `when:` clauses see for this task under that vLLM version."""
         return self.cell.context(self.gpu_name, self.gpu, vllm_version, self.emulated_from is not None)

@@ -7,8 +7,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from matrix.axes import AXES, AXIS_DEFAULTS, AXIS_ID_NAMES
+from matrix.case import Case
 from matrix.conditions import gpu_matches, matches, when_matches
-from matrix.schema import AXES, AXIS_DEFAULTS, AXIS_ID_NAMES, Case, CaseError, GpuClass, ModelEntry
+from matrix.schema import CaseError, GpuClass, ModelEntry
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from matrix.schema import Case, CaseError, GpuClass, ModelEntry, Vocabulary, wrap_validation_error
+from matrix.case import Case
+from matrix.schema import CaseError, GpuClass, ModelEntry, Vocabulary, wrap_validation_error
 
 CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
 MODELS_FILE = "_models.yaml"

@@ -16,6 +16,7 @@ import shlex
 from pathlib import Path
 
 from harness.judge.fingerprint import failure_name
+from harness.record_model import CellRecord
 from harness.records import record_stem
 from reports.summary import facts
 
@@ -25,11 +26,11 @@ INDEX = "README.md"
 HARNESS_ARGS = ("model", "tokenizer", "seed", "max_model_len", "enforce_eager", "dtype")
 
 
-def unexplained(records: list[dict]) -> list[dict]:
+def unexplained(records: list[CellRecord]) -> list[CellRecord]:
     return [r for r in records if r.get("verdict") == "fail"]
 
 
-def reproducer(record: dict) -> str:
+def reproducer(record: CellRecord) -> str:
     """The `kvmatrix run` command for this one cell on the class it ran as."""
     parts = ["kvmatrix", "run", "--gpu", record["gpu_class"]]
     if record.get("emulated_from"):
@@ -40,7 +41,7 @@ def reproducer(record: dict) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def _environment(record: dict) -> list[str]:
+def _environment(record: CellRecord) -> list[str]:
     host = f"emulated on a real {record['emulated_from']}" if record.get("emulated_from") else "real"
     return [
         f"- vLLM {record.get('vllm_version')}, torch {record.get('torch_version')}, Python {record.get('python')}",
@@ -49,7 +50,7 @@ def _environment(record: dict) -> list[str]:
     ]
 
 
-def _layer_table(record: dict) -> list[str]:
+def _layer_table(record: CellRecord) -> list[str]:
     layers = record.get("layers") or []
     if not layers:
         return ["No resolved state was recorded (the cell ended before the probe ran)."]
@@ -61,7 +62,7 @@ def _layer_table(record: dict) -> list[str]:
     return rows
 
 
-def _crash(record: dict) -> list[str]:
+def _crash(record: CellRecord) -> list[str]:
     crash = record.get("crash")
     if not crash:
         return []
@@ -70,11 +71,11 @@ def _crash(record: dict) -> list[str]:
     return [f"- fingerprint `{record['fingerprint']}`: `{crash['type']}`{where}{phase}: {crash['message'] or '-'}"]
 
 
-def page_name(record: dict) -> str:
+def page_name(record: CellRecord) -> str:
     return f"{record_stem(record['cell_id'], record['gpu_class'])}--vllm{record.get('vllm_version')}.md"
 
 
-def page(record: dict, same_crash: tuple[dict, ...] = ()) -> str:
+def page(record: CellRecord, same_crash: tuple[CellRecord, ...] = ()) -> str:
     """The page of one failure; `same_crash`: the other failures with its fingerprint, linked."""
     shown = " · ".join(f"{k} {v}" for k, v in facts(record).items())
     unmet = [e for e in record.get("expectations") or [] if not e.get("ok")]
@@ -116,14 +117,14 @@ def page(record: dict, same_crash: tuple[dict, ...] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(records: list[dict], out_dir: Path) -> list[Path]:
+def write(records: list[CellRecord], out_dir: Path) -> list[Path]:
     """A page per unexplained failure, and an index that lists failures with one crash together; returns the
     pages written (none: no index either)."""
     failures = unexplained(records)
     if not failures:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
-    groups: dict[str, list[dict]] = {}
+    groups: dict[str, list[CellRecord]] = {}
     for record in sorted(failures, key=lambda r: (r["gpu_class"], r["cell_id"])):
         groups.setdefault(record.get("fingerprint") or page_name(record), []).append(record)
     written, index = [], ["# Unexplained failures", "", "| cell | GPU class | vLLM | signature | crash | page |",

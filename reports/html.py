@@ -5,9 +5,11 @@ after `#`), each cell linking to its log."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import jinja2
 
+from harness.record_model import CellRecord
 from reports.diff_md import Comparison, detail, move
 from reports.summary import (
     VERDICT_ORDER,
@@ -27,7 +29,7 @@ _ENV = jinja2.Environment(
 )
 
 
-def render(records: list[dict], title: str = "kvmatrix", header: str = "", log_prefix: str = "",
+def render(records: list[CellRecord], title: str = "kvmatrix", header: str = "", log_prefix: str = "",
            diff: list[Comparison] | None = None, first_seen: dict[str, str] | None = None) -> str:
     """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash."""
     df = frame(records)
@@ -58,7 +60,7 @@ def render(records: list[dict], title: str = "kvmatrix", header: str = "", log_p
     )
 
 
-def _diff_view(comparisons: list[Comparison]) -> list[dict]:
+def _diff_view(comparisons: list[Comparison]) -> list[dict[str, Any]]:
     return [
         {"heading": comp.heading, "compared": comp.baseline is not None, "unchanged": comp.diff.unchanged,
          "sections": [{"title": title, "changes": [

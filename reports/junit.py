@@ -7,11 +7,12 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 
 from harness.judge.fingerprint import failure_name
+from harness.record_model import CellRecord
 from reports.summary import fresh_rerun
 
 
-def render(records: list[dict]) -> str:
-    by_class: dict[str, list[dict]] = defaultdict(list)
+def render(records: list[CellRecord]) -> str:
+    by_class: dict[str, list[CellRecord]] = defaultdict(list)
     for r in records:
         by_class[r.get("gpu_class", "?")].append(r)
     root = ET.Element("testsuites", name="kvmatrix")

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pandas as pd
 
+from harness.record_model import CellRecord
 from reports.summary import counts, crash_counts, frame, fresh_reruns, leaks, pivot, same_crash
 
 
-def class_differences(records: list[dict], reference: str) -> list[str]:
+def class_differences(records: list[CellRecord], reference: str) -> list[str]:
     """Per cell, how each other GPU class's record differs from the reference class's (verdict, backend, KV
     dtype, query dtype, page size, signature): what an emulated or other class decides differently."""
     from harness.nightly.diff import what_changed  # reports stay importable without the history modules' deps
 
-    by_class: dict[str, dict[str, dict]] = {}
+    by_class: dict[str, dict[str, CellRecord]] = {}
     for r in records:
         by_class.setdefault(r.get("gpu_class", "?"), {})[r["cell_id"]] = r
     ref = by_class.get(reference, {})
@@ -33,7 +34,7 @@ def class_differences(records: list[dict], reference: str) -> list[str]:
     return lines
 
 
-def cells_per_tag(records: list[dict]) -> pd.DataFrame:
+def cells_per_tag(records: list[CellRecord]) -> pd.DataFrame:
     """Cells that ran (any verdict but skip) per case tag and GPU class, e.g. per regression class."""
     rows = [(tag, r["gpu_class"]) for r in records if r.get("verdict") != "skip" for tag in r.get("tags") or []]
     if not rows:
@@ -44,7 +45,7 @@ def cells_per_tag(records: list[dict]) -> pd.DataFrame:
     return counted.reindex(index=order, columns=classes, fill_value=0).rename_axis(columns=None)
 
 
-def render(records: list[dict], title: str = "kvmatrix", header: str = "", compare_to: str | None = None,
+def render(records: list[CellRecord], title: str = "kvmatrix", header: str = "", compare_to: str | None = None,
            first_seen: dict[str, str] | None = None) -> str:
     """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash."""
     df = frame(records)

@@ -7,23 +7,24 @@ from collections import Counter
 import pandas as pd
 
 from harness.judge.facts import facts
+from harness.record_model import CellRecord
 
 VERDICT_ORDER = ("fail", "error", "xfail", "pass", "skip")
 
 
-def cell_text(record: dict) -> str:
+def cell_text(record: CellRecord) -> str:
     # A leak leaves the verdict as it is (the cell's results stand) but must catch the eye beside it.
     marker = ["LEAK"] if record.get("leak") else []
     parts = [record["verdict"].upper(), *marker] + [f"{k} {v}" for k, v in facts(record).items()]
     return " · ".join(parts)
 
 
-def crash_counts(records: list[dict]) -> Counter:
+def crash_counts(records: list[CellRecord]) -> Counter:
     """How many of these records share each fingerprint."""
     return Counter(r["fingerprint"] for r in records if r.get("fingerprint"))
 
 
-def same_crash(record: dict, counts: Counter, first_seen: dict[str, str] | None = None) -> str:
+def same_crash(record: CellRecord, counts: Counter, first_seen: dict[str, str] | None = None) -> str:
     """"same crash as 4 other cells; first seen <run>" for a failure (first seen: from the history database)."""
     fingerprint = record.get("fingerprint")
     return same_crash_text(counts[fingerprint] - 1, (first_seen or {}).get(fingerprint)) if fingerprint else ""
@@ -36,7 +37,7 @@ def same_crash_text(others: int, first_seen: str | None = None) -> str:
     return "; ".join(parts)
 
 
-def frame(records: list[dict]) -> pd.DataFrame:
+def frame(records: list[CellRecord]) -> pd.DataFrame:
     """One row per record with the fields reports need."""
     rows = [
         {
@@ -68,7 +69,7 @@ def counts(df: pd.DataFrame) -> dict[str, int]:
     return {v: int(got.get(v, 0)) for v in VERDICT_ORDER if got.get(v)}
 
 
-def leaks(records: list[dict]) -> list[str]:
+def leaks(records: list[CellRecord]) -> list[str]:
     """One line per cell that left GPU memory behind (see harness/run/gpu_check.py)."""
     return [f"{r['cell_id']} on {r.get('gpu_class', '?')}: {r['leak']}" for r in records if r.get("leak")]
 

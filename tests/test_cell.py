@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.judge.signatures import classify
+from harness.record_model import check_record
 from tests.conftest import needs_fp8_kv
 
 pytestmark = pytest.mark.vllm
@@ -43,6 +44,7 @@ def run_cell(tmp_path: Path, engine_args: dict) -> dict:
     proc = subprocess.run([sys.executable, "-m", "harness.cell", str(spec_path), str(result_path)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     result = json.loads(result_path.read_text())
+    check_record(result, str(result_path))  # what a real cell writes fits the one record model
     assert result["probe_error"] is None, result["probe_error"]
     assert proc.returncode == (0 if result["status"] == "ok" else 1), proc.stdout[-3000:]
     return result

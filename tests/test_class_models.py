@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.models import tiny as tm  # noqa: E402
+from harness.models.tiny_llama import llama_config  # noqa: E402
 
 
 def _config(name: str, cache: Path) -> dict:
@@ -49,7 +50,7 @@ def test_nemotron_h_state_outweighs_an_attention_page(tmp_path):
 def test_eagle3_draft_fits_the_llama_target(tmp_path):
     from safetensors import safe_open
 
-    draft, target = _config("eagle3_llama", tmp_path), tm._llama_config()
+    draft, target = _config("eagle3_llama", tmp_path), llama_config()
     assert draft["target_hidden_size"] == target["hidden_size"] and draft["draft_vocab_size"] == target["vocab_size"]
     assert max(draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"]) < target["num_hidden_layers"]
     with safe_open(tm.build("eagle3_llama", tmp_path) / "model.safetensors", "pt") as f:

@@ -116,3 +116,12 @@ def test_vllms_own_variables_are_the_allow_list():
     names = known_env_vars()
     assert "VLLM_USE_FLASHINFER_SAMPLER" in names and "VLLM_ENABLE_V1_MULTIPROCESSING" not in names
     assert not {"PATH", "LD_PRELOAD", "PYTHONPATH"} & names
+
+
+def test_a_registry_entry_naming_its_layer_count_is_refused_naming_the_field(cases_dir):
+    """`num_layers` was never read (a tiny model's layers are its builder's, harness/models/tiny.py num_layers)
+    and is no longer a registry field: a registry that still sets it is told which field to drop."""
+    (cases_dir / "_models.yaml").write_text("llama: {tiny: llama, num_layers: 4}\n")
+    with pytest.raises(CaseError) as info:
+        load_models(cases_dir)
+    assert info.value.field == "llama.num_layers" and "Extra inputs are not permitted" in str(info.value)

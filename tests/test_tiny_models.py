@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # no conftest needed
 
 from harness.models import tiny as tm  # noqa: E402
+from harness.models.checkpoint import BOS, MASK, VOCAB  # noqa: E402
 from tests.conftest import needs_fp8_kv  # noqa: E402
 
 PROMPT = "Hello world, the key"
@@ -80,8 +81,8 @@ def test_checkpoint_contents(tmp_path):
     llama, ct = tm.build("llama", tmp_path), tm.build("ct_llama", tmp_path, k_scale=0.5)
     tok = AutoTokenizer.from_pretrained(llama)
     ids = tok(PROMPT)["input_ids"]
-    assert ids[0] == tok.bos_token_id == tm.BOS and max(ids) < tm.VOCAB and tok.decode(ids[1:]) == PROMPT
-    assert len(tok) <= tm.VOCAB and tok.convert_ids_to_tokens(tm.MASK) == "<mask>"
+    assert ids[0] == tok.bos_token_id == BOS and max(ids) < VOCAB and tok.decode(ids[1:]) == PROMPT
+    assert len(tok) <= VOCAB and tok.convert_ids_to_tokens(MASK) == "<mask>"
 
     cfg = json.loads((ct / "config.json").read_text())
     assert cfg["quantization_config"]["kv_cache_scheme"]["num_bits"] == 8

@@ -21,7 +21,7 @@ from matrix.load import CASES_DIR, load_case, load_models, load_pool
 from matrix.schema import CaseError
 
 
-def run(cell_id: str, runs_dir: Path, run_id: str, cache_dir: Path, cases_dir: Path = CASES_DIR) -> dict:
+def run(cell_id: str, runs_dir: Path, run_id: str, cache_dir: Path, cases_dir: Path = CASES_DIR) -> dict[str, str]:
     case_name = cell_id.split("[", 1)[0]
     try:
         case = load_case(cases_dir / f"{case_name}.yaml")

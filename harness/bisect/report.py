@@ -9,6 +9,7 @@ from tabulate import tabulate
 
 from harness.bisect.step import Step
 from harness.judge.facts import facts
+from harness.record_model import CellRecord
 from harness.records import read_json
 
 
@@ -33,7 +34,7 @@ class Result:
         return next((s for s in self.steps if s.ref == ref), None)
 
 
-def _record_rows(record: dict | None) -> dict[str, str]:
+def _record_rows(record: CellRecord | None) -> dict[str, str]:
     if record is None:
         return {}
     layers = record.get("layers") or []
@@ -45,7 +46,7 @@ def _record_rows(record: dict | None) -> dict[str, str]:
     return rows
 
 
-def side_by_side(left_title: str, left: dict | None, right_title: str, right: dict | None) -> str:
+def side_by_side(left_title: str, left: CellRecord | None, right_title: str, right: CellRecord | None) -> str:
     a, b = _record_rows(left), _record_rows(right)
     rows = [[key, a.get(key, ""), b.get(key, ""), "" if a.get(key) == b.get(key) else "<- differs"]
             for key in dict.fromkeys([*a, *b])]

@@ -11,6 +11,8 @@ from typing import Any
 
 from lm_eval.api.model import LM
 
+from harness.record_model import AccuracyResult
+
 
 class EngineLM(LM):
     """lm-eval's model interface over a live engine: greedy generate_until, which is what exact-match tasks use.
@@ -42,7 +44,7 @@ class EngineLM(LM):
         raise NotImplementedError("kvmatrix evaluates generate_until tasks only")
 
 
-def evaluate(llm: Any, spec: dict) -> dict:
+def evaluate(llm: Any, spec: dict[str, Any]) -> AccuracyResult:
     """Score the engine on `spec['task']`: the aggregate metric and, in doc order, each sample's score and tokens.
     `spec`: task, metric (`name,filter`), limit, num_fewshot, include_path (folders of local task YAMLs)."""
     # Local tasks read local files; a hub task (gsm8k) only runs where the case allows hub access.

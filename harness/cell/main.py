@@ -20,6 +20,7 @@ from typing import Any
 from harness import vllm_compat
 from harness.cell.probe import probe
 from harness.cell.spec import CellSpec
+from harness.record_model import CellRecord, ExceptionInfo, check_record, new_record
 from harness.records import write_json_atomic
 
 MESSAGE_CAP = 4096
@@ -29,27 +30,27 @@ TRACEBACK_CAP = 4096
 class CellResult:
     def __init__(self, path: Path, cell_id: str):
         self.path = path
-        self.data: dict[str, Any] = {
-            "cell_id": cell_id,
-            "vllm_version": vllm_compat.installed_vllm_version(),
-            "torch_version": None,
-            "python": platform.python_version(),
-            "status": "ok",
-            "phase": "import",
-            "exception": None,
-            "timings": {},
-            "emulation": None,
-            "worker_cache_dtype": None,
-            "tokens": [],
-            "texts": [],
-            "layers": [],
-            "kv_groups": [],
-            "attn_groups": [],
-            "probe_error": None,
-        }
+        self.data: CellRecord = new_record(
+            cell_id=cell_id,
+            vllm_version=vllm_compat.installed_vllm_version(),
+            torch_version=None,
+            python=platform.python_version(),
+            status="ok",
+            phase="import",
+            exception=None,
+            timings={},
+            emulation=None,
+            worker_cache_dtype=None,
+            tokens=[],
+            texts=[],
+            layers=[],
+            kv_groups=[],
+            attn_groups=[],
+            probe_error=None,
+        )
 
     def save(self) -> None:
-        write_json_atomic(self.path, self.data)
+        write_json_atomic(self.path, check_record(self.data, str(self.path)))
 
     def run(self, phase: str, step: Callable[[], Any]) -> tuple[bool, Any]:
         """Run one phase; on an exception, record it as the cell's crash. Returns (succeeded, value)."""
@@ -68,7 +69,7 @@ class CellResult:
             self.save()
 
 
-def describe(exc: BaseException) -> dict:
+def describe(exc: BaseException) -> ExceptionInfo:
     formatted = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return {
         "type": type(exc).__name__,
@@ -130,7 +131,7 @@ def generate(result: CellResult, vllm: Any, llm: Any, prompts: list[str], max_to
     result.data["texts"] = [o.outputs[0].text for o in outputs]
 
 
-def measure_accuracy(result: CellResult, llm: Any, accuracy: dict) -> None:
+def measure_accuracy(result: CellResult, llm: Any, accuracy: dict[str, Any]) -> None:
     from harness.cell.lm_eval_engine import evaluate  # lm_eval is needed by accuracy cases only
 
     result.data["accuracy"] = evaluate(llm, accuracy)

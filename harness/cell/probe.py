@@ -13,11 +13,12 @@ import re
 from typing import Any
 
 from harness import vllm_compat as compat
+from harness.record_model import AttnGroup, Builder, CellRecord, KvGroup, Layer
 
 _MISSING = object()
 
 
-def probe(worker: Any, draft_layer_offset: int | None = None) -> dict:
+def probe(worker: Any, draft_layer_offset: int | None = None) -> CellRecord:
     import vllm
 
     version = vllm.__version__
@@ -42,7 +43,7 @@ def layer_index(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _layer(name: str, module: Any, groups: list, draft: set[str], version: str) -> dict:
+def _layer(name: str, module: Any, groups: list, draft: set[str], version: str) -> Layer:
     group_index, spec = _spec_of(name, groups)
     scales = compat.for_version(compat.LAYER_SCALE_ATTRS, version)[0]
     return {
@@ -68,7 +69,7 @@ def _spec_of(name: str, groups: list) -> tuple[int | None, Any]:
     return None, None
 
 
-def _draft_layer_names(runner: Any, attention: dict, offset: int | None, version: str) -> set[str]:
+def _draft_layer_names(runner: Any, attention: dict[str, Any], offset: int | None, version: str) -> set[str]:
     """The drafter's own record of its layers; else the spec's hint that draft layers number from `offset`."""
     names = _first_path(runner, compat.DRAFT_LAYER_NAME_PATHS, version)
     if names:
@@ -79,7 +80,7 @@ def _draft_layer_names(runner: Any, attention: dict, offset: int | None, version
     return {name for name, index in indexed.items() if index is not None and index >= offset}
 
 
-def _kv_group(index: int, group: Any) -> dict:
+def _kv_group(index: int, group: Any) -> KvGroup:
     spec = getattr(group, "kv_cache_spec", None)
     return {
         "group": index,
@@ -89,8 +90,8 @@ def _kv_group(index: int, group: Any) -> dict:
     }
 
 
-def _attn_groups(runner: Any, version: str) -> list[dict]:
-    out = []
+def _attn_groups(runner: Any, version: str) -> list[AttnGroup]:
+    out: list[AttnGroup] = []
     nested = _first_path(runner, compat.ATTN_GROUPS_PATHS, version) or []
     for g, subgroups in enumerate(nested):
         for j, group in enumerate(subgroups):
@@ -106,7 +107,7 @@ def _attn_groups(runner: Any, version: str) -> list[dict]:
     return out
 
 
-def _builder(builder: Any, version: str) -> dict:
+def _builder(builder: Any, version: str) -> Builder:
     named = [a for attrs in compat.for_version(compat.BUILDER_DTYPE_ATTRS, version) for a in attrs]
     fields: dict[str, Any] = {"class": type(builder).__name__}
     fields.update({attr: _plain(getattr(builder, attr, None)) for attr in named})

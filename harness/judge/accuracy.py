@@ -9,17 +9,20 @@ Only a cell that otherwise passes is re-judged: a crash or a failed check alread
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from harness.judge.paired_stats import divergence, paired_delta
+from harness.record_model import AccuracyComparison, CellRecord, RuleResult, Verdict
 from harness.records import RunDir, read_json, run_mode
 from matrix.conditions import when_matches
 from matrix.expand import Cell
-from matrix.schema import Accuracy
+from matrix.expectations import Accuracy
 
 
-def compare(record: dict, baseline: dict | None, baseline_id: str, confidence: float) -> dict:
+def compare(record: CellRecord, baseline: CellRecord | None, baseline_id: str, confidence: float
+            ) -> AccuracyComparison:
     """What the record carries as `accuracy_vs_baseline`: delta, interval, n, p-value, divergence, or why not."""
-    out: dict = {"baseline": baseline_id}
+    out: AccuracyComparison = {"baseline": baseline_id}
     if baseline is not None and run_mode(baseline) != run_mode(record):
         # A probe-only record's tokens are a prefix of a full one's: comparing them would be a false failure.
         return {**out, "missing": f"not compared: the baseline ran in {run_mode(baseline)} mode, this cell in "
@@ -40,7 +43,7 @@ def compare(record: dict, baseline: dict | None, baseline_id: str, confidence: f
     return out
 
 
-def describe(comparison: dict) -> str:
+def describe(comparison: AccuracyComparison) -> str:
     low, high = comparison["interval"]
     return (f"accuracy {comparison['score']:.3f} vs baseline {comparison['baseline_score']:.3f}: "
             f"delta {comparison['delta']:+.3f} [{low:+.3f}, {high:+.3f}] at {comparison['confidence']:.0%}, "
@@ -48,9 +51,9 @@ def describe(comparison: dict) -> str:
 
 
 def judge_accuracy(
-    record: dict, cell: Cell, run_dir: RunDir, gpu_name: str, context: dict, verdict: str, reason: str,
-    results: list[dict],
-) -> tuple[str, str]:
+    record: CellRecord, cell: Cell, run_dir: RunDir, gpu_name: str, context: dict[str, Any], verdict: Verdict,
+    reason: str, results: list[RuleResult],
+) -> tuple[Verdict, str]:
     """(verdict, reason) after accuracy; adds `accuracy_vs_baseline` to the record and a row to `results`."""
     accuracy: Accuracy = cell.case.accuracy
     if verdict != "pass":
@@ -79,7 +82,8 @@ def judge_accuracy(
     return verdict, f"{reason}; {text}"
 
 
-def _judge_baseline(record: dict, accuracy: Accuracy, results: list[dict], verdict: str, reason: str):
+def _judge_baseline(record: CellRecord, accuracy: Accuracy, results: list[RuleResult], verdict: Verdict, reason: str
+                    ) -> tuple[Verdict, str]:
     mine = record.get("accuracy")
     if not mine:
         return "error", "an accuracy case's baseline recorded no accuracy"

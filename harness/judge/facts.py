@@ -4,6 +4,7 @@ failure's name): what the reports show in a matrix cell, and what diffs and bise
 from __future__ import annotations
 
 from harness.judge.fingerprint import failure_name
+from harness.record_model import CellRecord
 from harness.vllm_compat import QUERY_DTYPE_FIELDS
 
 
@@ -15,7 +16,7 @@ def _unique(values) -> list:
     return out
 
 
-def facts(record: dict) -> dict[str, str]:
+def facts(record: CellRecord) -> dict[str, str]:
     """The resolved state in a few short strings: backend, KV dtype, query dtype, page size, and the failure's
     signature (else its fingerprint)."""
     layers = record.get("layers") or []
@@ -51,7 +52,7 @@ def facts(record: dict) -> dict[str, str]:
     return out
 
 
-def _accuracy_facts(record: dict) -> dict[str, str]:
+def _accuracy_facts(record: CellRecord) -> dict[str, str]:
     """The cell's score; against its baseline, the paired delta with its interval and the number of samples."""
     accuracy, versus = record.get("accuracy"), record.get("accuracy_vs_baseline") or {}
     if not accuracy:

@@ -13,6 +13,7 @@ import hashlib
 import re
 from dataclasses import asdict, dataclass
 
+from harness.record_model import CellRecord, ExceptionInfo
 from harness.vllm_compat import ENGINE_DEATH_WRAPPER
 
 ID_LENGTH = 8
@@ -77,7 +78,7 @@ def normalize(message: str) -> str:
     return message.strip()[:MESSAGE_CAP]
 
 
-def fingerprint(record: dict, log_tail: str = "") -> Crash | None:
+def fingerprint(record: CellRecord, log_tail: str = "") -> Crash | None:
     """The crash of a record (its status, phase, exception, error tail, signal) and its cell's log tail; None for a
     record that ended ok or was skipped."""
     status, phase = record.get("status"), record.get("phase") or "start"
@@ -97,7 +98,7 @@ def fingerprint(record: dict, log_tail: str = "") -> Crash | None:
     return Crash(raised.type.rsplit(".", 1)[-1], normalize(raised.message), _site(raised.frames), None)
 
 
-def stamp(record: dict, log_tail: str = "") -> None:
+def stamp(record: CellRecord, log_tail: str = "") -> None:
     """Set a record's `fingerprint` (the id) and `crash` (its parts), or remove them where it did not fail."""
     crash = fingerprint(record, log_tail)
     record.pop("fingerprint", None)
@@ -106,7 +107,7 @@ def stamp(record: dict, log_tail: str = "") -> None:
         record.update(fingerprint=crash.id, crash=asdict(crash))
 
 
-def failure_name(record: dict) -> str | None:
+def failure_name(record: CellRecord) -> str | None:
     """What reports call a failure: its signature's name, else `crash <fingerprint> (<exception type>)`."""
     if record.get("signature"):
         return record["signature"]
@@ -115,13 +116,13 @@ def failure_name(record: dict) -> str | None:
     return None
 
 
-def signal_of(record: dict) -> str | None:
+def signal_of(record: CellRecord) -> str | None:
     """The signal that ended the cell process, if one did."""
     found = _SIGNAL_IN_TAIL.match(record.get("error_tail") or "")
     return record.get("signal") or (found.group(1) if found else None)
 
 
-def _root_exception(exception: dict, log_tail: str) -> _Raised | None:
+def _root_exception(exception: ExceptionInfo, log_tail: str) -> _Raised | None:
     """The innermost cause: in the exception's own chain, else (the exception wraps another process's death, or
     there is none) in the log."""
     if exception.get("type"):

@@ -16,13 +16,14 @@ from collections.abc import Sequence
 from harness.judge.accuracy import judge_accuracy
 from harness.judge.verdict import judge
 from harness.judge.waivers import Waiver, waive
+from harness.record_model import CellRecord
 from harness.records import RunDir
 from harness.task import Task
 from harness.vllm_compat import ENVIRONMENT_SIGNATURES, NOT_EMULABLE_SIGNATURES, normalize_record
 
 
-def judge_record(record: dict, task: Task, run_dir: RunDir, waivers: Sequence[Waiver] = (),
-                 first_failure: str | None = None, today: datetime.date | None = None) -> dict:
+def judge_record(record: CellRecord, task: Task, run_dir: RunDir, waivers: Sequence[Waiver] = (),
+                 first_failure: str | None = None, today: datetime.date | None = None) -> CellRecord:
     """Set a record's final verdict, reason and per-rule results (in place; also returned). `first_failure` is
     the reason an earlier attempt of the same cell failed with (a retry); a stored record judged again keeps
     its `flaky` mark. Stored records are judged again from scratch: a waiver applied earlier is undone first."""

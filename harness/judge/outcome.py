@@ -8,16 +8,18 @@ import signal
 
 from harness.judge.fingerprint import UNFINGERPRINTED_STATUSES, signal_of, stamp
 from harness.judge.signatures import classify, last_exception_line
+from harness.record_model import CellRecord, ExceptionInfo
 from harness.records import RunDir, read_tail
 
 
-def _failure_text(exception: dict, log_tail: str) -> str:
+def _failure_text(exception: ExceptionInfo, log_tail: str) -> str:
     return "\n".join(filter(None, [exception.get("message"), exception.get("traceback_tail"), log_tail]))
 
 
-def classify_outcome(returncode: int, timed_out: bool, timeout: float, result: dict, log_tail: str) -> dict:
+def classify_outcome(returncode: int, timed_out: bool, timeout: float, result: CellRecord, log_tail: str
+                     ) -> CellRecord:
     """What happened to the cell process, from its result file (possibly partial), exit status and log."""
-    outcome = dict(result)
+    outcome = result.copy()
     exception = result.get("exception") or {}
     text = _failure_text(exception, log_tail)
     if timed_out:
@@ -45,7 +47,7 @@ def classify_outcome(returncode: int, timed_out: bool, timeout: float, result: d
     return outcome
 
 
-def reclassify(record: dict, run_dir: RunDir) -> None:
+def reclassify(record: CellRecord, run_dir: RunDir) -> None:
     """Name and fingerprint a stored failure again with the current signature table and fingerprint rules (its
     exception and log tail are kept); records of earlier harnesses get their fingerprint here."""
     if record.get("status") in UNFINGERPRINTED_STATUSES:

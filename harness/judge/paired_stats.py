@@ -11,11 +11,13 @@ import numpy as np
 from scipy import stats
 from statsmodels.stats.contingency_tables import mcnemar
 
+from harness.record_model import AccuracyComparison
+
 RESAMPLES = 4000
 SEED = 0
 
 
-def paired_delta(baseline: list[float], cell: list[float], confidence: float = 0.95) -> dict:
+def paired_delta(baseline: list[float], cell: list[float], confidence: float = 0.95) -> AccuracyComparison:
     """Mean of (cell - baseline) with its bootstrap interval; `significant` when the interval excludes zero."""
     b, c = np.asarray(baseline, dtype=float), np.asarray(cell, dtype=float)
     if b.shape != c.shape or b.size == 0:
@@ -31,7 +33,7 @@ def paired_delta(baseline: list[float], cell: list[float], confidence: float = 0
             random_state=np.random.default_rng(SEED),
         )
         low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    out = {
+    out: AccuracyComparison = {
         "n": int(b.size), "baseline_score": float(b.mean()), "score": float(c.mean()), "delta": delta,
         "interval": [low, high], "confidence": confidence, "significant": bool(low > 0 or high < 0),
     }
@@ -47,7 +49,7 @@ def mcnemar_p(baseline: np.ndarray, cell: np.ndarray) -> float:
     return float(mcnemar(table, exact=True).pvalue)
 
 
-def divergence(baseline: list[list[int]], cell: list[list[int]]) -> dict:
+def divergence(baseline: list[list[int]], cell: list[list[int]]) -> AccuracyComparison:
     """How many greedy sequences equal the baseline's, and the earliest token position where any differs."""
     if len(baseline) != len(cell) or not cell:
         raise ValueError(f"need the same, non-zero number of sequences (baseline {len(baseline)}, cell {len(cell)})")

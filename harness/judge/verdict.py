@@ -13,14 +13,18 @@ A cell is
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.judge.fingerprint import failure_name
+from harness.record_model import CellRecord, Layer, RuleResult, Verdict
 from matrix.conditions import matches, when_matches
-from matrix.schema import CrashExpected, Expectation, RecordCheck, RefusalExpected
+from matrix.expectations import CrashExpected, Expectation, RecordCheck, RefusalExpected
+
+Judgement = tuple[Verdict, str, list[RuleResult]]  # (verdict, reason, per-rule results)
 
 
-def select_layers(record: dict, selector: str | list[int], skip_layers: list[str]) -> list[dict]:
+def select_layers(record: CellRecord, selector: str | list[int], skip_layers: list[str]) -> list[Layer]:
     layers = record.get("layers") or []
     if isinstance(selector, list):
         return [la for la in layers if la.get("index") in selector]
@@ -39,7 +43,7 @@ def _describe(selector: str | list[int]) -> str:
     return f"layers {selector}" if isinstance(selector, list) else f"{selector} layers"
 
 
-def _check_values(items: list[tuple[str, dict]], wanted: dict[str, Any]) -> tuple[bool, str]:
+def _check_values(items: Sequence[tuple[str, Mapping[str, Any]]], wanted: dict[str, Any]) -> tuple[bool, str]:
     """Each (name, values) item must match every wanted field; the detail names the first mismatch."""
     for name, values in items:
         for field, cond in wanted.items():
@@ -50,14 +54,14 @@ def _check_values(items: list[tuple[str, dict]], wanted: dict[str, Any]) -> tupl
     return True, f"{len(items)} checked"
 
 
-def _check_layers(record: dict, check: RecordCheck, skip: list[str]) -> tuple[bool, str]:
+def _check_layers(record: CellRecord, check: RecordCheck, skip: list[str]) -> tuple[bool, str]:
     layers = select_layers(record, check.select, skip)
     if not layers:
         return False, f"no {_describe(check.select)} recorded"
     return _check_values([(la["name"], la) for la in layers], check.wanted())
 
 
-def _check_groups(record: dict, check: RecordCheck, skip: list[str]) -> tuple[bool, str]:
+def _check_groups(record: CellRecord, check: RecordCheck, skip: list[str]) -> tuple[bool, str]:
     names = {la["name"] for la in select_layers(record, check.select, skip)}
     groups = [g for g in record.get("kv_groups") or [] if names & set(g.get("layer_names") or [])]
     if not groups:
@@ -65,7 +69,7 @@ def _check_groups(record: dict, check: RecordCheck, skip: list[str]) -> tuple[bo
     return _check_values([(f"kv group {g.get('group')}", g) for g in groups], check.wanted())
 
 
-def _check_builders(record: dict, check: RecordCheck, skip: list[str]) -> tuple[bool, str]:
+def _check_builders(record: CellRecord, check: RecordCheck, skip: list[str]) -> tuple[bool, str]:
     names = {la["name"] for la in select_layers(record, check.select, skip)}
     groups = [g for g in record.get("attn_groups") or [] if names & set(g.get("layer_names") or [])]
     if not groups:
@@ -74,7 +78,7 @@ def _check_builders(record: dict, check: RecordCheck, skip: list[str]) -> tuple[
     return _check_values(items, check.wanted())
 
 
-def _page_size(record: dict, selector: str | list[int], skip: list[str]) -> tuple[int | None, str]:
+def _page_size(record: CellRecord, selector: str | list[int], skip: list[str]) -> tuple[int | None, str]:
     sizes = {la.get("page_size_bytes") for la in select_layers(record, selector, skip)}
     if not sizes or None in sizes:
         return None, f"no page size recorded for {_describe(selector)}"
@@ -83,7 +87,7 @@ def _page_size(record: dict, selector: str | list[int], skip: list[str]) -> tupl
     return sizes.pop(), ""
 
 
-def _check_page_ratio(record: dict, rule: Expectation, skip: list[str]) -> tuple[bool, str]:
+def _check_page_ratio(record: CellRecord, rule: Expectation, skip: list[str]) -> tuple[bool, str]:
     ratio = rule.page_size_ratio
     num, why = _page_size(record, ratio.of, skip)
     den, why_den = _page_size(record, ratio.to, skip)
@@ -99,11 +103,11 @@ def _describe_rule(rule: Expectation) -> str:
     return str(rule.model_dump(exclude_defaults=True, exclude_none=True))
 
 
-def judge(record: dict, rules: list[Expectation], context: dict) -> tuple[str, str, list[dict]]:
+def judge(record: CellRecord, rules: list[Expectation], context: dict[str, Any]) -> Judgement:
     """(verdict, reason, per-rule results) for one record under the case's expectations."""
     skip = context.get("kv_cache_dtype_skip_layers") or []
     applicable = [r for r in rules if when_matches(r.when, context)]
-    results: list[dict] = []
+    results: list[RuleResult] = []
     expected_crash: tuple[CrashExpected | RefusalExpected, str] | None = None
 
     for rule in applicable:

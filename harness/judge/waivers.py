@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.record_model import CellRecord
 from harness.records import FAILING_VERDICTS
 from matrix.conditions import check_condition_value, matches
 from matrix.expand import Cell
@@ -158,26 +159,26 @@ def cell_keys(cells: Iterable[Cell]) -> list[tuple[str, str]]:
     return [(cell.cell_id, gpu) for cell in cells for gpu in cell.gpu_classes]
 
 
-def waiver_for(record: dict, waivers: Iterable[Waiver]) -> Waiver | None:
+def waiver_for(record: CellRecord, waivers: Iterable[Waiver]) -> Waiver | None:
     """The first waiver that matches a record's cell, class and vLLM version."""
     return next((w for w in waivers if w.matches(record["cell_id"], record.get("gpu_class") or "?",
                                                  record.get("vllm_version"))), None)
 
 
-def unwaived(record: dict) -> dict:
+def unwaived(record: CellRecord) -> CellRecord:
     """A record as judged before any waiver (itself where none applied): waiving is applied afresh each time."""
     waived = record.get("waived")
     if not isinstance(waived, dict):
         return record
     prefix = f"waived ({waived.get('link')}): "
     reason = record.get("reason") or ""
-    out = {k: v for k, v in record.items() if k != "waived"}
+    out: CellRecord = {k: v for k, v in record.items() if k != "waived"}
     out.update(verdict=waived.get("verdict", record["verdict"]), reason=reason.removeprefix(prefix))
     return out
 
 
-def waive(record: dict, waivers: Iterable[Waiver], today: datetime.date | None = None
-          ) -> tuple[dict, WaiverProblem | None]:
+def waive(record: CellRecord, waivers: Iterable[Waiver], today: datetime.date | None = None
+          ) -> tuple[CellRecord, WaiverProblem | None]:
     """(the record with the first matching waiver applied, a "removable" problem or None). A waived failure
     becomes `xfail` naming the link; an expired waiver only says so in the reason. The input is not changed."""
     today = today or datetime.date.today()
@@ -203,11 +204,11 @@ def waive(record: dict, waivers: Iterable[Waiver], today: datetime.date | None =
 
 
 def apply_waivers(
-    records: list[dict],
+    records: list[CellRecord],
     waivers: list[Waiver],
     today: datetime.date | None = None,
     known_cells: Iterable[tuple[str, str]] | None = None,
-) -> tuple[list[dict], list[WaiverProblem]]:
+) -> tuple[list[CellRecord], list[WaiverProblem]]:
     """New records with waived failures turned `xfail`, and the problems found. A record is waived by the first
     waiver that matches it. `known_cells` is the whole matrix (`cell_keys(cells)`); without it, the records'
     own cells are the matrix, so a waiver for a class this run did not cover counts as unmatched."""

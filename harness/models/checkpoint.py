@@ -1,6 +1,6 @@
 """What every tiny checkpoint shares: the fixed sizes and special tokens, a byte-level BPE tokenizer trained on
 a fixed corpus, and bf16 weights drawn from a generator seeded by (seed, tensor name), written as safetensors
-with config.json; plus the config and tensor shapes common to the decoder architectures (tiny.py)."""
+with config.json; plus the config and tensor shapes common to the decoder architectures (tiny_*.py)."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from harness.judge.facts import facts
+from harness.record_model import CellRecord
 from harness.records import FAILING_VERDICTS, run_mode
 
 
@@ -57,7 +58,7 @@ class Diff:
         return not any(getattr(self, name) for name, _ in self.SECTIONS if name != "still_failing")
 
 
-def what_changed(before: dict, after: dict) -> tuple[str, ...]:
+def what_changed(before: CellRecord, after: CellRecord) -> tuple[str, ...]:
     """The resolved facts (backend, KV dtype, query dtype, page size, signature) that differ, and the greedy
     output: on a deterministic engine, new tokens mean the numerics moved."""
     old, new = facts(before), facts(after)
@@ -70,11 +71,12 @@ def what_changed(before: dict, after: dict) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _key(record: dict) -> tuple[str, str]:
+def _key(record: CellRecord) -> tuple[str, str]:
     return record.get("gpu_class") or "?", record["cell_id"]
 
 
-def diff_records(baseline: list[dict], current: list[dict], first_seen: dict[str, str] | None = None) -> Diff:
+def diff_records(baseline: list[CellRecord], current: list[CellRecord], first_seen: dict[str, str] | None = None
+                 ) -> Diff:
     """`first_seen`: fingerprint → the run it first appeared in (harness/nightly/history.py first_seen)."""
     old = {_key(r): r for r in baseline}
     new = {_key(r): r for r in current}

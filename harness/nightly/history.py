@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from pathlib import Path
 
 import pandas as pd
 
 from harness.judge.fingerprint import fingerprint
+from harness.record_model import CellRecord, check_record, finished_now
 from harness.records import RunDir
 
 DEFAULT_DB = Path("reports") / "history.sqlite"  # in the working directory, beside its reports/runs/
@@ -90,7 +90,7 @@ def _columns(db: sqlite3.Connection) -> set[str]:
     return {row[1] for row in db.execute("PRAGMA table_info(results)")}
 
 
-def _fingerprint_of(record: dict) -> str | None:
+def _fingerprint_of(record: CellRecord) -> str | None:
     """The record's own fingerprint; records of earlier harnesses get one from their exception."""
     if record.get("fingerprint"):
         return record["fingerprint"]
@@ -98,14 +98,14 @@ def _fingerprint_of(record: dict) -> str | None:
     return crash.id if crash else None
 
 
-def import_records(db: sqlite3.Connection, records: list[dict], run_id: str | None = None,
+def import_records(db: sqlite3.Connection, records: list[CellRecord], run_id: str | None = None,
                    vllm_commit: str | None = None) -> list[tuple[str, str]]:
     """Store records (one run folder's, or any list); returns the (run id, GPU class) runs they belong to.
 
     The run id is the record's own (the runner writes it), else `run_id`; the vLLM commit is the record's
     `vllm_commit`, else `vllm_commit` (CI knows which vLLM build it installed)."""
     runs: dict[tuple[str, str], dict] = {}
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    now = finished_now()
     with db:
         for rec in records:
             rid = rec.get("run_id") or run_id
@@ -161,12 +161,14 @@ def results_frame(db: sqlite3.Connection, run_id: str | None = None) -> pd.DataF
                        params=params).drop(columns="record")
 
 
-def records_of(db: sqlite3.Connection, run_id: str, gpu_class: str | None = None) -> list[dict]:
-    sql, params = "SELECT record FROM results WHERE run_id = ?", [run_id]
+def records_of(db: sqlite3.Connection, run_id: str, gpu_class: str | None = None) -> list[CellRecord]:
+    """The stored records of a run (of one class), each checked against CellRecord."""
+    sql, params = "SELECT gpu_class, cell_id, record FROM results WHERE run_id = ?", [run_id]
     if gpu_class is not None:
         sql += " AND gpu_class = ?"
         params.append(gpu_class)
-    return [json.loads(row[0]) for row in db.execute(sql + " ORDER BY gpu_class, cell_id", params)]
+    return [check_record(json.loads(record), f"history record {cell_id} @{gpu} of run {run_id}")
+            for gpu, cell_id, record in db.execute(sql + " ORDER BY gpu_class, cell_id", params)]
 
 
 def classes_of(db: sqlite3.Connection, run_id: str) -> list[str]:

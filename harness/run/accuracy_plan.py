@@ -4,14 +4,16 @@ every baseline cell has finished before a cell that is compared with it starts."
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 from matrix.expand import Cell
 from matrix.load import CASES_DIR
+from matrix.schema import ModelEntry
 
 TASKS_DIR = CASES_DIR / "tasks"  # local lm-eval tasks: a folder per task with its YAML and data
 
 
-def accuracy_spec(cell: Cell, use_hub: bool) -> dict | None:
+def accuracy_spec(cell: Cell, use_hub: bool) -> dict[str, Any] | None:
     accuracy = cell.case.accuracy
     if accuracy is None:
         return None
@@ -32,7 +34,7 @@ def baselines_first(tasks: list) -> list[list]:
     return [wave for wave in (first, rest) if wave]
 
 
-def offline_reason(cell: Cell, models: dict, use_hub: bool) -> str | None:
+def offline_reason(cell: Cell, models: dict[str, ModelEntry], use_hub: bool) -> str | None:
     """Why a cell cannot run in this environment (a skip, with the reason): a model that exists only on the hub
     without hub access, or an accuracy cell where lm-eval is not installed (e.g. a GPU image without it)."""
     entry = models.get(cell.model)

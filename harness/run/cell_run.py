@@ -16,6 +16,7 @@ from harness.cell.spec import AccuracySpec, CellSpec
 from harness.judge.judge import judge_record
 from harness.judge.outcome import classify_outcome
 from harness.judge.waivers import unwaived
+from harness.record_model import CellRecord, check_record, finished_now, new_record
 from harness.records import FAILING_VERDICTS, read_tail
 from harness.run.accuracy_plan import accuracy_spec, offline_reason
 from harness.run.cell_env import cell_env
@@ -28,14 +29,14 @@ from harness.run.settings import RunSettings
 from harness.task import Task
 
 
-def base_record(task: Task, run_id: str) -> dict[str, Any]:
+def base_record(task: Task, run_id: str) -> CellRecord:
     """What every record of a task says before anything runs."""
     cell = task.cell
-    return {"cell_id": cell.cell_id, "case": cell.case.name, "model": cell.model, "axes": cell.axes,
-            "gpu_class": task.gpu_name, "emulated_from": task.emulated_from, "run_id": run_id}
+    return new_record(cell_id=cell.cell_id, case=cell.case.name, model=cell.model, axes=cell.axes,
+                      gpu_class=task.gpu_name, emulated_from=task.emulated_from, run_id=run_id)
 
 
-def cell_spec(task: Task, settings: RunSettings, engine_args: dict, mode: str) -> CellSpec:
+def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mode: str) -> CellSpec:
     """What the runner tells the cell process (SPEC.json)."""
     accuracy = accuracy_spec(task.cell, settings.use_hub)
     return CellSpec(
@@ -49,7 +50,7 @@ def cell_spec(task: Task, settings: RunSettings, engine_args: dict, mode: str) -
 
 
 def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, launcher: Launcher,
-             extra_env: dict | None = None, first_failure: str | None = None) -> dict:
+             extra_env: dict[str, str] | None = None, first_failure: str | None = None) -> CellRecord:
     """Run one cell to a judged record (not yet written); `first_failure`: why an earlier attempt failed."""
     cell, run_dir = task.cell, settings.run_dir
     stem = f"{task.key}.{os.getpid()}"  # two harnesses on one run folder (xdist workers) never share files
@@ -57,7 +58,8 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, launch
                       run_dir.log_path(cell.cell_id, task.gpu_name))
     files.result.unlink(missing_ok=True)
     # Which GPU of the machine ran the cell (its slot's pin), for reports of multi-GPU hosts.
-    record = {**base_record(task, run_dir.root.name), "gpu_index": (extra_env or {}).get("CUDA_VISIBLE_DEVICES")}
+    record: CellRecord = {**base_record(task, run_dir.root.name),
+                          "gpu_index": (extra_env or {}).get("CUDA_VISIBLE_DEVICES")}
     mode, full_because = cell_mode(cell, settings.probe_only)
     record["mode"] = mode
     if full_because:
@@ -68,7 +70,7 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, launch
         engine_args = engine_args_for(cell, task.gpu, settings.models, settings.built, settings.use_hub,
                                       probe=mode == "probe", vllm_version=settings.vllm_version)
     except KeyError as err:
-        outcome = {"status": "error", "error_tail": str(err.args[0])}
+        outcome: CellRecord = {"status": "error", "error_tail": str(err.args[0])}
         return finish(record, task, settings, outcome, started, first_failure)
     record["engine_args"] = engine_args
     spec = cell_spec(task, settings, engine_args, mode)
@@ -100,7 +102,7 @@ def _capability(task: Task) -> list[int] | None:
     return [int(major), int(minor)]
 
 
-def _load_result(path: Path) -> dict:
+def _load_result(path: Path) -> CellRecord:
     """The cell's result file as far as it got; {} where it wrote none."""
     try:
         data = json.loads(path.read_text())
@@ -109,26 +111,27 @@ def _load_result(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def finish(record: dict, task: Task, settings: RunSettings, outcome: dict, started: float,
-           first_failure: str | None = None) -> dict:
+def finish(record: CellRecord, task: Task, settings: RunSettings, outcome: CellRecord, started: float,
+           first_failure: str | None = None) -> CellRecord:
     record.update(outcome)
     record.setdefault("vllm_version", settings.vllm_version)
     record.setdefault("signature", None)
     timings = dict(record.get("timings") or {})
     timings["total_s"] = round(time.monotonic() - started, 3)
     record["timings"] = timings
-    judge_record(record, task, settings.run_dir, settings.waivers, first_failure)
-    record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    judge_record(check_record(record, f"the record of {task.key}"), task, settings.run_dir, settings.waivers,
+                 first_failure)
+    record["finished_at"] = finished_now()
     return record
 
 
-def skip_record(task: Task, reason: str, run_id: str) -> dict:
-    return {**base_record(task, run_id), "status": "skipped", "verdict": "skip", "reason": reason,
-            "expectations": [], "tags": list(task.cell.case.tags)}
+def skip_record(task: Task, reason: str, run_id: str) -> CellRecord:
+    return new_record(**base_record(task, run_id), status="skipped", verdict="skip", reason=reason,
+                      expectations=[], tags=list(task.cell.case.tags))
 
 
-def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict | None = None,
-                launcher: Launcher | None = None) -> dict:
+def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict[str, str] | None = None,
+                launcher: Launcher | None = None) -> CellRecord:
     """The judged record of one task: a skip, or its cell run (again, `retries` times, while it fails). A cell
     that a warm worker ran to anything but a pass is run again in a fresh process, and that run is the record:
     a worker polluted by an earlier cell can never cause a false FAIL."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
+from harness.record_model import CellRecord
 from harness.run.gpu_memory import GpuMemory, physical_index
 from harness.run.process import CellProcesses, pgid_of
 
@@ -25,7 +25,7 @@ def pinned_gpus(slot_env: Callable[[int], dict[str, str]] | None, jobs: int) -> 
     return {index for index in pins if index is not None}
 
 
-def check_gpu_memory(memory: GpuMemory, gpu: int, processes: CellProcesses, settle_s: float) -> dict:
+def check_gpu_memory(memory: GpuMemory, gpu: int, processes: CellProcesses, settle_s: float) -> CellRecord:
     """After a cell's process group is gone: wait (up to `settle_s`, returning as soon as it is) until its GPU
     is back at its baseline; the record's `gpu_memory`, and a `leak` line if it is not back.
     Processes of cells still running there are theirs, and while any runs the GPU's total is theirs too, so then
@@ -44,7 +44,7 @@ def check_gpu_memory(memory: GpuMemory, gpu: int, processes: CellProcesses, sett
             break
         time.sleep(GPU_POLL_S)
     leaked = sum(foreign.values()) if foreign else (above if driver_level else 0.0)
-    out: dict[str, Any] = {"gpu_memory": {
+    out: CellRecord = {"gpu_memory": {
         "gpu_index": gpu, "baseline_mib": round(baseline.used_mib, 1), "after_mib": round(used, 1),
         "leaked_mib": round(leaked, 1), "leaked_pids": {str(pid): round(mib, 1) for pid, mib in foreign.items()},
         "exclusive": exclusive, "waited_s": round(time.monotonic() - started, 3),

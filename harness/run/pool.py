@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
+from harness.record_model import CellRecord
 from harness.records import RunDir, read_json
 from harness.run.accuracy_plan import baselines_first
 from harness.run.cell_run import cell_record
@@ -22,20 +23,20 @@ from harness.run.schedule import order_tasks
 from harness.run.settings import RunSettings
 from harness.task import Task
 
-OnRecord = Callable[[dict, int, int, bool], None]
+OnRecord = Callable[[CellRecord, int, int, bool], None]
 
 
 class Pool(Protocol):
-    def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[dict]:
+    def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[CellRecord]:
         """Every task not already recorded in the run folder, run; all records, finished ones too, in task order.
         `on_record(record, done, total, resumed)` is called once per cell as it finishes (progress lines)."""
         ...
 
 
 def finished_records(tasks: list[Task], run_dir: RunDir,
-                     on_record: OnRecord | None = None) -> tuple[dict[str, dict], list[Task]]:
+                     on_record: OnRecord | None = None) -> tuple[dict[str, CellRecord], list[Task]]:
     """Resuming: (the records already in the run folder by task key, the tasks still to run)."""
-    records: dict[str, dict] = {}
+    records: dict[str, CellRecord] = {}
     todo = []
     for task in tasks:
         existing = read_json(run_dir.record_path(task.cell.cell_id, task.gpu_name))
@@ -60,7 +61,7 @@ class LocalPool:
     expected_s: dict[str, float] | None = None
     last_verdicts: dict[str, str] | None = None
 
-    def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[dict]:
+    def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[CellRecord]:
         run_dir, total, jobs = settings.run_dir, len(tasks), max(1, self.jobs)
         records, todo = finished_records(tasks, run_dir, on_record)
         if self.expected_s is not None:
@@ -136,6 +137,6 @@ def run_tasks(
     slot_env: Callable[[int], dict[str, str]] | None = None,
     expected_s: dict[str, float] | None = None,
     last_verdicts: dict[str, str] | None = None,
-) -> list[dict]:
+) -> list[CellRecord]:
     """This machine's pool in one call (see `LocalPool` and `Pool.run`)."""
     return LocalPool(jobs, slot_env, expected_s, last_verdicts).run(tasks, settings, on_record)

@@ -25,14 +25,16 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from harness.judge.judge import judge_record
+from harness.record_model import CellRecord, finished_now, new_record
 from harness.records import RunDir, record_stem
 from harness.run.accuracy_plan import baselines_first
 from harness.run.cell_run import cell_record, skip_record
 from harness.run.engine_args import models_needed
 from harness.run.models import build_models
-from harness.run.pool import finished_records
+from harness.run.pool import OnRecord, finished_records
 from harness.run.process import CellProcesses
 from harness.run.settings import RunSettings
 from harness.task import Task
@@ -44,7 +46,7 @@ def host_class(task: Task) -> str:
 
 
 def placement(task: Task, real_gpus: bool = False, pool: dict[str, GpuClass] | None = None,
-              accelerator_types: dict[str, str] | None = None) -> tuple[str, dict]:
+              accelerator_types: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
     """(the Ray resource that marks nodes of the task's class, the task's Ray options)."""
     host = host_class(task)
     if real_gpus:
@@ -63,7 +65,7 @@ def _built_here(task: Task, settings: RunSettings) -> dict[str, Path]:
     return {**settings.built, **build_models([task], settings.models, settings.cache_dir / "models")}
 
 
-def run_on_node(task: Task, settings: RunSettings, baselines: list[dict]) -> tuple[dict, bytes | None]:
+def run_on_node(task: Task, settings: RunSettings, baselines: list[CellRecord]) -> tuple[CellRecord, bytes | None]:
     """On the node: the task's judged record and its cell log. The baseline records it is compared with are
     written into the scratch run folder first, so that judging reads them as it would locally."""
     # Under the run's cache folder rather than /tmp: what a killed worker leaves is found, and cleared with it.
@@ -81,25 +83,25 @@ def run_on_node(task: Task, settings: RunSettings, baselines: list[dict]) -> tup
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def unobserved_record(task: Task, settings: RunSettings, why: str) -> dict:
+def unobserved_record(task: Task, settings: RunSettings, why: str) -> CellRecord:
     """A cell the pool could not run: an `error` for the report, never a record file (a rerun runs it)."""
     why = f"{why} (not recorded: a rerun with the same run id runs it again)"
-    record = {**skip_record(task, why, settings.run_dir.root.name), "status": "error", "error_tail": why,
-              "vllm_version": settings.vllm_version, "signature": None,
-              "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    record = new_record(**{**skip_record(task, why, settings.run_dir.root.name), "status": "error",
+                           "error_tail": why, "vllm_version": settings.vllm_version, "signature": None,
+                           "finished_at": finished_now()})
     return judge_record(record, task, settings.run_dir, settings.waivers)
 
 
 def run_tasks_on_ray(
     tasks: list[Task],
     settings: RunSettings,
-    on_record: Callable[[dict, int, int, bool], None] | None = None,
+    on_record: OnRecord | None = None,
     real_gpus: bool = False,
     pool: dict[str, GpuClass] | None = None,
     accelerator_types: dict[str, str] | None = None,
     max_retries: int = 3,
     unplaceable_after_s: float = 60.0,
-) -> list[dict]:
+) -> list[CellRecord]:
     """`run_tasks` over a Ray cluster the caller has joined (`ray.init(address=...)`); same arguments and
     records, in the order of `tasks`. Cells start baselines first, then the rest, as Ray places them."""
     import ray  # only a Ray pool needs Ray
@@ -108,7 +110,7 @@ def run_tasks_on_ray(
     run_dir, total = settings.run_dir, len(tasks)
     records, todo = finished_records(tasks, run_dir, on_record)
 
-    def keep(task: Task, record: dict, log: bytes | None, written: bool) -> None:
+    def keep(task: Task, record: CellRecord, log: bytes | None, written: bool) -> None:
         if written:
             if log is not None:
                 path = run_dir.log_path(task.cell.cell_id, task.gpu_name)
@@ -135,7 +137,7 @@ def run_tasks_on_ray(
     return [records[t.key] for t in tasks if t.key in records]
 
 
-def _baselines_of(task: Task, records: dict[str, dict]) -> list[dict]:
+def _baselines_of(task: Task, records: dict[str, CellRecord]) -> list[CellRecord]:
     """The finished baseline record a compared cell is judged against (none for a baseline or a plain cell)."""
     baseline_id = task.cell.baseline_id
     if baseline_id is None or baseline_id == task.cell.cell_id:
@@ -144,7 +146,8 @@ def _baselines_of(task: Task, records: dict[str, dict]) -> list[dict]:
     return [record] if record is not None else []
 
 
-def _drain(ray, pending: dict, keep: Callable, settings: RunSettings, unplaceable_after_s: float) -> None:
+def _drain(ray: Any, pending: dict[Any, tuple[Task, str]], keep: Callable[..., None], settings: RunSettings,
+           unplaceable_after_s: float) -> None:
     """Collect results as they come; give up on cells whose class has had no live node for a while."""
     missing_since: dict[str, float] = {}
     while pending:
@@ -181,6 +184,6 @@ class RayPool:
     unplaceable_after_s: float = 60.0
 
     def run(self, tasks: list[Task], settings: RunSettings,
-            on_record: Callable[[dict, int, int, bool], None] | None = None) -> list[dict]:
+            on_record: OnRecord | None = None) -> list[CellRecord]:
         return run_tasks_on_ray(tasks, settings, on_record, self.real_gpus, self.pool, self.accelerator_types,
                                 self.max_retries, self.unplaceable_after_s)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
+from harness.record_model import Builder, CellRecord
 from harness.vllm_compat.versions import for_version
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -18,17 +20,17 @@ BUILDER_FIELD_ALIASES = [
 ]
 
 
-def normalized_builder(fields: dict[str, Any], version: str | None) -> dict[str, Any]:
+def normalized_builder(fields: Mapping[str, Any], version: str | None) -> Builder:
     """A metadata builder's recorded fields with the current names filled in from older ones where absent."""
-    out = dict(fields)
+    out: dict[str, Any] = dict(fields)
     for aliases in for_version(BUILDER_FIELD_ALIASES, version):
         for current, older in aliases.items():
             if out.get(current) is None and out.get(older) is not None:
                 out[current] = out[older]
-    return out
+    return cast(Builder, out)
 
 
-def normalize_record(record: dict[str, Any]) -> None:
+def normalize_record(record: CellRecord) -> None:
     """Current field names on a stored record of any release (records written before a rename are judged alike)."""
     for group in record.get("attn_groups") or []:
         if group.get("builder"):

