@@ -68,9 +68,9 @@ def test_faulty_cells_do_not_stop_the_run(cases_dir, tmp_path):
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_killed_harness_resumes_without_redoing_cells(cases_dir, tmp_path, how):
-    fault_cases(cases_dir, ["slow"], matrix={"kv_cache_dtype": ["auto", "bfloat16", "fp8", "fp8_e5m2"]})
+    fault_cases(cases_dir, ["slow"], matrix={"kv_cache_dtype": ["auto", "bfloat16", "fp8", "fp8_e5m2"]}, timeout_s=30)
     run = tmp_path / "run"
-    harness = subprocess.Popen([*FAULT_RUN, str(cases_dir), str(run)], env={**ENV, "FAKE_CELL_SLEEP": "1.5"},
+    harness = subprocess.Popen([*FAULT_RUN, str(cases_dir), str(run)], env={**ENV, "FAKE_CELL_SLEEP": "3"},
                                stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while len(RunDir(run).records()) < 2:

@@ -130,12 +130,15 @@ def test_last_verdicts_are_each_cells_latest_run(tmp_path):
 def test_pilots_warm_each_backend_family_once_before_the_packed_waves(cases_dir):
     tasks = tasks_of(cases_dir, "a", {"kv_cache_dtype": ["auto", "fp8"], "attention_backend": [None, "TRITON_ATTN"]})
     tasks += tasks_of(cases_dir, "b", {"kv_cache_dtype": ["auto", "fp8", "fp8_e5m2"]}, model="ct-llama")
+    tasks += tasks_of(cases_dir, "c", {"kv_cache_dtype": ["fp8"], "kv_cache_dtype_skip_layers": [[], ["0"]]})
     pilots, rest = pilots_first([tasks], warm_families=set())
-    assert ids(pilots) == ["a[kv=auto,skip=-,spec=-,attn=-]", "a[kv=auto,skip=-,spec=-,attn=TRITON_ATTN]",
-                           "a[kv=fp8,skip=-,spec=-,attn=-]", "a[kv=fp8,skip=-,spec=-,attn=TRITON_ATTN]"]
+    # A forced backend's pilots first (the long JIT compiles), then vLLM's pick, one per KV-dtype mix.
+    assert ids(pilots) == ["a[kv=auto,skip=-,spec=-,attn=TRITON_ATTN]", "a[kv=fp8,skip=-,spec=-,attn=TRITON_ATTN]",
+                           "a[kv=auto,skip=-,spec=-,attn=-]", "a[kv=fp8,skip=-,spec=-,attn=-]",
+                           "c[kv=fp8,skip=0,spec=-]"]
     assert sorted(ids(pilots + rest)) == sorted(ids(tasks)), "every cell runs once"
     (only,) = pilots_first([tasks], warm_families={"default-bf16", "default-fp8", "TRITON_ATTN-bf16",
-                                                    "TRITON_ATTN-fp8"})
+                                                    "TRITON_ATTN-fp8", "default-fp8+bf16"})
     assert ids(only) == ids(tasks), "a warm machine runs no pilot wave"
 
 

@@ -60,12 +60,13 @@ def test_worker_faults_end_in_the_same_verdicts_as_fresh_processes(cases_dir, tm
     assert warm["killed"]["status"] == "killed" and warm["hang"]["status"] == "timeout"
     assert "CUDA error" in worker["cudaerror"]["warm_attempt"]["worker"]["retired"]
 
-    # A worker that died, retired or ran a cell that did not pass is never used again: each of those cells is
-    # followed by a fresh worker; passing cells share one.
+    # A Python exception keeps the worker; one that died (segv, killed, hang) or retired (CUDA error) is never
+    # used again: the next cell has a fresh worker.
     pids = [(worker[name].get("warm_attempt") or worker[name])["worker"]["pid"] for name in BEHAVIOURS]
-    assert pids[0] == pids[1] and pids[-2] == pids[-1], pids
-    for before, after in zip(pids[1:-2], pids[2:-1], strict=True):
+    assert pids[0] == pids[1] == pids[2] and pids[-2] == pids[-1], pids
+    for before, after in zip(pids[2:-2], pids[3:-1], strict=True):
         assert before != after, pids
+    assert worker["segv"]["warm_attempt"]["worker"]["cells_before"] == 2
     assert worker["orphan"]["worker"]["cells_before"] == 0 and worker["slow"]["worker"]["cells_before"] == 1
     for name in BEHAVIOURS:
         assert not alive(int((worker[name].get("warm_attempt") or worker[name])["worker"]["pid"])), name
@@ -74,7 +75,7 @@ def test_worker_faults_end_in_the_same_verdicts_as_fresh_processes(cases_dir, tm
     records = list(worker.values())
     report = markdown.render(records)
     assert "## Run again in a fresh process" in report
-    assert (f"2-segv[kv=auto,skip=-,spec=-] on cpu-avx512: warm worker {pids[2]} (its cell 1) saw FAIL "
+    assert (f"2-segv[kv=auto,skip=-,spec=-] on cpu-avx512: warm worker {pids[2]} (its cell 3) saw FAIL "
             "(signal_SIGSEGV); same in a fresh process") in report
     assert "run again in a fresh process: warm worker" in junit.render(records)
     assert 'class="rerun"' in html.render(records)
@@ -85,7 +86,7 @@ def test_killed_harness_leaves_no_worker_and_resumes(cases_dir, tmp_path):
                                    "matrix": {"kv_cache_dtype": ["auto", "bfloat16", "fp8", "fp8_e5m2"]}})
     run = tmp_path / "run"
     harness = subprocess.Popen([*FAULT_RUN, str(cases_dir), str(run), "1", "worker"],
-                               env={**ENV, "FAKE_CELL_SLEEP": "1.5"}, stdout=subprocess.PIPE, text=True)
+                               env={**ENV, "FAKE_CELL_SLEEP": "3"}, stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while len(RunDir(run).records()) < 2:
         assert time.monotonic() < deadline and harness.poll() is None

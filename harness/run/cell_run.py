@@ -134,7 +134,8 @@ def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, ext
                 launcher: Launcher | None = None) -> CellRecord:
     """The judged record of one task: a skip, or its cell run (again, `retries` times, while it fails). A cell
     that a warm worker ran to anything but a pass is run again in a fresh process, and that run is the record:
-    a worker polluted by an earlier cell can never cause a false FAIL."""
+    a worker polluted by an earlier cell can never cause a false FAIL. The worker itself goes on after a Python
+    exception (it retired or died by itself after anything harder: harness/run/launch.py)."""
     reason = (task.cell.skip_reason(task.context(settings.vllm_version))
               or offline_reason(task.cell, settings.models, settings.use_hub))
     if reason:
@@ -143,7 +144,6 @@ def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, ext
     launcher = launcher or fresh
     record = run_cell(task, settings, processes, launcher, extra_env)
     if launcher.isolation != fresh.isolation and _needs_fresh_process(record):
-        launcher.close()  # whatever state the worker holds is suspect now
         warm = record
         record = run_cell(task, settings, processes, fresh, extra_env)
         record["warm_attempt"] = {key: warm.get(key) for key in WARM_ATTEMPT_FIELDS}

@@ -11,6 +11,7 @@ from pathlib import Path
 from harness.judge.waivers import WAIVERS_FILE, Waiver, load_waivers
 from harness.paths import DEFAULT_CACHE
 from harness.records import RUNS_DIR, RunDir
+from harness.run.accuracy_plan import offline_reason
 from harness.run.gpu_memory import open_gpu_memory
 from harness.run.models import build_models
 from harness.run.settings import RunSettings
@@ -68,8 +69,14 @@ class Session:
         return slot_env(self.host, slot, self.slots, self.device_count, self.cores)
 
     def build_models(self, tasks: list[Task]) -> None:
-        if not self.settings.use_hub:
-            self.settings.built.update(build_models(tasks, self.settings.models, self.settings.cache_dir / "models"))
+        """The tiny models of the tasks that will run: a cell skipped here (its class, this vLLM, no lm-eval for
+        an accuracy cell) costs no build (training one takes a minute)."""
+        if self.settings.use_hub:
+            return
+        settings = self.settings
+        running = [t for t in tasks if not (t.cell.skip_reason(t.context(settings.vllm_version))
+                                            or offline_reason(t.cell, settings.models, settings.use_hub))]
+        settings.built.update(build_models(running, settings.models, settings.cache_dir / "models"))
 
 
 def session_waivers(cases_dir: Path, pool: dict[str, GpuClass]) -> list[Waiver]:
