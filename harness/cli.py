@@ -227,18 +227,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvmatrix", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def selection(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--cases-dir", default=str(CASES_DIR), help="folder of case files (default: cases/)")
-        p.add_argument("--case", action="append", help="only this case (file stem); repeatable")
-        p.add_argument("-k", help="only cells whose id contains this (or matches this glob)")
-        p.add_argument("--cell", action="append", help="only this exact cell id; repeatable")
-
-    run = sub.add_parser("run", help="run the matrix for this machine's GPU class")
-    selection(run)
+def add_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--gpu", help="GPU class to run as (default: this machine's)")
     run.add_argument("--emulate", action="store_true", help="emulate --gpu's decisions on this machine's GPU")
     run.add_argument("--run-id", help="results folder name; the same id resumes (default: date-class-version)")
@@ -264,6 +253,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run the cells as Ray tasks on the cluster at ADDRESS (harness/run/ray_pool.py)")
     run.add_argument("--ray-real-gpus", action="store_true",
                      help="with --ray: place cells by Ray's accelerator_type instead of gpu_class:<class>")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvmatrix", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def selection(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--cases-dir", default=str(CASES_DIR), help="folder of case files (default: cases/)")
+        p.add_argument("--case", action="append", help="only this case (file stem); repeatable")
+        p.add_argument("-k", help="only cells whose id contains this (or matches this glob)")
+        p.add_argument("--cell", action="append", help="only this exact cell id; repeatable")
+
+    run = sub.add_parser("run", help="run the matrix for this machine's GPU class")
+    selection(run)
+    add_run_options(run)
     run.set_defaults(func=cmd_run)
 
     lst = sub.add_parser("list", help="list the cells the cases expand to")
