@@ -3,6 +3,7 @@ tests can interrupt or kill the harness itself. Usage: fault_run.py CASES_DIR RU
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -18,6 +19,8 @@ FAKE_WORKER = (sys.executable, str(Path(__file__).with_name("fake_worker.py")))
 
 
 def main() -> None:
+    # A harness started by an xdist worker inherits SIGINT ignored; the tests interrupt it as a terminal would.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cases_dir, run_root = Path(sys.argv[1]), Path(sys.argv[2])
     jobs = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     isolation = sys.argv[4] if len(sys.argv) > 4 else "process"

@@ -19,19 +19,27 @@ import sys
 
 
 class _PatchTorchOnImport(importlib.abc.MetaPathFinder):
+    """Stays on sys.meta_path until torch is really executed: a mere `importlib.util.find_spec("torch")` (vLLM
+    asks before it imports torch) also comes here, and the spec it gets is not the one the import then uses."""
+
     def find_spec(self, name, path=None, target=None):
         if name != "torch":
             return None
-        sys.meta_path.remove(self)  # find torch's real spec, and patch once
-        spec = importlib.util.find_spec(name)
+        sys.meta_path.remove(self)  # find torch's real spec without coming back here
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
         if spec is not None and spec.loader is not None:
-            spec.loader.exec_module = _then_patch(spec.loader.exec_module)
+            spec.loader.exec_module = _then_patch(spec.loader.exec_module, self)
         return spec
 
 
-def _then_patch(exec_module):
+def _then_patch(exec_module, finder=None):
     def run(module):
         exec_module(module)
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
         from harness.vllm_compat import emulate_cpu_isa, installed_vllm_version
 
         emulate_cpu_isa(os.environ["KVMATRIX_EMULATE_CPU_ISA"], installed_vllm_version())

@@ -98,6 +98,7 @@ def import_vllm(result: CellResult, capability: list[int] | None, cpu_isa: str |
         # Before `import vllm`: its CPU platform picks a kernel build at import.
         patched = vllm_compat.emulate_cpu_isa(cpu_isa, result.data["vllm_version"])
         result.data["emulation"] = {"cpu_isa": cpu_isa, "patched_probes": patched}
+    import torch  # noqa: F401  torch before vLLM, as ever: vLLM's import-time checks see torch as the cell set it
     import vllm
 
     _imported[key] = (vllm, result.data["emulation"])
