@@ -1,6 +1,9 @@
 """The matrix as one self-contained HTML page for people: what changed since the baseline run at the top, then
-the matrix with colour by verdict, filters by cell and verdict (pre-set by `?cell=...&verdict=...` or the same
-after `#`), each cell linking to its log."""
+a grid per case (reports/html_grid.py: KV dtype × skipped layers by GPU class × the case's other axes), each
+square coloured by verdict with a one-word mark; a click on a square shows its record's details (per-layer state,
+KV groups, builders, expectations, the error, links to its log and findings page: reports/html_details.py, JSON
+embedded in the page, no server). Filters by case/cell and verdict (pre-set by `?cell=...&verdict=...` or the
+same after `#`) and a toggle for skipped squares. Below, folded, every record as a list (cells × GPU classes)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import jinja2
 
 from harness.record_model import CellRecord
 from reports.diff_md import Comparison, detail, move
+from reports.html_details import details_json
+from reports.html_grid import grids
 from reports.summary import (
     VERDICT_ORDER,
     counts,
@@ -33,8 +38,19 @@ def render(records: list[CellRecord], title: str = "kvmatrix", header: str = "",
            diff: list[Comparison] | None = None, first_seen: dict[str, str] | None = None) -> str:
     """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash."""
     df = frame(records)
-    shared = crash_counts(records)
     gpus = list(dict.fromkeys(df["gpu_class"])) if not df.empty else []
+    return _ENV.get_template("matrix.html.j2").render(
+        title=title, header=header, gpus=gpus, rows=_list_rows(records, df, gpus, log_prefix, first_seen),
+        n_cells=len(df), counts=counts(df) if not df.empty else {}, verdicts=VERDICT_ORDER,
+        diff=_diff_view(diff or []), leaks=leaks(records), reruns=fresh_reruns(records),
+        grids=[g.view(records) for g in grids(records, gpus)], details=details_json(records, log_prefix),
+    )
+
+
+def _list_rows(records: list[CellRecord], df, gpus: list[str], log_prefix: str,
+               first_seen: dict[str, str] | None) -> list[dict[str, Any]]:
+    """The list view: one row per cell id, one entry per GPU class (None: no record there)."""
+    shared = crash_counts(records)
     by_key = {(r["cell_id"], r.get("gpu_class", "?")): r for r in records}
     rows = []
     for cell_id in dict.fromkeys(df["cell_id"]):
@@ -53,11 +69,7 @@ def render(records: list[CellRecord], title: str = "kvmatrix", header: str = "",
             })
         rows.append({"cell_id": cell_id, "entries": entries,
                      "verdicts": sorted({e["verdict"] for e in entries if e})})
-    return _ENV.get_template("matrix.html.j2").render(
-        title=title, header=header, gpus=gpus, rows=rows, n_cells=len(df),
-        counts=counts(df) if not df.empty else {}, verdicts=VERDICT_ORDER, diff=_diff_view(diff or []),
-        leaks=leaks(records), reruns=fresh_reruns(records),
-    )
+    return rows
 
 
 def _diff_view(comparisons: list[Comparison]) -> list[dict[str, Any]]:
