@@ -75,8 +75,9 @@ def _list_rows(records: list[CellRecord], df, gpus: list[str], log_prefix: str,
 def _diff_view(comparisons: list[Comparison]) -> list[dict[str, Any]]:
     return [
         {"heading": comp.heading, "compared": comp.baseline is not None, "unchanged": comp.diff.unchanged,
+         "empty": comp.diff.is_empty,
          "sections": [{"title": title, "changes": [
-             {"cell_id": ch.cell_id, "verdict": ch.after or "gone", "move": move(ch), "detail": detail(ch)}
+             {"cell_id": ch.cell_id, "verdict": ch.after or "absent", "move": move(ch), "detail": detail(ch)}
              for ch in changes]} for title, changes in comp.diff.sections()]}
         for comp in comparisons
     ]
