@@ -7,6 +7,7 @@ same after `#`) and a toggle for skipped squares. Below, folded, every record as
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +15,9 @@ import jinja2
 
 from harness.record_model import CellRecord
 from reports.diff_md import Comparison, detail, move
-from reports.html_details import details_json
+from reports.html_details import details_json, facts_text
 from reports.html_grid import grids
-from reports.summary import (
-    VERDICT_ORDER,
-    counts,
-    crash_counts,
-    facts,
-    frame,
-    fresh_rerun,
-    fresh_reruns,
-    leaks,
-    same_crash,
-)
+from reports.summary import VERDICT_ORDER, crash_counts, fresh_rerun, fresh_reruns, leaks, same_crash
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
@@ -37,30 +28,31 @@ _ENV = jinja2.Environment(
 def render(records: list[CellRecord], title: str = "kvmatrix", header: str = "", log_prefix: str = "",
            diff: list[Comparison] | None = None, first_seen: dict[str, str] | None = None) -> str:
     """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash."""
-    df = frame(records)
-    gpus = list(dict.fromkeys(df["gpu_class"])) if not df.empty else []
+    gpus = list(dict.fromkeys(r.get("gpu_class", "?") for r in records))
+    shown = [facts_text(r) for r in records]  # once per record: the list and the details panel show them
+    got = Counter(r["verdict"] for r in records)
     return _ENV.get_template("matrix.html.j2").render(
-        title=title, header=header, gpus=gpus, rows=_list_rows(records, df, gpus, log_prefix, first_seen),
-        n_cells=len(df), counts=counts(df) if not df.empty else {}, verdicts=VERDICT_ORDER,
+        title=title, header=header, gpus=gpus, rows=_list_rows(records, shown, gpus, log_prefix, first_seen),
+        n_cells=len(records), counts={v: got[v] for v in VERDICT_ORDER if got[v]}, verdicts=VERDICT_ORDER,
         diff=_diff_view(diff or []), leaks=leaks(records), reruns=fresh_reruns(records),
-        grids=[g.view(records) for g in grids(records, gpus)], details=details_json(records, log_prefix),
+        grids=[g.view(records) for g in grids(records, gpus)], details=details_json(records, log_prefix, shown),
     )
 
 
-def _list_rows(records: list[CellRecord], df, gpus: list[str], log_prefix: str,
+def _list_rows(records: list[CellRecord], shown: list[str], gpus: list[str], log_prefix: str,
                first_seen: dict[str, str] | None) -> list[dict[str, Any]]:
     """The list view: one row per cell id, one entry per GPU class (None: no record there)."""
     shared = crash_counts(records)
-    by_key = {(r["cell_id"], r.get("gpu_class", "?")): r for r in records}
+    by_key = {(r["cell_id"], r.get("gpu_class", "?")): (r, text) for r, text in zip(records, shown, strict=True)}
     rows = []
-    for cell_id in dict.fromkeys(df["cell_id"]):
+    for cell_id in dict.fromkeys(r["cell_id"] for r in records):
         entries = []
         for gpu in gpus:
-            r = by_key.get((cell_id, gpu))
+            r, text = by_key.get((cell_id, gpu), (None, ""))
             entries.append(r and {
                 "verdict": r["verdict"],
                 "reason": r.get("reason", ""),
-                "facts": " · ".join(f"{k} {v}" for k, v in facts(r).items()),
+                "facts": text,
                 "log": f"{log_prefix}{r['log']}" if r.get("log") else None,
                 "emulated_from": r.get("emulated_from"),
                 "leak": r.get("leak"),

@@ -47,25 +47,30 @@ class _Shared:
 
     def __init__(self):
         self.tables: list[list] = []
-        self._index: dict[str, int] = {}
+        self._index: dict[tuple, int] = {}
 
     def ref(self, table: list[list]) -> int | None:
         if not table:
             return None
-        key = json.dumps(table, default=str)
+        key = tuple(tuple(str(x) if isinstance(x, (list, dict)) else x for x in row) for row in table)
         if key not in self._index:
             self._index[key] = len(self.tables)
             self.tables.append(table)
         return self._index[key]
 
 
-def _entry(record: CellRecord, shared: _Shared, run_prefix: str, finding: bool) -> dict:
+def facts_text(record: CellRecord) -> str:
+    return " · ".join(f"{k} {v}" for k, v in facts(record).items())
+
+
+def _entry(record: CellRecord, shared: _Shared, run_prefix: str, finding: bool, shown: str) -> dict:
     entry = {
-        "id": record["cell_id"], "gpu": record.get("gpu_class", "?"), "v": record["verdict"],
+        "gpu": record.get("gpu_class", "?"), "v": record["verdict"],
         "reason": record.get("reason", ""),
-        "facts": " · ".join(f"{k} {v}" for k, v in facts(record).items()),
+        "facts": shown,
         "L": shared.ref(_layers(record)), "G": shared.ref(_groups(record)), "B": shared.ref(_builders(record)),
-        "E": [[e.get("rule"), bool(e.get("ok")), e.get("detail", "")] for e in record.get("expectations") or []],
+        "E": shared.ref([[e.get("rule"), bool(e.get("ok")), e.get("detail", "")]
+                         for e in record.get("expectations") or []]),
     }
     if tail := record.get("error_tail"):
         entry["tail"] = tail[-ERROR_TAIL_CHARS:]
@@ -76,14 +81,17 @@ def _entry(record: CellRecord, shared: _Shared, run_prefix: str, finding: bool) 
     return {k: v for k, v in entry.items() if v not in (None, "", [])}
 
 
-def details_json(records: list[CellRecord], run_prefix: str = "") -> str:
+def details_json(records: list[CellRecord], run_prefix: str = "", shown: list[str] | None = None) -> str:
     """The panel's data, indexed like `records`, as JSON safe inside a <script> element. `run_prefix`: the run
-    folder relative to the page (logs and findings pages are named relative to it)."""
+    folder relative to the page (logs and findings pages are named relative to it); `shown`: each record's
+    facts_text where the caller has them already."""
     shared = _Shared()
     failures = {id(r) for r in unexplained(records)}
+    shown = shown or [facts_text(r) for r in records]
     data = {
         "columns": {"L": LAYER_COLUMNS, "G": GROUP_COLUMNS, "B": BUILDER_COLUMNS},
-        "records": [_entry(r, shared, run_prefix, id(r) in failures) for r in records],
+        "records": [_entry(r, shared, run_prefix, id(r) in failures, text)
+                    for r, text in zip(records, shown, strict=True)],
         "tables": shared.tables,
     }
     text = json.dumps(data, separators=(",", ":"), default=str)

@@ -71,7 +71,7 @@ class Grid:
             return None
         r = records[index]
         return {"i": index, "verdict": r["verdict"], "mark": mark(r), "cell_id": r["cell_id"],
-                "title": f"{r['cell_id']} on {r.get('gpu_class', '?')}: {r['verdict'].upper()} {r.get('reason', '')}",
+                "title": f"{r.get('gpu_class', '?')}: {r['verdict'].upper()} {r.get('reason', '')}",
                 "emulated": bool(r.get("emulated_from")), "leak": bool(r.get("leak"))}
 
 

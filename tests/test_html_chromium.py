@@ -45,7 +45,7 @@ class MatrixRows(HTMLParser):
         if tag == "body":
             self.body_class = attrs.get("class") or ""
         elif tag == "td" and "sq" in classes:
-            self.squares.append((attrs["data-cell"], attrs["data-v"], "off" in classes))
+            self.squares.append((attrs["data-cell"], classes[1], "off" in classes))  # class="sq <verdict> ..."
         elif tag == "tr" and "data-cell" in attrs:
             self.rows.append((attrs["data-cell"], "hidden" in attrs))
         elif tag == "a" and attrs.get("href", "").endswith(".log"):

@@ -15,7 +15,7 @@ function applyFilter() {
   for (const grid of document.querySelectorAll("#grids .grid-case")) {
     let any = false;
     for (const sq of grid.querySelectorAll("td.sq")) {
-      const ok = (!t || sq.dataset.cell.includes(t)) && (!v || sq.dataset.v === v);
+      const ok = (!t || sq.dataset.cell.includes(t)) && (!v || sq.classList.contains(v));
       sq.classList.toggle("off", !ok);
       any = any || ok;
     }
@@ -47,14 +47,14 @@ function show(sq) {
   const r = data.records[+sq.dataset.i];
   for (const old of document.querySelectorAll("td.sq.selected")) old.classList.remove("selected");
   sq.classList.add("selected");
-  const expectations = (r.E || []).map((e) =>
+  const expectations = shared(r.E).map((e) =>
     `<tr><td class="${e[1] ? "ok-yes" : "ok-no"}">${e[1] ? "ok" : "not ok"}</td><td>${esc(e[0])}</td><td>${esc(e[2])}</td></tr>`
   ).join("");
   const links = [r.log ? `<a class="log" href="${esc(r.log)}">log</a>` : "",
                  r.finding ? `<a class="finding" href="${esc(r.finding)}">findings page</a>` : ""].filter(Boolean);
   panel.innerHTML =
     `<button class="close" type="button">close</button>` +
-    `<h2 class="details-title">${esc(r.id)} on ${esc(r.gpu)}</h2>` +
+    `<h2 class="details-title">${esc(sq.dataset.cell)} on ${esc(r.gpu)}</h2>` +
     `<p><span class="verdict ${esc(r.v)}">${esc(r.v.toUpperCase())}</span> ${esc(r.reason)}</p>` +
     (r.facts ? `<p class="facts">${esc(r.facts)}</p>` : "") +
     (links.length ? `<p>${links.join(" · ")}</p>` : "") +
@@ -84,7 +84,6 @@ applySkip();
 const open = preset.get("open");
 if (open) {
   const at = open.lastIndexOf("@"), cell = open.slice(0, at), gpu = open.slice(at + 1);
-  const i = data.records.findIndex((r) => r.id === cell && r.gpu === gpu);
-  const sq = document.querySelector(`td.sq[data-i="${i}"]`);
+  const sq = [...document.querySelectorAll("td.sq")].find((s) => s.dataset.cell === cell && data.records[+s.dataset.i].gpu === gpu);
   if (sq) sq.click();
 }
