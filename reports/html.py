@@ -16,7 +16,7 @@ import jinja2
 from harness.record_model import CellRecord
 from reports.diff_md import Comparison, detail, move
 from reports.html_details import details_json, facts_text
-from reports.html_grid import grids
+from reports.html_grid import History, grids
 from reports.summary import VERDICT_ORDER, crash_counts, fresh_rerun, fresh_reruns, leaks, same_crash
 
 _ENV = jinja2.Environment(
@@ -26,8 +26,10 @@ _ENV = jinja2.Environment(
 
 
 def render(records: list[CellRecord], title: str = "kvmatrix", header: str = "", log_prefix: str = "",
-           diff: list[Comparison] | None = None, first_seen: dict[str, str] | None = None) -> str:
-    """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash."""
+           diff: list[Comparison] | None = None, first_seen: dict[str, str] | None = None,
+           history: History | None = None) -> str:
+    """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash; `history`
+    (harness/nightly/history.py verdict_history) gives each square a strip of its last runs' verdicts."""
     gpus = list(dict.fromkeys(r.get("gpu_class", "?") for r in records))
     shown = [facts_text(r) for r in records]  # once per record: the list and the details panel show them
     got = Counter(r["verdict"] for r in records)
@@ -35,7 +37,8 @@ def render(records: list[CellRecord], title: str = "kvmatrix", header: str = "",
         title=title, header=header, gpus=gpus, rows=_list_rows(records, shown, gpus, log_prefix, first_seen),
         n_cells=len(records), counts={v: got[v] for v in VERDICT_ORDER if got[v]}, verdicts=VERDICT_ORDER,
         diff=_diff_view(diff or []), leaks=leaks(records), reruns=fresh_reruns(records),
-        grids=[g.view(records) for g in grids(records, gpus)], details=details_json(records, log_prefix, shown),
+        grids=[g.view(records, history) for g in grids(records, gpus)],
+        details=details_json(records, log_prefix, shown, history),
     )
 
 

@@ -48,6 +48,10 @@ class _Shared:
     def __init__(self):
         self.tables: list[list] = []
         self._index: dict[tuple, int] = {}
+        self.runs: dict[str, int] = {}
+
+    def run(self, run_id: str) -> int:
+        return self.runs.setdefault(run_id, len(self.runs))
 
     def ref(self, table: list[list]) -> int | None:
         if not table:
@@ -63,7 +67,8 @@ def facts_text(record: CellRecord) -> str:
     return " · ".join(f"{k} {v}" for k, v in facts(record).items())
 
 
-def _entry(record: CellRecord, shared: _Shared, run_prefix: str, finding: bool, shown: str) -> dict:
+def _entry(record: CellRecord, shared: _Shared, run_prefix: str, finding: bool, shown: str,
+           runs: list[tuple[str, str]]) -> dict:
     entry = {
         "gpu": record.get("gpu_class", "?"), "v": record["verdict"],
         "reason": record.get("reason", ""),
@@ -74,6 +79,8 @@ def _entry(record: CellRecord, shared: _Shared, run_prefix: str, finding: bool, 
     }
     if tail := record.get("error_tail"):
         entry["tail"] = tail[-ERROR_TAIL_CHARS:]
+    if len(runs) > 1:
+        entry["H"] = [[shared.run(run_id), verdict] for run_id, verdict in runs]
     if record.get("log"):
         entry["log"] = f"{run_prefix}{record['log']}"
     if finding:
@@ -81,18 +88,21 @@ def _entry(record: CellRecord, shared: _Shared, run_prefix: str, finding: bool, 
     return {k: v for k, v in entry.items() if v not in (None, "", [])}
 
 
-def details_json(records: list[CellRecord], run_prefix: str = "", shown: list[str] | None = None) -> str:
+def details_json(records: list[CellRecord], run_prefix: str = "", shown: list[str] | None = None,
+                 history: dict[tuple[str, str], list[tuple[str, str]]] | None = None) -> str:
     """The panel's data, indexed like `records`, as JSON safe inside a <script> element. `run_prefix`: the run
     folder relative to the page (logs and findings pages are named relative to it); `shown`: each record's
-    facts_text where the caller has them already."""
+    facts_text where the caller has them already; `history`: (GPU class, cell id) → [(run id, verdict)]."""
     shared = _Shared()
     failures = {id(r) for r in unexplained(records)}
     shown = shown or [facts_text(r) for r in records]
     data = {
         "columns": {"L": LAYER_COLUMNS, "G": GROUP_COLUMNS, "B": BUILDER_COLUMNS},
-        "records": [_entry(r, shared, run_prefix, id(r) in failures, text)
+        "records": [_entry(r, shared, run_prefix, id(r) in failures, text,
+                           (history or {}).get((r.get("gpu_class") or "?", r["cell_id"])) or [])
                     for r, text in zip(records, shown, strict=True)],
         "tables": shared.tables,
+        "runs": list(shared.runs),
     }
     text = json.dumps(data, separators=(",", ":"), default=str)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")

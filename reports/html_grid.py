@@ -1,8 +1,9 @@
 """The HTML report's view of each case as a grid: rows are the case's KV-cache dtype × skipped layers, columns
 its GPU classes × (speculative, attention backend) where the case varies them. Each square is one record: its
 verdict's colour and a one-word mark (the failure's name, or the resolved KV dtype where it differs from the
-requested one). Pure data for the template (reports/templates/matrix.html.j2); the square's details, shown when
-it is clicked, are in reports/html_details.py."""
+requested one), and given the history database's verdicts, a strip of its cell's last runs. Pure data for the
+template (reports/templates/matrix.html.j2); the square's details, shown when it is clicked, are in
+reports/html_details.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from harness.judge.fingerprint import failure_name
 from harness.record_model import CellRecord
 
+History = dict[tuple[str, str], list[tuple[str, str]]]  # (GPU class, cell id) → [(run id, verdict)], oldest first
 ROW_AXES = ("kv_cache_dtype", "kv_cache_dtype_skip_layers")
 COLUMN_AXES = ("speculative", "attention_backend")  # shown only where the case varies them
 _SHORT = {"kv_cache_dtype": "kv", "kv_cache_dtype_skip_layers": "skip", "speculative": "spec",
@@ -51,13 +53,15 @@ class Grid:
     columns: list[tuple[str, ...]] = field(default_factory=list)
     squares: dict[tuple[tuple[str, ...], tuple[str, ...]], int] = field(default_factory=dict)  # → record index
 
-    def view(self, records: list[CellRecord]) -> dict:
-        """The template's view: header rows (one per column axis), and per row its squares (None: no record)."""
+    def view(self, records: list[CellRecord], history: History | None = None) -> dict:
+        """The template's view: header rows (one per column axis), and per row its squares (None: no record).
+        `history`: each square's verdicts in its class's last runs (harness/nightly/history.py verdict_history),
+        shown as a strip in the square."""
         header = [{"axis": _SHORT.get(axis, axis), "spans": _spans([c[: depth + 1] for c in self.columns])}
                   for depth, axis in enumerate(self.column_axes)]
         rows = []
         for row in self.rows:
-            squares = [self._square(records, self.squares.get((row, column))) for column in self.columns]
+            squares = [self._square(records, self.squares.get((row, column)), history or {}) for column in self.columns]
             label = (" · ".join(f"{_SHORT[a]} {v}" for a, v in zip(self.row_axes, row, strict=True))
                      if len(row) > 1 else row[0])
             rows.append({"label": label, "squares": squares,
@@ -66,11 +70,13 @@ class Grid:
                 "verdicts": sorted({records[i]["verdict"] for i in self.squares.values()})}
 
     @staticmethod
-    def _square(records: list[CellRecord], index: int | None) -> dict | None:
+    def _square(records: list[CellRecord], index: int | None, history: History) -> dict | None:
         if index is None:
             return None
         r = records[index]
+        runs = history.get((r.get("gpu_class") or "?", r["cell_id"])) or []
         return {"i": index, "verdict": r["verdict"], "mark": mark(r), "cell_id": r["cell_id"],
+                "history": [verdict for _, verdict in runs] if len(runs) > 1 else [],
                 "title": f"{r.get('gpu_class', '?')}: {r['verdict'].upper()} {r.get('reason', '')}",
                 "emulated": bool(r.get("emulated_from")), "leak": bool(r.get("leak"))}
 

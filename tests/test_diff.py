@@ -107,6 +107,18 @@ def test_a_partial_run_does_not_call_the_cells_it_did_not_select_gone():
     assert "gone" not in text
 
 
+def test_each_cells_verdicts_in_its_classs_last_runs_up_to_a_run(tmp_path):
+    db = history.open_db(tmp_path / "history.sqlite")
+    history.import_records(db, night_1())
+    history.import_records(db, night_2())
+    night2 = history.verdict_history(db, "night-2")
+    assert night2[(CPU, BF16)] == [("night-1", "pass"), ("night-2", "fail")]
+    assert night2[(CPU, E5M2)] == [("night-1", "pass")]  # not in night 2: its last run that held it
+    assert night2[(CPU, MLA_FP8)] == [("night-2", "xfail")]
+    assert history.verdict_history(db, "night-1")[(CPU, BF16)] == [("night-1", "pass")]  # later runs left out
+    assert history.verdict_history(db, "night-2", last=1)[(CPU, BF16)] == [("night-2", "fail")]
+
+
 def test_a_flaky_failure_is_a_new_failure_marked_flaky():
     before = night_1()
     after = copy.deepcopy(before)

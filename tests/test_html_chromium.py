@@ -1,8 +1,9 @@
 """The HTML report in a real headless Chromium: loaded from disk, the diff sits above the grids and the list, each
 cell links to its log, the filters (pre-set from the URL, as a shared link would) really hide rows and fade
-squares; on the recorded H200 run (several classes; pass, fail, error, skip) each record is a square of its case's
-grid, a click on a square (`?open=`, which clicks it) opens its details with the per-layer table, and the skip
-toggle hides skipped squares. Screenshots are kept under reports/out/ as the test's artefacts."""
+squares, and a square shows its cell's last runs (history strip, and a table in its details); on the recorded
+H200 run (several classes; pass, fail, error, skip) each record is a square of its case's grid, a click on a
+square (`?open=`, which clicks it) opens its details with the per-layer table, and the skip toggle hides skipped
+squares. Screenshots are kept under reports/out/ as the test's artefacts."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from harness.records import RunDir
 from reports import html
 from tests.conftest import FIXTURES
 from tests.test_diff import BF16, SKIP_AUTO, SKIP_FP8, night_1, night_2
-from tests.test_history import write_run
+from tests.test_history import CPU, write_run
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTEFACTS = Path(__file__).resolve().parent.parent / "reports" / "out"
@@ -110,6 +111,15 @@ def test_verdict_filter_from_the_url_hides_other_rows(report, tmp_path):
 def test_cell_filter_from_the_fragment_hides_other_rows(report, tmp_path):
     rows = dom(tmp_path / "profile", f"{report.as_uri()}#cell=llama-skip")
     assert sorted(cell for cell, hidden in rows.rows if not hidden) == [SKIP_AUTO, SKIP_FP8]
+
+
+def test_a_square_shows_its_cells_last_runs(report, tmp_path):
+    """The history strip (from the history database `kvmatrix diff` reads): the bf16 cell passed, then failed."""
+    text = dom(tmp_path / "profile", f"{report.as_uri()}?open={BF16}@{CPU}").text
+    square = re.search(r'<td class="sq fail[^"]*"[^>]*data-cell="' + re.escape(BF16) + r'"[^>]*>(.*?)</td>', text)
+    assert square and '<span class="hist"><i class="pass"></i><i class="fail"></i></span>' in square.group(1)
+    runs = re.search(r'<table class="history">(.*?)</table>', details_panel(text), re.S).group(1)
+    assert "<td>night-1</td><td>pass</td></tr><tr><td>night-2</td><td>fail</td>" in runs
 
 
 def test_screenshot_is_saved_as_an_artefact(report, tmp_path):
