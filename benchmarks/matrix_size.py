@@ -24,7 +24,7 @@ from harness.judge.verdict import judge
 from harness.nightly import history
 from matrix.expand import expand_all
 from matrix.load import CASES_DIR, load_cases, load_models, load_pool
-from reports import html, junit, markdown
+from reports import html, html_details, junit, markdown
 
 CLASSES = ("L4", "A100", "H100", "H200", "B200", "RTX-PRO-6000")
 STATUSES = ("ok", "ok", "ok", "ok", "ok", "ok", "crash", "timeout")  # mostly healthy, as a nightly is
@@ -78,7 +78,7 @@ def synthetic_record(cell, gpu_name: str, n: int, run_id: str) -> dict:
         "gpu_class": gpu_name, "emulated_from": None, "run_id": run_id, "vllm_version": "0.32.0",
         "status": status, "phase": "done" if status == "ok" else "generate",
         "signature": "dtype_mismatch_at_decode" if status == "crash" else None,
-        "error_tail": None if status == "ok" else f"{status} in phase generate",
+        **({} if status == "ok" else {"error_tail": f"{status} in phase generate"}),  # a str where there is one
         "layers": layers, "kv_groups": groups, "attn_groups": builders,
         "timings": {"import_s": 3.1, "init_s": 8.2 + n % 7, "generate_s": 0.1, "total_s": 11.4 + n % 7},
         "log": f"logs/{gpu_name}--{cell.cell_id}.log", "finished_at": f"2026-11-{1 + n % 28:02d}T02:00:00Z",
@@ -121,8 +121,10 @@ def matrix_benchmark(scratch: Path, n_cases: int, n_classes: int) -> float:
                 records.append(record)
     with stage("render Markdown", times):
         markdown.render(records, "synthetic")
-    with stage("render HTML", times):
-        html.render(records, "synthetic")
+    with stage("render HTML (grids, details JSON, list)", times):
+        page = html.render(records, "synthetic")
+    print(f"  (HTML page: {len(page.encode()) / 2**20:.1f} MiB, of it the details JSON "
+          f"{len(html_details.details_json(records).encode()) / 2**20:.1f} MiB)")
     with stage("render JUnit", times):
         junit.render(records)
     judging = times["judge (skip rules + expectations)"]

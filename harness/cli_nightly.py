@@ -60,7 +60,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         # Records name their log relative to their run folder; the page may be written elsewhere.
         logs = os.path.relpath(Path(args.runs_dir) / run_id, out.parent) + "/"
         out.write_text(html.render(history.records_of(db, run_id), f"kvmatrix {run_id}", log_prefix=logs,
-                                   diff=comparisons, first_seen=seen))
+                                   diff=comparisons, first_seen=seen, history=history.verdict_history(db, run_id)))
     new_failures = any(c.diff.new_failures for c in comparisons)
     return 1 if new_failures and args.fail_on == "new" else 0
 

@@ -25,9 +25,9 @@ class Comparison:
 
 
 def move(change: Change) -> str:
-    """The verdict's move: `pass → fail`, `new: fail`, `gone (was pass)`."""
+    """The verdict's move: `pass → fail`, `new: fail`, `not in this run (was pass)`."""
     text = (f"new: {change.after}" if change.before is None
-            else f"gone (was {change.before})" if change.after is None
+            else f"not in this run (was {change.before})" if change.after is None
             else change.after if change.before == change.after
             else f"{change.before} → {change.after}")
     return text + (" (flaky)" if change.flaky else "")
@@ -48,8 +48,9 @@ def render(comparisons: list[Comparison], title: str = "What changed") -> str:
         if comp.baseline is None:
             continue
         if comp.diff.is_empty:
-            lines += [f"No changes in {comp.diff.unchanged} cells"
-                      + (f"; {len(comp.diff.still_failing)} still failing." if comp.diff.still_failing else "."), ""]
+            still, absent = len(comp.diff.still_failing), len(comp.diff.not_in_run)
+            lines += [f"No changes in {comp.diff.unchanged} cells" + (f"; {still} still failing" if still else "")
+                      + (f"; {absent} of the baseline's cells not in this run" if absent else "") + ".", ""]
         for section, changes in comp.diff.sections():
             lines += [f"**{section}** ({len(changes)})", ""]
             for change in changes:

@@ -64,7 +64,7 @@ def test_each_kind_of_change_is_found():
     assert (changed.cell_id, changed.before, changed.after) == (SKIP_FP8, "pass", "pass")
     assert changed.what == ("backend CPU_ATTN → TRITON_ATTN", "page 16384 → 32768")
     assert [(c.cell_id, c.after) for c in diff.appeared] == [(MLA_FP8, "xfail")]
-    assert [(c.cell_id, c.before, c.after) for c in diff.disappeared] == [(E5M2, "pass", None)]
+    assert [(c.cell_id, c.before, c.after) for c in diff.not_in_run] == [(E5M2, "pass", None)]
     assert diff.unchanged == 1 and not diff.verdict_changed and not diff.still_failing
 
 
@@ -87,8 +87,36 @@ def test_cells_are_compared_within_their_gpu_class():
     cpu = night_1()
     l4 = [{**r, "gpu_class": "L4"} for r in cpu]
     diff = diff_records(cpu, l4)
-    assert {c.gpu_class for c in diff.disappeared} == {CPU}
+    assert {c.gpu_class for c in diff.not_in_run} == {CPU}
     assert {c.gpu_class for c in diff.appeared + diff.new_failures} == {"L4"}
+
+
+def test_a_partial_run_does_not_call_the_cells_it_did_not_select_gone():
+    """Night 2 ran only `-k ct-llama[kv=auto`: the other baseline cells are not in it, which is no change."""
+    partial = [r for r in night_1() if r["cell_id"] == AUTO]
+    for record in partial:
+        record["run_id"] = "night-2"
+    diff = diff_records(night_1(), partial)
+    assert diff.is_empty and diff.unchanged == 1
+    assert not diff.new_failures and not diff.fixed and not diff.appeared
+    assert sorted(c.cell_id for c in diff.not_in_run) == sorted([BF16, E5M2, SKIP_AUTO, SKIP_FP8])
+    assert {c.after for c in diff.not_in_run} == {None}
+    text = diff_md.render([diff_md.Comparison(CPU, "night-2", "night-1", diff)])
+    assert "No changes in 1 cells; 4 of the baseline's cells not in this run." in text
+    assert f"- `{SKIP_AUTO}`: not in this run (was fail)" in text
+    assert "gone" not in text
+
+
+def test_each_cells_verdicts_in_its_classs_last_runs_up_to_a_run(tmp_path):
+    db = history.open_db(tmp_path / "history.sqlite")
+    history.import_records(db, night_1())
+    history.import_records(db, night_2())
+    night2 = history.verdict_history(db, "night-2")
+    assert night2[(CPU, BF16)] == [("night-1", "pass"), ("night-2", "fail")]
+    assert night2[(CPU, E5M2)] == [("night-1", "pass")]  # not in night 2: its last run that held it
+    assert night2[(CPU, MLA_FP8)] == [("night-2", "xfail")]
+    assert history.verdict_history(db, "night-1")[(CPU, BF16)] == [("night-1", "pass")]  # later runs left out
+    assert history.verdict_history(db, "night-2", last=1)[(CPU, BF16)] == [("night-2", "fail")]
 
 
 def test_a_flaky_failure_is_a_new_failure_marked_flaky():
@@ -115,7 +143,7 @@ def test_kvmatrix_diff_prints_markdown_and_fails_on_new_failures_only(tmp_path, 
             " tokens changed; model.layers.0.self_attn.attn: kv_cache_dtype is 'fp8', expected 'bfloat16'") in out
     assert f"- `{SKIP_AUTO}`: fail → pass: kv fp8 → auto" in out
     assert f"- `{SKIP_FP8}`: pass: backend CPU_ATTN → TRITON_ATTN; page 16384 → 32768" in out
-    assert f"- `{E5M2}`: gone (was pass)" in out
+    assert f"- `{E5M2}`: not in this run (was pass)" in out
     text = page.read_text()
     assert text.index('id="diff"') < text.index('id="matrix"')
     assert f'href="./logs/{CPU}--ct-llama[kv=bfloat16,skip=-,spec=-].log"' in text

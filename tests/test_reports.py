@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 
 from reports import html, junit, markdown
+from reports.html_details import details_json
+from reports.html_grid import grids, mark
 from reports.summary import cell_text
 from tests.test_verdict import record, verdict
 
@@ -60,6 +63,28 @@ def test_html_colours_links_and_filters():
     assert page.count('<td class="fail"') == 2 and page.count('<td class="xfail"') == 1
     assert '<a href="logs/ct_llama-auto.log">PASS</a>' in page
     assert 'id="filter-verdict"' in page and 'data-cell="ct-llama[kv=auto,skip=-,spec=-]"' in page
+
+
+def test_a_grid_per_case_with_a_one_word_mark_per_square():
+    ct, mla = grids(RECORDS, ["cpu-avx512", "H200"])
+    assert (ct.case, ct.rows, ct.columns) == ("ct-llama", [("auto", "-"), ("bfloat16", "-")], [("cpu-avx512",)])
+    assert mla.columns == [("cpu-avx512",), ("H200",)] and mla.rows == [("fp8", "0")]
+    # the bf16 cell resolved fp8 (its regression), the MLA crash is named by its signature, a pass is a pass
+    assert [mark(r) for r in RECORDS] == ["pass", "kv fp8", "dtype_mismatch_at_decode", "dtype_mismatch_at_decode"]
+    view = mla.view(RECORDS)
+    assert [h["axis"] for h in view["header"]] == ["gpu"]
+    assert [sq["i"] for sq in view["rows"][0]["squares"]] == [2, 3] and not view["rows"][0]["all_skip"]
+
+
+def test_details_json_shares_tables_and_links_a_failures_findings_page():
+    data = json.loads(details_json(RECORDS, "../run/"))
+    first, regression = data["records"][:2]
+    assert first["L"] == regression["L"] and len(data["tables"]) < 3 * len(RECORDS)  # one fixture, one table
+    assert data["tables"][first["L"]][0][:4] == ["model.layers.0.self_attn.attn", "target", "CPU_ATTN", "fp8"]
+    assert regression["log"] == "../run/logs/ct_llama-auto.log"
+    assert regression["finding"].startswith("../run/findings/cpu-avx512--ct-llama%5Bkv%3Dbfloat16")
+    assert [e[1] for e in data["tables"][regression["E"]]].count(False) == 1 and "finding" not in first
+    assert "<" not in details_json([{**RECORDS[0], "reason": "</script>"}])
 
 
 def test_junit_counts_and_kinds():

@@ -1,6 +1,12 @@
 """What changed between two runs: new failures, fixed cells, other verdict changes, records whose resolved state
 moved while the verdict stayed (a backend switch, a new page size or query dtype is a regression waiting to be
-noticed), and cells that appeared or disappeared. Pure logic over records, keyed by (GPU class, cell id).
+noticed), cells new in this run, and cells of the baseline that this run has no record of. Pure logic over
+records, keyed by (GPU class, cell id).
+
+A run may select only some cells (`kvmatrix run -k ...`, `--case`, `--cell`) and nothing it records says which
+it selected, so a baseline cell missing from the run is not called gone: it is "not in this run" (not selected,
+or no longer in the matrix), listed apart, and does not make the diff non-empty. Only cells present in both
+runs are compared.
 New failures that share a crash fingerprint are listed together, each saying how many other cells of the run
 crashed the same way (and, given the history's first sightings, since when)."""
 
@@ -19,9 +25,9 @@ class Change:
     gpu_class: str
     cell_id: str
     before: str | None  # verdict in the baseline; None: the cell was not there
-    after: str | None  # verdict now; None: the cell is gone
+    after: str | None  # verdict now; None: the run has no record of the cell
     what: tuple[str, ...] = ()  # "kv bfloat16 → fp8", ...
-    reason: str = ""  # the current record's reason (the baseline's for a disappeared cell)
+    reason: str = ""  # the current record's reason (the baseline's for a cell not in this run)
     flaky: bool = False
     fingerprint: str | None = None  # the current record's crash (harness/judge/fingerprint.py)
     same_crash: int = 0  # other cells of the current run with that fingerprint
@@ -35,8 +41,8 @@ class Diff:
     verdict_changed: list[Change] = field(default_factory=list)
     changed: list[Change] = field(default_factory=list)  # same verdict, different resolved state
     appeared: list[Change] = field(default_factory=list)
-    disappeared: list[Change] = field(default_factory=list)
     still_failing: list[Change] = field(default_factory=list)
+    not_in_run: list[Change] = field(default_factory=list)  # in the baseline only: not selected, or removed
     unchanged: int = 0
 
     SECTIONS = (
@@ -45,8 +51,8 @@ class Diff:
         ("verdict_changed", "Other verdict changes"),
         ("changed", "Changed, same verdict"),
         ("appeared", "New cells"),
-        ("disappeared", "Cells gone"),
         ("still_failing", "Still failing"),
+        ("not_in_run", "Not in this run (not selected, or no longer in the matrix)"),
     )
 
     def sections(self) -> list[tuple[str, list[Change]]]:
@@ -55,7 +61,8 @@ class Diff:
 
     @property
     def is_empty(self) -> bool:
-        return not any(getattr(self, name) for name, _ in self.SECTIONS if name != "still_failing")
+        """No change among the cells this run has: what it did not run (still failing, not in it) is no change."""
+        return not any(getattr(self, name) for name, _ in self.SECTIONS if name not in ("still_failing", "not_in_run"))
 
 
 def what_changed(before: CellRecord, after: CellRecord) -> tuple[str, ...]:
@@ -106,7 +113,7 @@ def diff_records(baseline: list[CellRecord], current: list[CellRecord], first_se
             out.unchanged += 1
     for key, prev in old.items():
         if key not in new:
-            out.disappeared.append(Change(*key, prev["verdict"], None, (), prev.get("reason", "")))
+            out.not_in_run.append(Change(*key, prev["verdict"], None, (), prev.get("reason", "")))
     out.new_failures = _grouped_by_crash(out.new_failures)
     return out
 

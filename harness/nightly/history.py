@@ -213,3 +213,17 @@ def first_seen(db: sqlite3.Connection) -> dict[str, str]:
     rows = db.execute("SELECT x.fingerprint, x.run_id FROM results x JOIN runs r USING (run_id, gpu_class)"
                       " WHERE x.fingerprint IS NOT NULL ORDER BY r.finished_at DESC, x.run_id DESC")
     return dict(rows.fetchall())  # earlier runs' rows overwrite later ones
+
+
+def verdict_history(db: sqlite3.Connection, run_id: str, last: int = 8) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """(GPU class, cell id) → its (run id, verdict) in the last `last` runs of its class up to `run_id` that hold
+    it, oldest first: the report's history strip. Runs are ordered by their finish, as previous_run orders them."""
+    rows = db.execute(
+        "SELECT x.gpu_class, x.cell_id, x.run_id, x.verdict FROM results x JOIN runs r USING (run_id, gpu_class)"
+        " JOIN runs now ON now.run_id = ? AND now.gpu_class = r.gpu_class"
+        " WHERE r.finished_at < now.finished_at OR (r.finished_at = now.finished_at AND r.run_id <= now.run_id)"
+        " ORDER BY r.finished_at, r.run_id", (run_id,))
+    out: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for gpu, cell_id, run, verdict in rows:
+        out.setdefault((gpu, cell_id), []).append((run, verdict))
+    return {key: runs[-last:] for key, runs in out.items()}

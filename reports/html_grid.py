@@ -1,0 +1,132 @@
+"""The HTML report's view of each case as a grid: rows are the case's KV-cache dtype × skipped layers, columns
+its GPU classes × (speculative, attention backend) where the case varies them. Each square is one record: its
+verdict's colour and a one-word mark (the failure's name, or the resolved KV dtype where it differs from the
+requested one), and given the history database's verdicts, a strip of its cell's last runs. Pure data for the
+template (reports/templates/matrix.html.j2); the square's details, shown when it is clicked, are in
+reports/html_details.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.judge.fingerprint import failure_name
+from harness.record_model import CellRecord
+
+History = dict[tuple[str, str], list[tuple[str, str]]]  # (GPU class, cell id) → [(run id, verdict)], oldest first
+ROW_AXES = ("kv_cache_dtype", "kv_cache_dtype_skip_layers")
+COLUMN_AXES = ("speculative", "attention_backend")  # shown only where the case varies them
+_SHORT = {"kv_cache_dtype": "kv", "kv_cache_dtype_skip_layers": "skip", "speculative": "spec",
+          "attention_backend": "attn"}
+
+
+def axis_text(value) -> str:
+    """An axis value as the cell ids spell it: skipped layers joined with `+`, none as `-`."""
+    if isinstance(value, (list, tuple)):
+        return "+".join(str(v) for v in value) or "-"
+    return "-" if value in (None, "") else str(value)
+
+
+def mark(record: CellRecord) -> str:
+    """One word for a square: the failure's name; else the resolved KV dtype where it is not the requested one;
+    else the verdict. A crash with no signature shows its fingerprint."""
+    verdict = record["verdict"]
+    if verdict == "skip":
+        return "skip"
+    name = failure_name(record)
+    if name and verdict != "pass":
+        return record["fingerprint"][:8] if name.startswith("crash ") and record.get("fingerprint") else name
+    # Only a requested dtype that no target layer got: skipped layers keep another dtype by design.
+    requested = axes_of(record).get("kv_cache_dtype")
+    resolved = sorted({la.get("kv_cache_dtype") for la in record.get("layers") or []
+                       if la.get("role", "target") == "target" and la.get("kv_cache_dtype")})
+    if requested not in (None, "auto") and resolved and requested not in resolved:
+        return "kv " + "/".join(resolved)
+    return "LEAK" if record.get("leak") else verdict
+
+
+@dataclass
+class Grid:
+    case: str
+    row_axes: list[str]
+    column_axes: list[str]  # "gpu" first, then the varied ones of COLUMN_AXES
+    rows: list[tuple[str, ...]] = field(default_factory=list)
+    columns: list[tuple[str, ...]] = field(default_factory=list)
+    squares: dict[tuple[tuple[str, ...], tuple[str, ...]], int] = field(default_factory=dict)  # → record index
+
+    def view(self, records: list[CellRecord], history: History | None = None) -> dict:
+        """The template's view: header rows (one per column axis), and per row its squares (None: no record).
+        `history`: each square's verdicts in its class's last runs (harness/nightly/history.py verdict_history),
+        shown as a strip in the square."""
+        header = [{"axis": _SHORT.get(axis, axis), "spans": _spans([c[: depth + 1] for c in self.columns])}
+                  for depth, axis in enumerate(self.column_axes)]
+        rows = []
+        for row in self.rows:
+            squares = [self._square(records, self.squares.get((row, column)), history or {}) for column in self.columns]
+            label = (" · ".join(f"{_SHORT[a]} {v}" for a, v in zip(self.row_axes, row, strict=True))
+                     if len(row) > 1 else row[0])
+            rows.append({"label": label, "squares": squares,
+                         "all_skip": all(s is None or s["verdict"] == "skip" for s in squares)})
+        return {"case": self.case, "header": header, "rows": rows, "n": len(self.squares),
+                "verdicts": sorted({records[i]["verdict"] for i in self.squares.values()})}
+
+    @staticmethod
+    def _square(records: list[CellRecord], index: int | None, history: History) -> dict | None:
+        if index is None:
+            return None
+        r = records[index]
+        runs = history.get((r.get("gpu_class") or "?", r["cell_id"])) or []
+        return {"i": index, "verdict": r["verdict"], "mark": mark(r), "cell_id": r["cell_id"],
+                "history": [verdict for _, verdict in runs] if len(runs) > 1 else [],
+                "title": f"{r.get('gpu_class', '?')}: {r['verdict'].upper()} {r.get('reason', '')}",
+                "emulated": bool(r.get("emulated_from")), "leak": bool(r.get("leak"))}
+
+
+def _spans(prefixes: list[tuple[str, ...]]) -> list[dict]:
+    """Consecutive equal prefixes merged: one header cell spanning them, labelled by the prefix's last part."""
+    spans: list[dict] = []
+    for prefix in prefixes:
+        if spans and spans[-1]["prefix"] == prefix:
+            spans[-1]["span"] += 1
+        else:
+            spans.append({"prefix": prefix, "label": prefix[-1], "span": 1})
+    return spans
+
+
+def axes_of(record: CellRecord) -> dict:
+    """The record's axes; for a record without them, as its cell id spells them (`case[kv=fp8,skip=0+3,...]`)."""
+    if record.get("axes"):
+        return dict(record["axes"])
+    inside = record["cell_id"].partition("[")[2].rstrip("]")
+    by_short = {short: axis for axis, short in _SHORT.items()}
+    parts = dict(p.split("=", 1) for p in inside.split(",") if "=" in p)
+    return {by_short[k]: v for k, v in parts.items() if k in by_short}
+
+
+def _case_of(record: CellRecord) -> str:
+    return record.get("case") or record["cell_id"].split("[", 1)[0]
+
+
+def grids(records: list[CellRecord], gpus: list[str]) -> list[Grid]:
+    """One grid per case, cases and rows in first-seen order, columns in `gpus` order then first-seen order."""
+    by_case: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        by_case.setdefault(_case_of(r), []).append(i)
+    out = []
+    for case, indices in by_case.items():
+        axes = [axes_of(records[i]) for i in indices]
+        varied = [a for a in COLUMN_AXES if len({axis_text(x.get(a)) for x in axes}) > 1]
+        grid = Grid(case, list(ROW_AXES), ["gpu", *varied])
+        columns: dict[tuple[str, ...], None] = {}
+        rows: dict[tuple[str, ...], None] = {}
+        for i, ax in zip(indices, axes, strict=True):
+            # A record without axes in any form (a case that did not load) is a row of its own, named by its id.
+            row = tuple(axis_text(ax.get(a)) for a in ROW_AXES) if ax else (records[i]["cell_id"],)
+            column = (records[i].get("gpu_class") or "?", *(axis_text(ax.get(a)) for a in varied))
+            rows.setdefault(row)
+            columns.setdefault(column)
+            grid.squares.setdefault((row, column), i)
+        order = {g: n for n, g in enumerate(gpus)}
+        grid.rows = list(rows)
+        grid.columns = sorted(columns, key=lambda c: order.get(c[0], len(order)))  # stable: first-seen within
+        out.append(grid)
+    return out
