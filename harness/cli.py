@@ -11,6 +11,7 @@ from pathlib import Path
 from harness.audit import add_audit_command
 from harness.bisect.command import add_bisect_command
 from harness.cli_nightly import add_nightly_commands
+from harness.cli_output import progress_printer, write_reports
 from harness.judge.judge import judge_record
 from harness.judge.outcome import reclassify
 from harness.judge.waivers import WaiverError, WaiverProblem, apply_waivers, cell_keys
@@ -26,8 +27,7 @@ from matrix.expand import Cell, expand_case
 from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
 from matrix.pool import PoolError
 from matrix.schema import CaseError
-from reports import findings_pages, html, junit, markdown
-from reports.summary import fresh_rerun
+from reports import findings_pages
 
 
 def load_cells(args: argparse.Namespace, tolerant: bool = False) -> tuple[list[Cell], list[CaseError], list[Cell]]:
@@ -65,33 +65,6 @@ def invalid_case_record(err: CaseError, gpu_name: str) -> CellRecord:
 
 def cell_selected(cell_id: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(cell_id, pattern) if set("*?[") & set(pattern) else pattern in cell_id
-
-
-def progress_printer(started: float):
-    def show(record: CellRecord, done: int, total: int, resumed: bool) -> None:
-        took = (record.get("timings") or {}).get("total_s")
-        took_text = "resumed" if resumed else (f"{took:.1f} s" if took is not None else "not run")
-        note = "" if record["verdict"] == "pass" else f"  {record.get('reason', '')}"
-        if record.get("leak"):
-            note += f"  LEAK: {record['leak']}"
-        if record.get("warm_attempt") and not resumed:
-            note += f"  [{fresh_rerun(record)}]"
-        print(f"[{done:>3}/{total} {time.monotonic() - started:7.1f} s] {record['verdict'].upper():5} "
-              f"{record['cell_id']} @{record.get('gpu_class')} ({took_text}){note}", flush=True)
-    return show
-
-
-def write_reports(run_dir: RunDir, records: list[CellRecord], title: str, header: str = "",
-                  compare_to: str | None = None) -> dict[str, Path]:
-    out = {
-        "md": run_dir.root / "matrix.md",
-        "html": run_dir.root / "matrix.html",
-        "junit": run_dir.root / "junit.xml",
-    }
-    out["md"].write_text(markdown.render(records, title, header, compare_to))
-    out["html"].write_text(html.render(records, title, header))
-    out["junit"].write_text(junit.render(records))
-    return out
 
 
 def cmd_run(args: argparse.Namespace) -> int:

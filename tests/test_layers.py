@@ -18,7 +18,7 @@ LAYERS = [
     ("harness.judge", "harness.cell"),
     ("harness.run", "harness.nightly"),
     ("reports", "harness.bisect", "harness.audit"),
-    ("harness.cli_nightly",),
+    ("harness.cli_nightly", "harness.cli_output"),
     ("harness.cli",),
 ]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}

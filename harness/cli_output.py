@@ -1,0 +1,40 @@
+"""What a run shows a person: one progress line per finished cell (verdict, elapsed time, why it did not pass,
+a leak, a warm worker's attempt that a fresh process repeated), and the run folder's reports (Markdown, HTML,
+JUnit)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from harness.record_model import CellRecord
+from harness.records import RunDir
+from reports import html, junit, markdown
+from reports.summary import fresh_rerun
+
+
+def progress_printer(started: float):
+    def show(record: CellRecord, done: int, total: int, resumed: bool) -> None:
+        took = (record.get("timings") or {}).get("total_s")
+        took_text = "resumed" if resumed else (f"{took:.1f} s" if took is not None else "not run")
+        note = "" if record["verdict"] == "pass" else f"  {record.get('reason', '')}"
+        if record.get("leak"):
+            note += f"  LEAK: {record['leak']}"
+        if record.get("warm_attempt") and not resumed:
+            note += f"  [{fresh_rerun(record)}]"
+        print(f"[{done:>3}/{total} {time.monotonic() - started:7.1f} s] {record['verdict'].upper():5} "
+              f"{record['cell_id']} @{record.get('gpu_class')} ({took_text}){note}", flush=True)
+    return show
+
+
+def write_reports(run_dir: RunDir, records: list[CellRecord], title: str, header: str = "",
+                  compare_to: str | None = None) -> dict[str, Path]:
+    out = {
+        "md": run_dir.root / "matrix.md",
+        "html": run_dir.root / "matrix.html",
+        "junit": run_dir.root / "junit.xml",
+    }
+    out["md"].write_text(markdown.render(records, title, header, compare_to))
+    out["html"].write_text(html.render(records, title, header))
+    out["junit"].write_text(junit.render(records))
+    return out
