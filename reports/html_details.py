@@ -12,6 +12,7 @@ from urllib.parse import quote
 from harness.record_model import CellRecord
 from harness.vllm_compat import QUERY_DTYPE_FIELDS
 from reports.findings_pages import page_name, unexplained
+from reports.html_grid import changed_nights
 from reports.summary import facts
 
 LAYER_COLUMNS = ("name", "role", "backend", "kv_cache_dtype", "spec_dtype", "page_size_bytes", "k_scale", "v_scale")
@@ -68,7 +69,7 @@ def facts_text(record: CellRecord) -> str:
 
 
 def _entry(record: CellRecord, shared: _Shared, run_prefix: str, finding: bool, shown: str,
-           runs: list[tuple[str, str]]) -> dict:
+           runs: list[tuple[str, str, str]]) -> dict:
     entry = {
         "gpu": record.get("gpu_class", "?"), "v": record["verdict"],
         "reason": record.get("reason", ""),
@@ -80,7 +81,8 @@ def _entry(record: CellRecord, shared: _Shared, run_prefix: str, finding: bool, 
     if tail := record.get("error_tail"):
         entry["tail"] = tail[-ERROR_TAIL_CHARS:]
     if len(runs) > 1:
-        entry["H"] = [[shared.run(run_id), verdict] for run_id, verdict in runs]
+        entry["H"] = [[shared.run(run_id), verdict, resolved, "changed" if changed else ""]
+                      for (run_id, verdict, resolved), changed in zip(runs, changed_nights(runs), strict=True)]
     if record.get("log"):
         entry["log"] = f"{run_prefix}{record['log']}"
     if finding:
@@ -89,10 +91,10 @@ def _entry(record: CellRecord, shared: _Shared, run_prefix: str, finding: bool, 
 
 
 def details_json(records: list[CellRecord], run_prefix: str = "", shown: list[str] | None = None,
-                 history: dict[tuple[str, str], list[tuple[str, str]]] | None = None) -> str:
+                 history: dict[tuple[str, str], list[tuple[str, str, str]]] | None = None) -> str:
     """The panel's data, indexed like `records`, as JSON safe inside a <script> element. `run_prefix`: the run
     folder relative to the page (logs and findings pages are named relative to it); `shown`: each record's
-    facts_text where the caller has them already; `history`: (GPU class, cell id) → [(run id, verdict)]."""
+    facts_text where the caller has them already; `history`: (GPU class, cell id) → [(run id, verdict, resolved)]."""
     shared = _Shared()
     failures = {id(r) for r in unexplained(records)}
     shown = shown or [facts_text(r) for r in records]

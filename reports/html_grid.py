@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from harness.judge.fingerprint import failure_name
 from harness.record_model import CellRecord
 
-History = dict[tuple[str, str], list[tuple[str, str]]]  # (GPU class, cell id) → [(run id, verdict)], oldest first
+# (GPU class, cell id) → [(run id, verdict, resolved state)], oldest first (harness/nightly/history.py)
+History = dict[tuple[str, str], list[tuple[str, str, str]]]
 ROW_AXES = ("kv_cache_dtype", "kv_cache_dtype_skip_layers")
 COLUMN_AXES = ("speculative", "attention_backend")  # shown only where the case varies them
 _SHORT = {"kv_cache_dtype": "kv", "kv_cache_dtype_skip_layers": "skip", "speculative": "spec",
@@ -76,10 +77,16 @@ class Grid:
         r = records[index]
         runs = history.get((r.get("gpu_class") or "?", r["cell_id"])) or []
         return {"i": index, "verdict": r["verdict"], "mark": mark(r), "cell_id": r["cell_id"],
-                "history": [verdict for _, verdict in runs] if len(runs) > 1 else [],
+                "history": ([{"verdict": run[1], "changed": changed, "title": f"{run[0]}: {run[1]} {run[2]}"}
+                             for run, changed in zip(runs, changed_nights(runs), strict=True)]
+                            if len(runs) > 1 else []),
                 "title": f"{r.get('gpu_class', '?')}: {r['verdict'].upper()} {r.get('reason', '')}",
                 "emulated": bool(r.get("emulated_from")), "leak": bool(r.get("leak"))}
 
+
+def changed_nights(runs: list[tuple[str, str, str]]) -> list[bool]:
+    """For each night of a history strip: did its verdict or resolved state differ from the night before?"""
+    return [i > 0 and runs[i][1:] != runs[i - 1][1:] for i in range(len(runs))]
 
 def _spans(prefixes: list[tuple[str, ...]]) -> list[dict]:
     """Consecutive equal prefixes merged: one header cell spanning them, labelled by the prefix's last part."""

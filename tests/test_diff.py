@@ -9,6 +9,7 @@ from harness.cli import main
 from harness.nightly import history
 from harness.nightly.diff import diff_records
 from reports import diff_md
+from reports.html_grid import changed_nights
 from tests.test_history import CPU, captured_record, write_run
 
 AUTO = "ct-llama[kv=auto,skip=-,spec=-]"
@@ -111,12 +112,23 @@ def test_each_cells_verdicts_in_its_classs_last_runs_up_to_a_run(tmp_path):
     db = history.open_db(tmp_path / "history.sqlite")
     history.import_records(db, night_1())
     history.import_records(db, night_2())
+    def verdicts(runs):
+        return [(run, verdict) for run, verdict, _ in runs]
+
     night2 = history.verdict_history(db, "night-2")
-    assert night2[(CPU, BF16)] == [("night-1", "pass"), ("night-2", "fail")]
-    assert night2[(CPU, E5M2)] == [("night-1", "pass")]  # not in night 2: its last run that held it
-    assert night2[(CPU, MLA_FP8)] == [("night-2", "xfail")]
-    assert history.verdict_history(db, "night-1")[(CPU, BF16)] == [("night-1", "pass")]  # later runs left out
-    assert history.verdict_history(db, "night-2", last=1)[(CPU, BF16)] == [("night-2", "fail")]
+    assert verdicts(night2[(CPU, BF16)]) == [("night-1", "pass"), ("night-2", "fail")]
+    assert verdicts(night2[(CPU, E5M2)]) == [("night-1", "pass")]  # not in night 2: its last run that held it
+    assert verdicts(night2[(CPU, MLA_FP8)]) == [("night-2", "xfail")]
+    assert verdicts(history.verdict_history(db, "night-1")[(CPU, BF16)]) == [("night-1", "pass")]  # later left out
+    assert verdicts(history.verdict_history(db, "night-2", last=1)[(CPU, BF16)]) == [("night-2", "fail")]
+    # What each night resolved rides along, and a night that differs from the one before is marked.
+    (_, _, resolved_1), (_, _, resolved_2) = night2[(CPU, BF16)]
+    assert "kv" in resolved_1 and changed_nights(night2[(CPU, BF16)]) == [False, True]
+
+
+def test_a_night_whose_resolved_state_changed_is_marked_even_when_its_verdict_did_not():
+    runs = [("n1", "pass", "kv bfloat16"), ("n2", "pass", "kv bfloat16"), ("n3", "pass", "kv fp8")]
+    assert changed_nights(runs) == [False, False, True]
 
 
 def test_a_flaky_failure_is_a_new_failure_marked_flaky():

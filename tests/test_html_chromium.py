@@ -114,12 +114,15 @@ def test_cell_filter_from_the_fragment_hides_other_rows(report, tmp_path):
 
 
 def test_a_square_shows_its_cells_last_runs(report, tmp_path):
-    """The history strip (from the history database `kvmatrix diff` reads): the bf16 cell passed, then failed."""
+    """The history strip (from the history database `kvmatrix diff` reads): the bf16 cell passed, then failed with
+    an fp8 cache; the night it changed is marked, in the strip and in the panel's runs table."""
     text = dom(tmp_path / "profile", f"{report.as_uri()}?open={BF16}@{CPU}").text
     square = re.search(r'<td class="sq fail[^"]*"[^>]*data-cell="' + re.escape(BF16) + r'"[^>]*>(.*?)</td>', text)
-    assert square and '<span class="hist"><i class="pass"></i><i class="fail"></i></span>' in square.group(1)
+    assert square and re.search(r'<span class="hist"><i class="pass" title="night-1: pass [^"]*kv bfloat16[^"]*">'
+                                r'</i><i class="fail changed" title="night-2: fail [^"]*kv fp8', square.group(1))
     runs = re.search(r'<table class="history">(.*?)</table>', details_panel(text), re.S).group(1)
-    assert "<td>night-1</td><td>pass</td></tr><tr><td>night-2</td><td>fail</td>" in runs
+    assert re.search(r"<td>night-1</td><td>pass</td><td>[^<]*kv bfloat16[^<]*</td><td></td></tr>"
+                     r"<tr><td>night-2</td><td>fail</td><td>[^<]*kv fp8[^<]*</td><td>changed</td>", runs)
 
 
 def test_screenshot_is_saved_as_an_artefact(report, tmp_path):

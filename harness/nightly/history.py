@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.judge.facts import facts
 from harness.judge.fingerprint import fingerprint
 from harness.record_model import CellRecord, check_record, finished_now
 from harness.records import RunDir
@@ -215,15 +216,20 @@ def first_seen(db: sqlite3.Connection) -> dict[str, str]:
     return dict(rows.fetchall())  # earlier runs' rows overwrite later ones
 
 
-def verdict_history(db: sqlite3.Connection, run_id: str, last: int = 8) -> dict[tuple[str, str], list[tuple[str, str]]]:
-    """(GPU class, cell id) → its (run id, verdict) in the last `last` runs of its class up to `run_id` that hold
-    it, oldest first: the report's history strip. Runs are ordered by their finish, as previous_run orders them."""
+def verdict_history(db: sqlite3.Connection, run_id: str, last: int = 8,
+                    ) -> dict[tuple[str, str], list[tuple[str, str, str]]]:
+    """(GPU class, cell id) → its (run id, verdict, what it resolved) in the last `last` runs of its class up to
+    `run_id` that hold it, oldest first: the report's history strip, where a night whose verdict or resolved state
+    (backend, KV dtype, query dtype, page size: harness/judge/facts.py) differs from the night before is marked.
+    Runs are ordered by their finish, as previous_run orders them."""
     rows = db.execute(
-        "SELECT x.gpu_class, x.cell_id, x.run_id, x.verdict FROM results x JOIN runs r USING (run_id, gpu_class)"
+        "SELECT x.gpu_class, x.cell_id, x.run_id, x.verdict, x.record FROM results x"
+        " JOIN runs r USING (run_id, gpu_class)"
         " JOIN runs now ON now.run_id = ? AND now.gpu_class = r.gpu_class"
         " WHERE r.finished_at < now.finished_at OR (r.finished_at = now.finished_at AND r.run_id <= now.run_id)"
         " ORDER BY r.finished_at, r.run_id", (run_id,))
-    out: dict[tuple[str, str], list[tuple[str, str]]] = {}
-    for gpu, cell_id, run, verdict in rows:
-        out.setdefault((gpu, cell_id), []).append((run, verdict))
+    out: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+    for gpu, cell_id, run, verdict, record in rows:
+        resolved = " · ".join(f"{k} {v}" for k, v in facts(json.loads(record)).items())
+        out.setdefault((gpu, cell_id), []).append((run, verdict, resolved))
     return {key: runs[-last:] for key, runs in out.items()}

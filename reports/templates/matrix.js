@@ -58,7 +58,7 @@ function show(sq) {
     `<p><span class="verdict ${esc(r.v)}">${esc(r.v.toUpperCase())}</span> ${esc(r.reason)}</p>` +
     (r.facts ? `<p class="facts">${esc(r.facts)}</p>` : "") +
     (links.length ? `<p>${links.join(" · ")}</p>` : "") +
-    (r.H ? `<h3>History</h3>` + table("history", ["run", "verdict"], r.H.map((h) => [data.runs[h[0]], h[1]])) : "") +
+    (r.H ? `<h3>History</h3>` + table("history", ["run", "verdict", "resolved", "vs night before"], r.H.map((h) => [data.runs[h[0]], h[1], h[2], h[3]])) : "") +
     `<h3>Layers</h3>` + (table("layers", data.columns.L, shared(r.L)) || "<p>none recorded</p>") +
     (r.G !== undefined ? `<h3>KV-cache groups</h3>` + table("kv-groups", data.columns.G, shared(r.G)) : "") +
     (r.B !== undefined ? `<h3>Builders</h3>` + table("builders", data.columns.B, shared(r.B)) : "") +
