@@ -55,6 +55,7 @@ from harness.vllm_compat.modules import (  # noqa: F401
     class_module,
     recorded_modules,
     select_all_reason,
+    traceback_modules,
 )
 from harness.vllm_compat.records import (  # noqa: F401
     BUILDER_FIELD_ALIASES,

@@ -9,6 +9,7 @@ tables below give those names' modules, by version, so older records select cell
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -96,7 +97,7 @@ def recorded_modules(record: dict) -> Iterator[tuple[str, str]]:
     version = record.get("vllm_version")
     spec_module = _one(SPEC_MODULE, version)
     for layer in record.get("layers") or []:
-        where = f"layer {layer.get('name')}"
+        where = f"{layer.get('role') or 'target'} layer"
         if not any(layer.get(f) for f in LAYER_MODULE_FIELDS):
             if module := backend_module(layer.get("backend"), version):
                 yield f"{where} backend {layer.get('backend')}", module
@@ -117,6 +118,18 @@ def recorded_modules(record: dict) -> Iterator[tuple[str, str]]:
                                                                       version)
         if module:
             yield f"{where} builder {builder.get('class')}", module
+    exception = record.get("exception") or {}
+    for module in traceback_modules(f"{exception.get('traceback_tail') or ''}\n{record.get('log_tail') or ''}"):
+        yield "its crash's traceback", module
+
+
+# A traceback frame in vLLM's package (the last `/vllm/` of the path: a checkout may itself be named vllm):
+_FRAME = re.compile(r'File "[^"]*/(vllm/(?:\w+/)*\w+)\.py"')
+
+
+def traceback_modules(text: str) -> list[str]:
+    """The vLLM modules a traceback (or a log holding one) runs through, in order, each once."""
+    return list(dict.fromkeys(m.replace("/", ".").removesuffix(".__init__") for m in _FRAME.findall(text)))
 
 
 def select_all_reason(path: str, version: str | None) -> str | None:
