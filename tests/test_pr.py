@@ -157,3 +157,14 @@ def test_both_sides_run_as_steps_and_a_new_failure_exits_1(history, tmp_path, mo
     assert "not run: not this one" in out and "**New failures** (1)" in out
     assert "**New failures** (1)" in (tmp_path / "pr" / "result.md").read_text()
     assert not (tmp_path / "pr" / "checkout").exists()  # the worktree is removed
+
+
+@pytest.mark.vllm
+def test_the_backend_name_table_agrees_with_the_installed_vllm_registry():
+    registry = pytest.importorskip("vllm.v1.attention.backends.registry")
+    from harness.vllm_compat import BACKEND_MODULES, for_version, installed_vllm_version
+
+    (table,) = for_version(BACKEND_MODULES, installed_vllm_version())
+    members = registry.AttentionBackendEnum.__members__
+    checked = {name: members[name].value.rsplit(".", 1)[0] for name in table if name in members}
+    assert len(checked) >= 10 and checked == {name: table[name] for name in checked}
