@@ -168,3 +168,17 @@ def test_the_backend_name_table_agrees_with_the_installed_vllm_registry():
     members = registry.AttentionBackendEnum.__members__
     checked = {name: members[name].value.rsplit(".", 1)[0] for name in table if name in members}
     assert len(checked) >= 10 and checked == {name: table[name] for name in checked}
+
+
+def test_records_may_come_from_the_history_database(tmp_path):
+    from harness.nightly import history
+
+    db_path = tmp_path / "history.sqlite"
+    db = history.open_db(db_path)
+    history.import_run(db, H200)
+    latest = [r for r in load_records(H200) if r.get("run_id") == history.latest_run(db)]
+    from_db = pr_command.records_from(db_path)  # the latest run's records, every class of it
+    assert sorted((r["gpu_class"], r["cell_id"]) for r in from_db) == sorted(
+        (r["gpu_class"], r["cell_id"]) for r in latest)
+    flashinfer = f"{BACKENDS}/flashinfer.py"
+    assert select([flashinfer], from_db).cells.keys() == select([flashinfer], latest).cells.keys()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from harness.bisect.envs import is_compiled
 from harness.bisect.step import Plan, run_step
+from harness.nightly import history
 from harness.paths import DEFAULT_CACHE
 from harness.pr.report import Side, compare
 from harness.pr.select import Selection, load_records, select
@@ -59,10 +60,19 @@ def selection_for(repo: Path, base: str, head: str, records_dir: Path) -> tuple[
     """The changed files (refused if compiled code is among them) and the cells they select."""
     files = changed_files(repo, base, head)
     refuse_compiled(files)
-    records = load_records(records_dir)
+    records = records_from(records_dir)
     if not records:
         raise PrError(f"no records in {records_dir}: give a run folder (e.g. the last nightly run)")
     return files, select(files, records)
+
+
+def records_from(source: Path) -> list[dict]:
+    """A run folder's records, or a history database's latest run (every GPU class of it)."""
+    if Path(source).is_file():
+        db = history.open_db(source)
+        run_id = history.latest_run(db)
+        return [dict(r) for r in history.records_of(db, run_id)] if run_id else []
+    return load_records(source)
 
 
 def _worktree(repo: Path, checkout: Path, base: str, patch: Path | None) -> str:
@@ -138,7 +148,8 @@ def add_pr_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--head", help="the commit the change ends at")
     p.add_argument("--patch", type=Path, help="a patch (git diff) applied on --base instead of --head")
     p.add_argument("--records", type=Path, required=True,
-                   help="a run folder whose records say what each cell resolved (e.g. the last nightly run)")
+                   help="a run folder whose records say what each cell resolved (e.g. the last nightly run), "
+                        "or a history database (its latest run)")
     p.add_argument("--select-only", action="store_true", help="print the selection and why, run nothing")
     p.add_argument("--base-ref", help="the commit the installed vLLM was built from (default: --base); "
                                       "compiled changes since it cannot be overlaid")
