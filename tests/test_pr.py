@@ -14,7 +14,9 @@ from harness.cli import main
 from harness.pr import command as pr_command
 from harness.pr.select import file_module, load_records, select
 from harness.vllm_compat import traceback_modules
-from tests.bisect_history import _commit, _git
+from tests.bisect_history import _commit, _git, build_history
+from tests.conftest import needs_fp8_kv
+from tests.test_bisect import CELL
 
 FIXTURES = Path(__file__).parent / "fixtures" / "records"
 CPU, H200 = FIXTURES / "cpu-vllm-0.32.0", FIXTURES / "h200-vllm-0.26.0"
@@ -182,3 +184,25 @@ def test_records_may_come_from_the_history_database(tmp_path):
         (r["gpu_class"], r["cell_id"]) for r in latest)
     flashinfer = f"{BACKENDS}/flashinfer.py"
     assert select([flashinfer], from_db).cells.keys() == select([flashinfer], latest).cells.keys()
+
+
+@pytest.mark.vllm
+@needs_fp8_kv
+def test_pr_runs_the_selected_cell_at_base_and_head_on_real_vllm(tmp_path, capsys):
+    """Regression 1 of vllm-facts.md as a change: attention.py (a path every cell depends on) stops letting an
+    explicit --kv-cache-dtype win, so the bfloat16 cell passes at base and fails at head."""
+    pytest.importorskip("vllm")
+    history = build_history(tmp_path / "vllm-repo", changes=1, regression_at=1)
+    records = tmp_path / "records"
+    records.mkdir()
+    record = json.loads((CPU / "ct_llama-bfloat16.json").read_text())
+    (records / "cpu--ct-llama.json").write_text(json.dumps({**record, "cell_id": CELL}))
+    code = main(["pr", "--repo", str(history.repo), "--base", history.commits[0], "--head", history.regression,
+                 "--records", str(records), "--folder", str(tmp_path / "pr")])
+    out = capsys.readouterr().out
+    print(out)
+    assert code == 1, out
+    assert "model_executor/layers/attention/attention.py: a path every cell depends on" in out
+    row = next(line for line in out.splitlines() if line.startswith(f"| `{CELL}`"))
+    assert "| pass " in row and "| fail " in row and "kv bfloat16 → fp8" in row, out
+    assert not (tmp_path / "pr" / "checkout").exists()
