@@ -16,6 +16,11 @@ ISOLATION ?=
 ARGS ?=
 PYTEST_ARGS ?=
 CPU_ISA ?=
+REPO ?=
+BASE ?=
+HEAD ?=
+PATCH ?=
+RECORDS ?=
 
 HAVE_VLLM := $(shell $(PY) -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)" 2>/dev/null && echo 1)
 ifeq ($(HAVE_VLLM),1)
@@ -27,7 +32,7 @@ else
 endif
 KVMATRIX := PYTHONPATH=$(CURDIR) $(RUN_PY) -m harness.cli
 
-.PHONY: matrix test env list lint clean pipeline bisect audit
+.PHONY: matrix test env list lint clean pipeline bisect audit pr
 
 matrix: $(ENV_STAMP)
 	$(KVMATRIX) run $(if $(GPU),--gpu $(GPU)) $(if $(EMULATE),--emulate) $(if $(RUN_ID),--run-id $(RUN_ID)) \
@@ -52,6 +57,13 @@ audit: $(ENV_STAMP)
 # (releases); ARGS='--repo ../vllm' bisects a checkout's commits, adding --wheel-index URL uses per-commit wheels.
 bisect: $(ENV_STAMP)
 	$(KVMATRIX) bisect --cell '$(CELL)' --good '$(GOOD)' --bad '$(BAD)' $(ARGS)
+
+# What a vLLM change changes: `make pr REPO=../vllm BASE=main HEAD=my-branch RECORDS=reports/runs/<last nightly>`
+# runs the cells whose records name a module the change touches, at BASE and at HEAD (Python changes only), and
+# diffs them (exit 1 on a new failure); PATCH=file.diff instead of HEAD, ARGS=--select-only to only select.
+pr: $(ENV_STAMP)
+	$(KVMATRIX) pr --repo '$(REPO)' --base '$(BASE)' $(if $(HEAD),--head '$(HEAD)') $(if $(PATCH),--patch '$(PATCH)') \
+		--records '$(RECORDS)' $(ARGS)
 
 # The CI definitions (.buildkite/pipeline.yml, .github/workflows/kvmatrix.yml) are generated from cases/.
 pipeline: $(ENV_STAMP)

@@ -17,6 +17,7 @@ from harness.judge.outcome import reclassify
 from harness.judge.waivers import WaiverError, WaiverProblem, apply_waivers, cell_keys
 from harness.nightly import history
 from harness.paths import DEFAULT_CACHE
+from harness.pr.command import add_pr_command
 from harness.record_model import CellRecord, RecordError, new_record
 from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
 from harness.run.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
@@ -266,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_nightly_commands(sub)
     add_bisect_command(sub)
+    add_pr_command(sub)
     add_audit_command(sub)
     return parser
 

@@ -41,6 +41,8 @@ class Layer(TypedDict, total=False):
     role: Literal["target", "draft"]
     kv_cache_dtype: str | None
     backend: str | None
+    backend_module: str | None  # the vLLM source module of the backend class (vllm_compat/modules.py)
+    quant_method_module: str | None  # the module of the layer's quant method class, if it has one
     spec_dtype: str | None
     page_size_bytes: int | None
     group: int | None
@@ -55,6 +57,7 @@ class KvGroup(TypedDict, total=False):
     group: int
     layer_names: list[str]
     spec_type: str | None
+    spec_module: str | None
     dtype: str | None
     block_size: int | None
     page_size_bytes: int | None
@@ -66,6 +69,7 @@ class KvGroup(TypedDict, total=False):
 # of renamed ones, vllm_compat.QUERY_DTYPE_FIELDS) and any other attribute holding a dtype. `class` is a keyword.
 Builder = open_to_other_keys(TypedDict("Builder", {
     "class": str,
+    "module": str | None,
     "q_data_type_prefill": str | None,
     "q_data_type_decode": str | None,
     "q_data_type": str | None,
@@ -81,6 +85,7 @@ class AttnGroup(TypedDict, total=False):
     group: int
     subgroup: int
     backend: str | None
+    backend_module: str | None
     layer_names: list[str]
     builder: Builder | None
 

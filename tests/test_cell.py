@@ -66,11 +66,17 @@ def test_checkpoint_kv_scheme_turns_auto_into_fp8(tmp_path: Path, models) -> Non
         assert (layer["role"], layer["kv_cache_dtype"], layer["spec_dtype"]) == ("target", "fp8", "uint8")
         assert layer["page_size_bytes"] == 32768 and layer["group"] == 0  # 2 KV heads x 64 x block 128, 1 byte
         assert layer["backend"] == "CPU_ATTN" and layer["k_scale"] == 1.0
+        # the source modules of what it resolved (what `kvmatrix pr` selects cells by)
+        assert layer["backend_module"] == "vllm.v1.attention.backends.cpu_attn"
+        assert layer["quant_method_module"] == ("vllm.model_executor.layers.quantization.compressed_tensors."
+                                                "compressed_tensors")
     (group,) = result["kv_groups"]
     assert (group["spec_type"], group["dtype"], group["kv_quant_mode"]) == ("FullAttentionSpec", "uint8",
                                                                             "FP8_PER_TENSOR")
+    assert group["spec_module"] == "vllm.v1.kv_cache_interface"
     (attn,) = result["attn_groups"]
     assert attn["builder"]["class"] == "CPUAttentionMetadataBuilder"
+    assert attn["backend_module"] == attn["builder"]["module"] == "vllm.v1.attention.backends.cpu_attn"
     assert attn["builder"]["kv_cache_dtype"] == "fp8"
     assert "q_data_type_prefill" in attn["builder"]  # named builder attributes are recorded even when absent
 
@@ -89,6 +95,10 @@ def test_mla_skip_layers_split_pages_then_decode_crashes(tmp_path: Path, models)
     (group,) = result["kv_groups"]
     assert group["spec_type"] == "UniformTypeKVCacheSpecs" and group["dtype"] is None
     assert {a["backend"] for a in result["attn_groups"]} == {"CPU_MLA"}
+    assert {la["backend_module"] for la in result["layers"]} == {"vllm.v1.attention.backends.mla.cpu_mla"}
+    assert {la["quant_method_module"] for la in result["layers"]} == {None}  # not a quantized checkpoint
+    assert {a["builder"]["module"] for a in result["attn_groups"]} == {
+        "vllm.model_executor.layers.attention.mla_attention"}  # BUILDER_MODULES: away from its backend
     assert (result["status"], result["phase"]) == ("crash", "generate")
     assert classify(result["exception"]["message"], result["vllm_version"]) == "dtype_mismatch_at_decode"
 

@@ -18,6 +18,7 @@ LAYERS = [
     ("harness.judge", "harness.cell"),
     ("harness.run", "harness.nightly"),
     ("reports", "harness.bisect", "harness.audit"),
+    ("harness.pr",),
     ("harness.cli_nightly", "harness.cli_output"),
     ("harness.cli",),
 ]

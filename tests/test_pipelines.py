@@ -71,3 +71,16 @@ def test_checked_in_files_are_what_make_pipeline_writes():
     for path, text in pipelines.generated().items():
         assert path.read_text() == text, f"{path} is stale: run `make pipeline`"
     assert main(["pipeline", "--check"]) == 0
+
+
+def test_pr_workflow_runs_make_pr_on_demand_with_the_nightly_history():
+    flow = parsed(pipelines.render(pipelines.github_pr()))
+    assert set(flow[True if True in flow else "on"]["workflow_dispatch"]["inputs"]) == {
+        "vllm_repository", "base", "head"}
+    job = flow["jobs"]["pr"]
+    assert job["runs-on"] == ["self-hosted", f"gpu-{pipelines.PR_CLASS}"]
+    runs = [s["run"] for s in job["steps"] if "run" in s]
+    assert runs[0].startswith('make pr REPO=vllm-src BASE="$BASE" HEAD="$HEAD" RECORDS=reports/history.sqlite')
+    assert "inputs" not in " ".join(runs)  # inputs reach scripts through the environment only
+    restore = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/cache/restore"))
+    assert restore["with"]["restore-keys"] == pipelines.HISTORY_CACHE

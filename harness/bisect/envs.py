@@ -161,8 +161,12 @@ def compiled_changes(checkout: Path, base_ref: str, ref: str = "HEAD") -> list[s
     """Files between the overlay's base release and `ref` whose change needs a compiled build."""
     names = subprocess.run(["git", "-C", str(checkout), "diff", "--name-only", base_ref, ref],
                            capture_output=True, text=True, check=True).stdout.split()
-    return [n for n in names if n.startswith(COMPILED_DIRS) or Path(n).name in COMPILED_NAMES
-            or n.endswith(COMPILED_SUFFIXES)]
+    return [n for n in names if is_compiled(n)]
+
+
+def is_compiled(path: str) -> bool:
+    """Whether a change to this checkout path needs a compiled build (a Python overlay cannot stand in)."""
+    return path.startswith(COMPILED_DIRS) or Path(path).name in COMPILED_NAMES or path.endswith(COMPILED_SUFFIXES)
 
 
 def _files(root: Path) -> dict[str, Path]:

@@ -42,6 +42,7 @@ class Plan:
     base_version: str | None = None  # overlay: the installed release the checkout's Python is laid over
     base_ref: str | None = None  # overlay: the commit of that release (diffs from it decide compiled changes)
     checkout: str | None = None
+    overlay: str | None = None  # overlay: where the laid-over package goes (default <folder>/overlay), shareable
 
     def save(self) -> Path:
         path = Path(self.folder) / "plan.json"
@@ -94,7 +95,7 @@ def step_environment(plan: Plan, ref: str) -> tuple[Path, list[str]]:
     if changed:
         raise EnvBuildError(f"changes compiled code, needs its own build: {', '.join(changed[:5])}")
     python = release_env(plan.package, plan.base_version, cache)
-    overlay = Path(plan.folder) / "overlay"
+    overlay = Path(plan.overlay or Path(plan.folder) / "overlay")
     sync_overlay(Path(plan.checkout) / "vllm", package_dir(python), overlay / "vllm")
     return python, [str(overlay)]
 

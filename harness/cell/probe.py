@@ -45,13 +45,16 @@ def layer_index(name: str) -> int | None:
 
 def _layer(name: str, module: Any, groups: list, draft: set[str], version: str) -> Layer:
     group_index, spec = _spec_of(name, groups)
+    backend = _layer_backend(module, version)
     scales = compat.for_version(compat.LAYER_SCALE_ATTRS, version)[0]
     return {
         "name": name,
         "index": layer_index(name),
         "role": "draft" if name in draft else "target",
         "kv_cache_dtype": _plain(getattr(module, "kv_cache_dtype", None)),
-        "backend": _layer_backend(module, version),
+        "backend": _backend_name(backend),
+        "backend_module": compat.class_module(backend),
+        "quant_method_module": compat.class_module(_first_path(module, compat.LAYER_QUANT_METHOD_ATTRS, version)),
         "spec_dtype": _plain(getattr(spec, "dtype", None)),
         "page_size_bytes": _plain(getattr(spec, "page_size_bytes", None)),
         "group": group_index,
@@ -86,6 +89,7 @@ def _kv_group(index: int, group: Any) -> KvGroup:
         "group": index,
         "layer_names": list(getattr(group, "layer_names", None) or []),
         "spec_type": type(spec).__name__ if spec is not None else None,
+        "spec_module": compat.class_module(spec),
         **{field: _plain(getattr(spec, field, None)) for field in compat.KV_SPEC_FIELDS},
     }
 
@@ -100,6 +104,7 @@ def _attn_groups(runner: Any, version: str) -> list[AttnGroup]:
                 "group": _plain(getattr(group, "kv_cache_group_id", g)),
                 "subgroup": j,
                 "backend": _backend_name(getattr(group, "backend", None)),
+                "backend_module": compat.class_module(getattr(group, "backend", None)),
                 "layer_names": list(getattr(group, "layer_names", None) or []),
                 # Further builders (one per micro-batch) are copies of the first.
                 "builder": _builder(builders[0], version) if builders else None,
@@ -109,7 +114,7 @@ def _attn_groups(runner: Any, version: str) -> list[AttnGroup]:
 
 def _builder(builder: Any, version: str) -> Builder:
     named = [a for attrs in compat.for_version(compat.BUILDER_DTYPE_ATTRS, version) for a in attrs]
-    fields: dict[str, Any] = {"class": type(builder).__name__}
+    fields: dict[str, Any] = {"class": type(builder).__name__, "module": compat.class_module(builder)}
     fields.update({attr: _plain(getattr(builder, attr, None)) for attr in named})
     for attr, value in vars(builder).items():
         if attr not in fields and _is_dtype_like(attr, value):
@@ -123,18 +128,21 @@ def _is_dtype_like(attr: str, value: Any) -> bool:
     return isinstance(value, torch.dtype) or ("dtype" in attr and isinstance(value, (str, type(None))))
 
 
-def _layer_backend(module: Any, version: str) -> str | None:
+def _layer_backend(module: Any, version: str) -> Any:
+    """The layer's attention backend class (None if it has none that names itself)."""
     for method in compat.for_version(compat.LAYER_BACKEND_CALLS, version)[0]:
         call = getattr(module, method, None)
         if callable(call):
             try:
-                return _backend_name(call())
+                backend = call()
             except Exception:  # some layers raise before their backend is chosen; the attribute may still say
-                pass
+                continue
+            if _backend_name(backend):
+                return backend
     for attr in compat.for_version(compat.LAYER_BACKEND_ATTRS, version)[0]:
-        name = _backend_name(getattr(module, attr, None))
-        if name:
-            return name
+        backend = getattr(module, attr, None)
+        if _backend_name(backend):
+            return backend
     return None
 
 

@@ -5,7 +5,8 @@ the H200), so attribute paths, builder dtype attribute names, error-message patt
 tables keyed by version specifiers (">=0.25", "<0.25", ">=0.20,<0.24"; "" means every version). The probe and the
 failure classifier read these tables; no module outside this package reaches into vLLM. One module a concern:
 versions.py (the version rule, the installed vLLM), sources.py (what the installed vLLM accepts), engine.py
-(attribute paths inside a running engine, probe-only arguments), emulation.py (another GPU class, a lower CPU
+(attribute paths inside a running engine, probe-only arguments), modules.py (the vLLM source modules of
+resolved classes, and the source paths every cell depends on), emulation.py (another GPU class, a lower CPU
 level), records.py (renamed record fields), signatures.py (failure messages), teardown.py (one engine's end
 in a warm worker).
 
@@ -38,6 +39,23 @@ from harness.vllm_compat.engine import (  # noqa: F401
     PROBE_ONLY_ARG_NAMES,
     SMALLEST_KV_BLOCK_TOKENS,
     probe_only_engine_args,
+)
+from harness.vllm_compat.modules import (  # noqa: F401
+    ATTN_GROUP_MODULE_FIELDS,
+    BACKEND_MODULES,
+    BUILDER_MODULE_FIELD,
+    BUILDER_MODULES,
+    KV_GROUP_MODULE_FIELDS,
+    LAYER_MODULE_FIELDS,
+    LAYER_QUANT_METHOD_ATTRS,
+    SELECT_ALL_PATHS,
+    SPEC_MODULE,
+    backend_module,
+    builder_module,
+    class_module,
+    recorded_modules,
+    select_all_reason,
+    traceback_modules,
 )
 from harness.vllm_compat.records import (  # noqa: F401
     BUILDER_FIELD_ALIASES,
