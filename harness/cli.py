@@ -20,6 +20,7 @@ from harness.paths import DEFAULT_CACHE
 from harness.pr.command import add_pr_command
 from harness.record_model import CellRecord, RecordError, new_record
 from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
+from harness.repro.command import add_repro_command
 from harness.run.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
 from harness.run.pool import LocalPool, OnRecord
 from harness.run.session import Session, open_session, session_waivers, vllm_vocabulary
@@ -269,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bisect_command(sub)
     add_pr_command(sub)
     add_audit_command(sub)
+    add_repro_command(sub)
     return parser
 
 

@@ -17,7 +17,7 @@ LAYERS = [
     ("harness.task", "harness.models"),
     ("harness.judge", "harness.cell"),
     ("harness.run", "harness.nightly"),
-    ("reports", "harness.bisect", "harness.audit"),
+    ("reports", "harness.bisect", "harness.audit", "harness.repro"),
     ("harness.pr",),
     ("harness.cli_nightly", "harness.cli_output"),
     ("harness.cli",),

@@ -1,0 +1,79 @@
+"""`kvmatrix repro CELL [--run RUN_DIR] [--gpu CLASS] --out FILE.py`."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from harness.paths import DEFAULT_CACHE
+from harness.records import RunDir
+from harness.repro.generate import ReproError, render, script_spec
+from harness.run.session import this_device
+from harness.task import Task
+from harness.vllm_compat import installed_vllm_version
+from matrix.expand import expand_case
+from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
+from matrix.pool import class_of
+
+
+def find_cell(cases_dir: Path, cell_id: str):
+    models, pool = load_models(cases_dir), load_pool(cases_dir)
+    case_name = cell_id.split("[", 1)[0]
+    for path in case_files(cases_dir):
+        if path.stem == case_name:
+            cells = expand_case(load_case(path), models, pool, str(path))
+            found = [c for c in cells if c.cell_id == cell_id]
+            if found:
+                return found[0], models, pool
+            raise ReproError(f"case {case_name!r} has no cell {cell_id!r}; its cells: "
+                             + ", ".join(c.cell_id for c in cells))
+    raise ReproError(f"no case file {case_name!r} in {cases_dir}")
+
+
+def gpu_class_of(args: argparse.Namespace, cell_id: str, pool: dict) -> str:
+    """--gpu, else the class the cell's record in --run ran as, else this machine's class."""
+    if args.gpu:
+        return args.gpu
+    if args.run:
+        classes = [r["gpu_class"] for r in RunDir(Path(args.run)).records() if r["cell_id"] == cell_id]
+        if len(classes) != 1:
+            raise ReproError(f"{args.run} holds {len(classes)} records of {cell_id}: name the class with --gpu")
+        return classes[0]
+    local = class_of(this_device(), pool)
+    if local is None:
+        raise ReproError("this machine is in no class of the pool: name one with --gpu")
+    return local
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    try:
+        cell, models, pool = find_cell(Path(args.cases_dir), args.cell_id)
+        gpu_name = gpu_class_of(args, cell.cell_id, pool)
+        if gpu_name not in pool:
+            raise ReproError(f"GPU class {gpu_name!r} is not in the pool; known: {', '.join(pool)}")
+        task = Task(cell, gpu_name, pool[gpu_name])
+        spec = script_spec(task, models, Path(args.cache_dir), args.hub, installed_vllm_version())
+    except ReproError as err:
+        print(f"kvmatrix: {err}", file=sys.stderr)
+        return 2
+    command = "kvmatrix repro " + shlex.join([cell.cell_id, "--gpu", gpu_name, *(["--hub"] if args.hub else []),
+                                               "--out", Path(args.out).name])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(spec, command))
+    print(f"wrote {out}: run it with `python {out}` (exit status 0: the case's expectation holds)")
+    return 0
+
+
+def add_repro_command(sub: argparse._SubParsersAction) -> None:
+    rep = sub.add_parser("repro", help="write a standalone Python script (vLLM and torch only) reproducing a cell")
+    rep.add_argument("cell_id", metavar="CELL", help="exact cell id, e.g. 'ct-llama[kv=bfloat16,skip=-,spec=-]'")
+    rep.add_argument("--run", help="run folder whose record of the cell names the GPU class")
+    rep.add_argument("--gpu", help="GPU class whose decisions the script takes (default: --run's, else this machine's)")
+    rep.add_argument("--out", required=True, help="the script to write (its model is written next to it)")
+    rep.add_argument("--hub", action="store_true", help="name the registry's hub ids instead of tiny models")
+    rep.add_argument("--cases-dir", default=str(CASES_DIR))
+    rep.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="built tiny models")
+    rep.set_defaults(func=cmd_repro)

@@ -1,0 +1,153 @@
+"""From a cell on a GPU class to a standalone Python script that reproduces it with vLLM and torch alone:
+the cell's tiny checkpoint (its small files verbatim, its weights regenerated from the builder's seed), the
+cell's exact engine arguments and environment, a minimal resolved-state probe, a greedy generation, and one
+`assert` on what the case expects of the cell."""
+
+from __future__ import annotations
+
+import inspect
+import pprint
+from pathlib import Path
+from typing import Any
+
+from harness import vllm_compat
+from harness.models import checkpoint
+from harness.repro import standalone
+from harness.run.engine_args import engine_args_for, models_needed
+from harness.run.models import build_models
+from harness.task import Task
+from matrix.conditions import is_range, when_matches
+from matrix.expand import Cell
+from matrix.schema import X86_CPU_LEVELS, GpuClass, ModelEntry
+
+HERE_MARK = "@HERE@"  # the script's own folder, replaced when it runs
+SEEDS_TRIED = range(4)  # builders draw a model's tensors from seed 0, its drafts from 1 and 2
+
+
+class ReproError(Exception):
+    pass
+
+
+def model_spec(folder: Path) -> dict[str, Any]:
+    """A built checkpoint as the script rebuilds it: small files verbatim; weights as (seed, shapes) when the
+    builder's `weights(shapes, seed)` reproduces every large tensor bit for bit, small others as values."""
+    files = {p.name: p.read_text() for p in sorted(folder.iterdir()) if p.suffix != ".safetensors"}
+    path = folder / "model.safetensors"
+    if not path.exists():
+        return {"files": files, "shapes": None}
+    from safetensors.torch import load_file
+
+    stored = load_file(str(path))
+    shapes = {name: list(t.shape) for name, t in stored.items() if t.ndim > 0}  # scalars are set by hand
+    for seed in SEEDS_TRIED:
+        drawn = checkpoint.weights({k: tuple(v) for k, v in shapes.items()}, seed)
+        same = {name for name, t in drawn.items() if t.dtype == stored[name].dtype and t.equal(stored[name])}
+        rest = set(stored) - same
+        if all(stored[name].numel() <= 64 for name in rest):
+            extra = {name: [str(stored[name].dtype).removeprefix("torch."), list(stored[name].shape),
+                            stored[name].flatten().tolist()] for name in sorted(rest)}
+            return {"files": files, "seed": seed, "shapes": {k: shapes[k] for k in sorted(same)}, "extra": extra}
+    raise ReproError(f"{folder.name}: its weights are not drawn by the tiny builders (a trained model?); "
+                     "a standalone script cannot regenerate them")
+
+
+def _signature_patterns(names: list[str], version: str | None) -> list[str]:
+    return [p for name, versions, patterns in vllm_compat.SIGNATURES
+            if name in names and vllm_compat.version_matches(version, versions) for p in patterns]
+
+
+def expectations(cell: Cell, context: dict, version: str | None) -> dict[str, Any]:
+    """The applicable rules, in the forms the script checks; the others listed as not encoded."""
+    out: dict[str, Any] = {"refuse": None, "layers": [], "page_size_ratios": [], "not_encoded": []}
+    for rule in cell.case.expect:
+        if not when_matches(rule.when, context):
+            continue
+        if rule.refuse is not None:
+            names = [rule.refuse.signature] if isinstance(rule.refuse.signature, str) else rule.refuse.signature
+            out["refuse"] = {"signatures": names, "optional": rule.refuse.optional,
+                             "patterns": _signature_patterns(names, version)}
+        if rule.crash not in (None, False):
+            out["not_encoded"].append(f"known crash {rule.crash.signature} (the script asserts a clean run)")
+        if rule.layers is not None:
+            wanted = {k: v for k, v in rule.layers.wanted().items() if k in ("kv_cache_dtype", "spec_dtype")}
+            if any(is_range(v) or (isinstance(v, str) and set("*?[") & set(v)) for v in wanted.values()):
+                out["not_encoded"].append(f"layers {rule.layers.wanted()} (ranges / globs)")
+                wanted = {}
+            if set(rule.layers.wanted()) - set(wanted):
+                out["not_encoded"].append(f"layers fields {sorted(set(rule.layers.wanted()) - set(wanted))}")
+            if wanted:
+                out["layers"].append({"select": rule.layers.select, "wanted": wanted})
+        if rule.page_size_ratio is not None:
+            out["page_size_ratios"].append(rule.page_size_ratio.model_dump())
+        for kind in ("groups", "builders"):
+            if getattr(rule, kind) is not None:
+                out["not_encoded"].append(f"{kind} check {getattr(rule, kind).wanted()}")
+    return out
+
+
+def emulation(gpu: GpuClass) -> dict[str, Any]:
+    """What the script patches so that vLLM takes `gpu`'s decisions on another machine of the same kind."""
+    out: dict[str, Any] = {}
+    if gpu.device == "cuda" and gpu.compute_capability:
+        out["compute_capability"] = [int(x) for x in str(gpu.compute_capability).split(".")]
+    if gpu.device == "cpu" and gpu.cpu_isa in X86_CPU_LEVELS:
+        probes = vllm_compat.for_version(vllm_compat.CPU_ISA_PROBES, None)[0]
+        higher = X86_CPU_LEVELS[X86_CPU_LEVELS.index(gpu.cpu_isa) + 1:]
+        out["cpu_isa_probes_off"] = [name for level in higher for name in probes[level]]
+    return out
+
+
+def script_spec(task: Task, models: dict[str, ModelEntry], cache_dir: Path, use_hub: bool,
+                version: str | None) -> dict[str, Any]:
+    cell, gpu = task.cell, task.gpu
+    built = {} if use_hub else build_models([task], models, cache_dir)
+    names = [n for n in models_needed(cell) if n in built]
+    local = {name: Path(f"{HERE_MARK}/{name}") for name in names}
+    try:
+        args = engine_args_for(cell, gpu, models, local, use_hub)
+    except KeyError as err:
+        raise ReproError(f"{cell.cell_id}: {err.args[0]} (trained or hub-only models: try --hub)") from err
+    draft = cell.axes["speculative"]
+    offset = checkpoint.LAYERS if draft and models[draft].draft else None
+    context = cell.context(task.gpu_name, gpu, version, emulated=False)
+    return {
+        "cell_id": cell.cell_id, "gpu_class": task.gpu_name, "engine_args": args,
+        "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **cell.case.env},
+        "emulate": emulation(gpu), "models": {name: model_spec(built[name]) for name in names},
+        "prompts": list(cell.case.generate.prompts), "max_tokens": cell.case.generate.max_tokens,
+        "skip_layers": [str(s) for s in cell.axes["kv_cache_dtype_skip_layers"] or []],
+        "draft_layer_offset": offset, "expect": expectations(cell, context, version),
+    }
+
+
+def _body() -> str:
+    source = inspect.getsource(standalone)
+    return source[source.index("import enum"):]
+
+
+def render(spec: dict[str, Any], command: str) -> str:
+    """The script's text: header, SPEC, the builder's weights function, the runtime, the call."""
+    return "\n".join([
+        "#!/usr/bin/env python3",
+        f'"""Reproduces kvmatrix cell {spec["cell_id"]} on GPU class {spec["gpu_class"]}, with vLLM and torch only.',
+        "",
+        f"Generated by `{command}`. Run it with the Python that has vLLM: it writes the tiny model next to itself,",
+        "starts vllm.LLM with the cell's engine arguments, prints what vLLM resolved, and ends in one assert on",
+        'what the case expects (exit status 0: it holds)."""',
+        "",
+        f"SPEC = {pprint.pformat(spec, width=116, sort_dicts=False)}",
+        "",
+        "",
+        "# The tiny checkpoint builder's weight generator, verbatim from kvmatrix's harness/models/checkpoint.py",
+        "import hashlib  # noqa: E402",
+        "",
+        "",
+        inspect.getsource(checkpoint.weights),
+        "",
+        "# The runtime, inlined from kvmatrix's harness/repro/standalone.py",
+        _body(),
+        "",
+        'if __name__ == "__main__":',
+        "    main(SPEC)",
+        "",
+    ])
