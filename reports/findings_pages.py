@@ -41,6 +41,12 @@ def reproducer(record: CellRecord) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
+def standalone_reproducer(record: CellRecord) -> str:
+    """The `kvmatrix repro` command writing a script that reproduces this cell with vLLM and torch alone."""
+    parts = ["kvmatrix", "repro", record["cell_id"], "--gpu", record["gpu_class"], "--out", "repro.py"]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
 def _environment(record: CellRecord) -> list[str]:
     host = f"emulated on a real {record['emulated_from']}" if record.get("emulated_from") else "real"
     return [
@@ -93,6 +99,11 @@ def page(record: CellRecord, same_crash: tuple[CellRecord, ...] = ()) -> str:
         "## Reproduce",
         "```",
         reproducer(record),
+        "```",
+        "Without kvmatrix (a script that needs only vLLM and torch, ending in one assert on the expectation):",
+        "```",
+        standalone_reproducer(record),
+        "python repro.py",
         "```",
         f"Engine arguments beyond the harness's base: `{json.dumps(own_args, sort_keys=True)}`",
         "",

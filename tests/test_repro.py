@@ -98,3 +98,10 @@ def test_script_fails_its_assert_against_a_misbehaving_vllm(tmp_path):
         assert "kv_cache_dtype is 'fp8', expected 'bfloat16'" in done.stderr
     else:
         assert "observed error: NotImplementedError: FP8 KV cache" in done.stdout
+
+
+def test_findings_pages_give_the_standalone_command():
+    from reports.findings_pages import page
+
+    record = {"cell_id": BF16_CELL, "gpu_class": "cpu-avx512", "verdict": "fail", "reason": "kv fp8"}
+    assert f"kvmatrix repro '{BF16_CELL}' --gpu cpu-avx512 --out repro.py\npython repro.py" in page(record)
