@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from harness.repro.command import find_cell
-from harness.repro.generate import expectations, model_spec, render
+from harness.repro.generate import ReproError, expectations, model_spec, render, script_spec
+from harness.task import Task
 from matrix.load import CASES_DIR
 from tests.conftest import CPU_CLASS
 from tests.test_e2e import CT_OVERRIDE_PATCH
@@ -105,3 +106,12 @@ def test_findings_pages_give_the_standalone_command():
 
     record = {"cell_id": BF16_CELL, "gpu_class": "cpu-avx512", "verdict": "fail", "reason": "kv fp8"}
     assert f"kvmatrix repro '{BF16_CELL}' --gpu cpu-avx512 --out repro.py\npython repro.py" in page(record)
+
+
+def test_layer_fields_the_probe_reads_are_encoded_and_a_trained_model_is_refused(tmp_path):
+    draft = rules("llama-dflash[kv=fp8,skip=4,spec=llama-dflash]")
+    assert draft["not_encoded"] == [] and any("role" in r["wanted"] for r in draft["layers"])
+    cell, models, pool = find_cell(CASES_DIR, "trained-llama-accuracy[kv=auto,skip=-,spec=-]")
+    with pytest.raises(ReproError, match="trained, not drawn from a seed"):
+        script_spec(Task(cell, "cpu-avx512", pool["cpu-avx512"]), models, tmp_path, False, "0.32.0")
+    assert not any(tmp_path.iterdir()), "refused before anything is built"

@@ -12,6 +12,7 @@ from typing import Any
 
 from harness import vllm_compat
 from harness.models import checkpoint
+from harness.models.trained import BUILDERS as TRAINED_BUILDERS
 from harness.repro import standalone
 from harness.run.engine_args import engine_args_for, models_needed
 from harness.run.models import build_models
@@ -21,6 +22,7 @@ from matrix.expand import Cell
 from matrix.schema import X86_CPU_LEVELS, GpuClass, ModelEntry
 
 HERE_MARK = "@HERE@"  # the script's own folder, replaced when it runs
+PROBED_FIELDS = ("kv_cache_dtype", "spec_dtype", "page_size_bytes", "role")  # what the script's probe reads
 SEEDS_TRIED = range(4)  # builders draw a model's tensors from seed 0, its drafts from 1 and 2
 
 
@@ -69,7 +71,7 @@ def expectations(cell: Cell, context: dict, version: str | None) -> dict[str, An
         if rule.crash not in (None, False):
             out["not_encoded"].append(f"known crash {rule.crash.signature} (the script asserts a clean run)")
         if rule.layers is not None:
-            wanted = {k: v for k, v in rule.layers.wanted().items() if k in ("kv_cache_dtype", "spec_dtype")}
+            wanted = {k: v for k, v in rule.layers.wanted().items() if k in PROBED_FIELDS}
             if any(is_range(v) or (isinstance(v, str) and set("*?[") & set(v)) for v in wanted.values()):
                 out["not_encoded"].append(f"layers {rule.layers.wanted()} (ranges / globs)")
                 wanted = {}
@@ -100,6 +102,10 @@ def emulation(gpu: GpuClass) -> dict[str, Any]:
 def script_spec(task: Task, models: dict[str, ModelEntry], cache_dir: Path, use_hub: bool,
                 version: str | None) -> dict[str, Any]:
     cell, gpu = task.cell, task.gpu
+    trained = [n for n in models_needed(cell) if models[n].tiny in TRAINED_BUILDERS]
+    if trained and not use_hub:
+        raise ReproError(f"{cell.cell_id}: {trained[0]} is trained, not drawn from a seed; a standalone script "
+                         "cannot regenerate its weights")
     built = {} if use_hub else build_models([task], models, cache_dir)
     names = [n for n in models_needed(cell) if n in built]
     local = {name: Path(f"{HERE_MARK}/{name}") for name in names}
