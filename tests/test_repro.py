@@ -115,3 +115,18 @@ def test_layer_fields_the_probe_reads_are_encoded_and_a_trained_model_is_refused
     with pytest.raises(ReproError, match="trained, not drawn from a seed"):
         script_spec(Task(cell, "cpu-avx512", pool["cpu-avx512"]), models, tmp_path, False, "0.32.0")
     assert not any(tmp_path.iterdir()), "refused before anything is built"
+
+
+def test_the_class_comes_from_gpu_else_the_runs_record(tmp_path):
+    import argparse
+
+    from harness.record_model import new_record
+    from harness.records import RunDir
+    from harness.repro.command import gpu_class_of
+
+    RunDir(tmp_path).write(new_record(cell_id=BF16_CELL, case="ct-llama", gpu_class="cpu-avx2", status="ok",
+                                      verdict="pass", reason="", expectations=[]))
+    assert gpu_class_of(argparse.Namespace(gpu=None, run=str(tmp_path)), BF16_CELL, {}) == "cpu-avx2"
+    assert gpu_class_of(argparse.Namespace(gpu="H100", run=str(tmp_path)), BF16_CELL, {}) == "H100"
+    with pytest.raises(ReproError, match="0 records"):
+        gpu_class_of(argparse.Namespace(gpu=None, run=str(tmp_path)), "llama-skip[kv=auto,skip=-,spec=-]", {})
