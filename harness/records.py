@@ -92,6 +92,16 @@ def read_tail(path: Path, n: int = 8000) -> str:
     return data[-n:].decode(errors="replace")
 
 
+def read_result(path: Path | str) -> CellRecord:
+    """A cell's result file as far as the cell wrote it (it rewrites the file after every phase); {} where it
+    wrote none, or none that parses."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def read_json(path: Path) -> CellRecord | None:
     """The record in a file; None where there is none (absent, torn, not a record). A file that is a record
     (a `cell_id` and a verdict) but holds a wrong field raises RecordError."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import sys
 
-from harness.cell.worker import read_result, serve
+from harness.cell.worker import serve
+from harness.records import read_result
 from harness.vllm_compat import cuda_error_in
 from tests.fake_cell import run
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.records import read_result
 from harness.vllm_compat import IN_PROCESS_ENGINE_ENV, gpu_memory_left_mib, retire_reason, teardown_engine
 
 RunOne = Callable[[str, str], int]
@@ -75,13 +76,6 @@ def after_vllm_cell(result_path: str) -> str | None:
     teardown_engine()
     gc.collect()
     return retire_reason(read_result(result_path))
-
-
-def read_result(result_path: str) -> dict:
-    try:
-        return json.loads(Path(result_path).read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def main() -> None:

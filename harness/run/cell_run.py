@@ -6,10 +6,8 @@ the parent can know (exit status, timing, timeout, signal), classifies the failu
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 from harness.cell.spec import AccuracySpec, CellSpec
@@ -17,7 +15,7 @@ from harness.judge.judge import judge_record
 from harness.judge.outcome import classify_outcome
 from harness.judge.waivers import unwaived
 from harness.record_model import CellRecord, check_record, finished_now, new_record
-from harness.records import FAILING_VERDICTS, read_tail
+from harness.records import FAILING_VERDICTS, read_result, read_tail
 from harness.run.accuracy_plan import accuracy_spec, offline_reason
 from harness.run.cell_env import cell_env
 from harness.run.engine_args import cell_mode, engine_args_for, generation
@@ -82,7 +80,7 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, launch
     share_key = (tuple(sorted(env.items())), tuple(spec.emulate_capability or ()), spec.emulate_cpu_isa)
     launched = launcher.launch(files, env, share_key, timeout, processes, gpu)
     cap_log(files.log)
-    outcome = classify_outcome(launched.returncode, launched.timed_out, timeout, _load_result(files.result),
+    outcome = classify_outcome(launched.returncode, launched.timed_out, timeout, read_result(files.result),
                                read_tail(files.log))
     outcome["log"] = str(files.log.relative_to(run_dir.root))
     outcome["isolation"] = launched.isolation
@@ -100,15 +98,6 @@ def _capability(task: Task) -> list[int] | None:
         return None
     major, minor = task.gpu.compute_capability.split(".")
     return [int(major), int(minor)]
-
-
-def _load_result(path: Path) -> CellRecord:
-    """The cell's result file as far as it got; {} where it wrote none."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def finish(record: CellRecord, task: Task, settings: RunSettings, outcome: CellRecord, started: float,
@@ -130,14 +119,20 @@ def skip_record(task: Task, reason: str, run_id: str) -> CellRecord:
                       expectations=[], tags=list(task.cell.case.tags))
 
 
+def not_run_reason(task: Task, settings: RunSettings) -> str | None:
+    """Why a task is a skip here (its case's rules for this class and vLLM, a hub-only model offline, an accuracy
+    cell without lm-eval); None for a task that runs."""
+    return (task.cell.skip_reason(task.context(settings.vllm_version))
+            or offline_reason(task.cell, settings.models, settings.use_hub))
+
+
 def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict[str, str] | None = None,
                 launcher: Launcher | None = None) -> CellRecord:
     """The judged record of one task: a skip, or its cell run (again, `retries` times, while it fails). A cell
     that a warm worker ran to anything but a pass is run again in a fresh process, and that run is the record:
     a worker polluted by an earlier cell can never cause a false FAIL. The worker itself goes on after a Python
     exception (it retired or died by itself after anything harder: harness/run/launch.py)."""
-    reason = (task.cell.skip_reason(task.context(settings.vllm_version))
-              or offline_reason(task.cell, settings.models, settings.use_hub))
+    reason = not_run_reason(task, settings)
     if reason:
         return skip_record(task, reason, settings.run_dir.root.name)
     fresh = FreshProcess(settings.cell_command)
