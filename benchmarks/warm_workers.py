@@ -30,8 +30,9 @@ from pathlib import Path
 from harness.cli import load_cells
 from harness.paths import REPO_ROOT
 from harness.records import RunDir
-from harness.run.accuracy_plan import accuracy_spec, offline_reason
+from harness.run.accuracy_plan import accuracy_spec
 from harness.run.cell_env import cell_env
+from harness.run.cell_run import not_run_reason
 from harness.run.engine_args import engine_args_for, generation
 from harness.run.isolation import isolation_differences
 from harness.run.pool import LocalPool
@@ -44,8 +45,7 @@ def floor_spec(tasks, settings) -> dict:
     """The cells the harness would run (not its skips), as bare_cell.py reads them."""
     cells = []
     for task in tasks:
-        if task.cell.skip_reason(task.context(settings.vllm_version)) or offline_reason(
-                task.cell, settings.models, settings.use_hub):
+        if not_run_reason(task, settings):
             continue
         engine_args = engine_args_for(task.cell, task.gpu, settings.models, settings.built, settings.use_hub,
                                       vllm_version=settings.vllm_version)

@@ -11,7 +11,7 @@ from pathlib import Path
 from harness.judge.waivers import WAIVERS_FILE, Waiver, load_waivers
 from harness.paths import DEFAULT_CACHE
 from harness.records import RUNS_DIR, RunDir
-from harness.run.accuracy_plan import offline_reason
+from harness.run.cell_run import not_run_reason
 from harness.run.gpu_memory import open_gpu_memory
 from harness.run.models import build_models
 from harness.run.settings import RunSettings
@@ -74,8 +74,7 @@ class Session:
         if self.settings.use_hub:
             return
         settings = self.settings
-        running = [t for t in tasks if not (t.cell.skip_reason(t.context(settings.vllm_version))
-                                            or offline_reason(t.cell, settings.models, settings.use_hub))]
+        running = [t for t in tasks if not_run_reason(t, settings) is None]
         settings.built.update(build_models(running, settings.models, settings.cache_dir / "models"))
 
 
