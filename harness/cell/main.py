@@ -78,17 +78,20 @@ def describe(exc: BaseException) -> ExceptionInfo:
     }
 
 
-_imported: dict[tuple, tuple[Any, dict | None]] = {}  # a warm worker's vLLM, by the emulation it was imported under
+# A warm worker's vLLM once imported: (the emulation key it was imported under, vllm, the emulation record).
+_imported: tuple[tuple, Any, dict | None] | None = None
 
 
 def import_vllm(result: CellResult, capability: list[int] | None, cpu_isa: str | None) -> Any:
     """vLLM, imported under the spec's emulation; in a warm worker the second cell finds it already imported (the
     runner gives a worker only cells of one emulation, so a different one is the runner's bug)."""
+    global _imported
     key = (tuple(capability or ()), cpu_isa)
-    if _imported:
-        if key not in _imported:
-            raise RuntimeError(f"this worker imported vLLM under emulation {next(iter(_imported))}, not {key}")
-        vllm, result.data["emulation"] = _imported[key]
+    if _imported is not None:
+        imported_key, vllm, emulation = _imported
+        if imported_key != key:
+            raise RuntimeError(f"this worker imported vLLM under emulation {imported_key}, not {key}")
+        result.data["emulation"] = emulation
         return _versions(result, vllm)
     if capability is not None:
         # Before LLM(): vLLM reads the capability while it picks backends and checks dtypes.
@@ -101,7 +104,7 @@ def import_vllm(result: CellResult, capability: list[int] | None, cpu_isa: str |
     import torch  # noqa: F401  torch before vLLM, as ever: vLLM's import-time checks see torch as the cell set it
     import vllm
 
-    _imported[key] = (vllm, result.data["emulation"])
+    _imported = (key, vllm, result.data["emulation"])
     return _versions(result, vllm)
 
 
