@@ -24,6 +24,7 @@ from harness.repro.command import add_repro_command
 from harness.run.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
 from harness.run.pool import LocalPool, OnRecord
 from harness.run.session import Session, open_session, session_waivers, vllm_vocabulary
+from harness.surface.command import add_surface_command
 from harness.task import Task
 from matrix.expand import Cell, expand_case
 from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
@@ -269,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_nightly_commands(sub)
     add_bisect_command(sub)
     add_pr_command(sub)
+    add_surface_command(sub)
     add_audit_command(sub)
     add_repro_command(sub)
     return parser

@@ -22,6 +22,8 @@ def progress_printer(started: float):
             note += f"  LEAK: {record['leak']}"
         if record.get("warm_attempt") and not resumed:
             note += f"  [{fresh_rerun(record)}]"
+        if record.get("fresh_first") and not resumed:
+            note += "  [fresh process first]"
         print(f"[{done:>3}/{total} {time.monotonic() - started:7.1f} s] {record['verdict'].upper():5} "
               f"{record['cell_id']} @{record.get('gpu_class')} ({took_text}){note}", flush=True)
     return show

@@ -88,6 +88,7 @@ class CellRecord(TypedDict, total=False):
     leak: str
     # which isolation ran the cell (harness/run/launch.py): "worker" or "process"
     isolation: str
+    fresh_first: str  # why a warm run went straight to a fresh process for this cell (a known failure)
     worker: WorkerInfo
     warm_attempt: WarmAttempt
     # the judgement (harness/judge/judge.py)

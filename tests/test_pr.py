@@ -140,20 +140,21 @@ def test_both_sides_run_as_steps_and_a_new_failure_exits_1(history, tmp_path, mo
     records = {"base": _record(tmp_path, "base", "pass", "auto"), "head": _record(tmp_path, "head", "fail", "fp8")}
     ran = []
 
-    def run_step(plan, ref, label=""):
+    def run_steps(plan, ref, cells, label=""):
         checked_out = _git(Path(plan.checkout), "rev-parse", "HEAD")
-        ran.append((plan.cell, label, checked_out == ref, plan.overlay))
-        if plan.cell != "llama-auto":
-            return Step(ref, "skip", reason="not this one", label=label)
-        return Step(ref, {"base": "good", "head": "bad"}[label], record=records[label], label=label)
+        ran.append((tuple(cells), label, checked_out == ref, plan.overlay))
+        return {cell: Step(ref, {"base": "good", "head": "bad"}[label], record=records[label], label=label, cell=cell)
+                if cell == "llama-auto" else Step(ref, "skip", reason="not this one", label=label, cell=cell)
+                for cell in cells}
 
-    monkeypatch.setattr(pr_command, "run_step", run_step)
+    monkeypatch.setattr(pr_command, "run_steps", run_steps)
     code = main(["pr", "--repo", str(repo), "--base", commits["base"], "--patch", str(patch),
                  "--records", str(CPU), "--folder", str(tmp_path / "pr")])
     out = capsys.readouterr().out
     assert code == 1, out
-    assert {label for _, label, _, _ in ran} == {"base", "head"} and all(at for _, _, at, _ in ran)
+    assert [label for _, label, _, _ in ran] == ["base", "head"] and all(at for _, _, at, _ in ran)
     assert len({overlay for *_, overlay in ran}) == 1  # one overlay shared by every cell
+    assert len(ran[0][0]) > 1 and ran[0][0] == ran[1][0], "each side runs every selected cell in one step"
     row = next(line for line in out.splitlines() if line.startswith("| `llama-auto`"))
     assert "| pass " in row and "| fail " in row and "kv auto → fp8" in row
     assert "not run: not this one" in out and "**New failures** (1)" in out

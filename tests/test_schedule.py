@@ -12,7 +12,7 @@ import pytest
 
 from harness.nightly import history
 from harness.records import RunDir
-from harness.run.pilots import pilots_first, warm_families
+from harness.run.pilots import pilot_gates, warm_families
 from harness.run.pool import run_tasks
 from harness.run.schedule import order_tasks
 from harness.run.settings import RunSettings
@@ -127,19 +127,41 @@ def test_last_verdicts_are_each_cells_latest_run(tmp_path):
     assert history.last_verdicts(db, "cpu") == {"x": "fail", "y": "skip", "z": "error", "w": "pass"}
 
 
-def test_pilots_warm_each_backend_family_once_before_the_packed_waves(cases_dir):
+def test_pilots_warm_each_backend_family_once_and_only_their_family_waits(cases_dir):
     tasks = tasks_of(cases_dir, "a", {"kv_cache_dtype": ["auto", "fp8"], "attention_backend": [None, "TRITON_ATTN"]})
     tasks += tasks_of(cases_dir, "b", {"kv_cache_dtype": ["auto", "fp8", "fp8_e5m2"]}, model="ct-llama")
     tasks += tasks_of(cases_dir, "c", {"kv_cache_dtype": ["fp8"], "kv_cache_dtype_skip_layers": [[], ["0"]]})
-    pilots, rest = pilots_first([tasks], warm_families=set())
+    ordered, waits = pilot_gates(tasks, warm_families=set())
+    pilots = ["a[kv=auto,skip=-,spec=-,attn=TRITON_ATTN]", "a[kv=fp8,skip=-,spec=-,attn=TRITON_ATTN]",
+              "a[kv=auto,skip=-,spec=-,attn=-]", "a[kv=fp8,skip=-,spec=-,attn=-]", "b[kv=fp8_e5m2,skip=-,spec=-]",
+              "c[kv=fp8,skip=0,spec=-]"]
     # A forced backend's pilots first (the long JIT compiles), then vLLM's pick, one per KV-dtype mix.
-    assert ids(pilots) == ["a[kv=auto,skip=-,spec=-,attn=TRITON_ATTN]", "a[kv=fp8,skip=-,spec=-,attn=TRITON_ATTN]",
-                           "a[kv=auto,skip=-,spec=-,attn=-]", "a[kv=fp8,skip=-,spec=-,attn=-]",
-                           "c[kv=fp8,skip=0,spec=-]"]
-    assert sorted(ids(pilots + rest)) == sorted(ids(tasks)), "every cell runs once"
-    (only,) = pilots_first([tasks], warm_families={"default-bf16", "default-fp8", "TRITON_ATTN-bf16",
-                                                    "TRITON_ATTN-fp8", "default-fp8+bf16"})
-    assert ids(only) == ids(tasks), "a warm machine runs no pilot wave"
+    assert ids(ordered)[:6] == pilots
+    assert sorted(ids(ordered)) == sorted(ids(tasks)), "every cell runs once"
+    by_id = {t.cell.cell_id: t.key for t in tasks}
+    assert all(not waits[by_id[p]] for p in pilots)
+    # Each other cell waits for its own family's pilot: an fp8 cache for the fp8 pilot, a bf16 one for the bf16.
+    assert waits[by_id["b[kv=fp8,skip=-,spec=-]"]] == {by_id["a[kv=fp8,skip=-,spec=-,attn=-]"]}
+    assert waits[by_id["b[kv=auto,skip=-,spec=-]"]] == {by_id["a[kv=auto,skip=-,spec=-,attn=-]"]}
+    ordered, waits = pilot_gates(tasks, warm_families={"default-bf16", "default-fp8", "TRITON_ATTN-bf16",
+                                                       "TRITON_ATTN-fp8", "default-fp8_e5m2", "default-fp8+bf16"})
+    assert ids(ordered) == ids(tasks) and not any(waits.values()), "a warm machine runs no pilot"
+
+
+def test_a_slow_pilot_holds_back_its_family_only(cases_dir, tmp_path, monkeypatch):
+    # A forced-backend family whose pilot compiles for a long time (here: sleeps), and vLLM's pick beside it.
+    tasks = tasks_of(cases_dir, "slow", {"kv_cache_dtype": ["auto", "bfloat16"], "attention_backend": ["TRITON_ATTN"]})
+    tasks += tasks_of(cases_dir, "ok", {"kv_cache_dtype": ["auto", "bfloat16", "fp8"]})
+    settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models=load_models(cases_dir), built={"llama": cases_dir},
+                           vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL)
+    monkeypatch.setenv("FAKE_CELL_SLEEP", "4")
+    finished: list[str] = []
+    run_tasks(tasks, settings, jobs=2, on_record=lambda r, *_: finished.append(r["cell_id"]))
+    # The other slot ran every cell of the other families while the pilot ran (no barrier after the pilots),
+    # and the pilot's family-mate started only after it.
+    assert finished == ["ok[kv=auto,skip=-,spec=-]", "ok[kv=fp8,skip=-,spec=-]", "ok[kv=bfloat16,skip=-,spec=-]",
+                        "slow[kv=auto,skip=-,spec=-,attn=TRITON_ATTN]",
+                        "slow[kv=bfloat16,skip=-,spec=-,attn=TRITON_ATTN]"]
 
 
 def test_a_pool_marks_the_families_it_warmed(cases_dir, tmp_path):

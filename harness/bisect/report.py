@@ -20,8 +20,11 @@ class Result:
     bad: str
     target: str  # what was bisected, in words
     conclusion: str  # one sentence
+    # Where the verdict changed: the first ref that behaves as the newest end, the last that behaves as the oldest.
+    # For a regression those are the first bad and the last good; for a fix (`fixed`), the first good and last bad.
     first_bad: str | None = None
     last_good: str | None = None
+    fixed: bool = False
     candidates: list[str] = field(default_factory=list)  # when skipped refs leave several possible first bad
     steps: list[Step] = field(default_factory=list)
     names: dict[str, str] = field(default_factory=dict)  # ref -> how to show it (short sha + subject)
@@ -55,21 +58,23 @@ def side_by_side(left_title: str, left: CellRecord | None, right_title: str, rig
 
 def render(result: Result) -> str:
     name = lambda ref: result.names.get(ref, ref)  # noqa: E731
-    lines = [f"kvmatrix bisect: {result.cell}, {result.target}, good {name(result.good)}, bad {name(result.bad)}",
+    lines = [f"kvmatrix bisect: {result.cell}, {result.target}, from {name(result.good)} to {name(result.bad)}",
              "", result.conclusion]
+    roles = ("last bad", "first good") if result.fixed else ("last good", "first bad")
     if result.candidates:
-        lines += ["first bad is one of (skipped refs hide which):", *(f"  {name(r)}" for r in result.candidates)]
+        lines += [f"{roles[1]} is one of (skipped refs hide which):", *(f"  {name(r)}" for r in result.candidates)]
     elif result.first_bad:
-        lines += [f"first bad: {name(result.first_bad)}", f"last good: {name(result.last_good)}"]
+        lines += [f"{roles[1]}: {name(result.first_bad)}", f"{roles[0]}: {name(result.last_good)}"]
     if result.first_bad:
-        (left, right), roles = (result.last_good, result.first_bad), ("last good", "first bad")
+        left, right = result.last_good, result.first_bad
     else:
         (left, right), roles = (result.good, result.bad), ("given good", "given bad")
     records = [read_json(s.record) if (s := result.step(ref)) and s.record else None for ref in (left, right)]
     titles = [f"{role} {name(ref)[:40]}" for role, ref in zip(roles, (left, right), strict=True)]
     lines += ["", side_by_side(titles[0], records[0], titles[1], records[1])]
-    total = sum(s.env_s + s.cell_s for s in result.steps)
+    total = sum(s.env_s + (s.step_s or s.cell_s) for s in result.steps)
     bisecting = sum(s.label == "bisect" for s in result.steps)
-    lines += ["", f"{len(result.steps)} steps ({bisecting} by bisection), {total:.0f} s:",
+    shared = " (steps shared with other cells counted whole)" if any(s.shared_with for s in result.steps) else ""
+    lines += ["", f"{len(result.steps)} steps ({bisecting} by bisection), {total:.0f} s{shared}:",
               *(f"  {s.line()}" for s in result.steps)]
     return "\n".join(lines)

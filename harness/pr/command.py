@@ -13,7 +13,6 @@ BASE.
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 
 from harness.bisect.envs import is_compiled
-from harness.bisect.step import Plan, run_step
+from harness.bisect.step import Plan, run_steps
 from harness.nightly import history
 from harness.paths import DEFAULT_CACHE
 from harness.pr.report import Side, compare
@@ -87,16 +86,14 @@ def _worktree(repo: Path, checkout: Path, base: str, patch: Path | None) -> str:
 
 
 def run_side(side: Side, cells: list[str], checkout: Path, folder: Path, base_ref: str, cache_dir: Path) -> None:
-    """Every selected cell at one side's commit, a bisection step each (one shared overlay)."""
+    """Every selected cell at one side's commit: one bisection step (one shared overlay; the cells share a warm
+    worker when there are several)."""
     _git(checkout, "checkout", "-q", "--detach", side.ref)
     package, version = installed_vllm_distribution()
-    for cell_id in cells:
-        slug = re.sub(r"[^\w.=,-]+", "_", cell_id)
-        cell_folder = folder / "cells" / slug
-        cell_folder.mkdir(parents=True, exist_ok=True)
-        plan = Plan(cell_id, str(cell_folder), str(cache_dir.resolve()), package, "overlay", base_version=version,
-                    base_ref=base_ref, checkout=str(checkout), overlay=str(folder / "overlay"))
-        side.steps[cell_id] = run_step(plan, side.ref, label=side.name)
+    plan = Plan(cells, str(folder / "cells"), str(cache_dir.resolve()), package, "overlay", base_version=version,
+                base_ref=base_ref, checkout=str(checkout), overlay=str(folder / "overlay"))
+    Path(plan.folder).mkdir(parents=True, exist_ok=True)
+    side.steps.update(run_steps(plan, side.ref, cells, label=side.name))
 
 
 def run_pr(repo: Path, base: str, head: str | None, patch: Path | None, records_dir: Path, folder: Path,

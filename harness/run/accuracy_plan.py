@@ -1,5 +1,6 @@
-"""What the runner needs for accuracy cases: the cell process's accuracy instructions, and an order in which
-every baseline cell has finished before a cell that is compared with it starts."""
+"""What the runner needs for accuracy cases: the cell process's accuracy instructions, and the rule that every
+baseline cell has finished before a cell that is compared with it starts (as waves for the Ray pool, as each
+cell's wait for this machine's pool)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ def baselines_first(tasks: list) -> list[list]:
     first = [t for t in tasks if t.cell.baseline_id == t.cell.cell_id]
     rest = [t for t in tasks if t.cell.baseline_id != t.cell.cell_id]
     return [wave for wave in (first, rest) if wave]
+
+
+def baseline_gates(tasks: list) -> dict[str, set[str]]:
+    """Which task keys each task waits for: a compared cell, its baseline's task when that runs too (the same
+    GPU class; a baseline already recorded waits for nothing)."""
+    keys = {(t.cell.cell_id, t.gpu_name): t.key for t in tasks}
+    return {t.key: {keys[(t.cell.baseline_id, t.gpu_name)]}
+            if t.cell.baseline_id not in (None, t.cell.cell_id) and (t.cell.baseline_id, t.gpu_name) in keys
+            else set() for t in tasks}
 
 
 def offline_reason(cell: Cell, models: dict[str, ModelEntry], use_hub: bool) -> str | None:

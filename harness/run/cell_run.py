@@ -25,6 +25,8 @@ from harness.run.launch import CellFiles, FreshProcess, Launcher
 from harness.run.process import CellProcesses, cap_log
 from harness.run.settings import RunSettings
 from harness.task import Task
+from matrix.conditions import when_matches
+from matrix.expectations import CrashExpected
 
 
 def base_record(task: Task, run_id: str) -> CellRecord:
@@ -127,16 +129,18 @@ def not_run_reason(task: Task, settings: RunSettings) -> str | None:
 
 
 def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict[str, str] | None = None,
-                launcher: Launcher | None = None) -> CellRecord:
+                launcher: Launcher | None = None, fresh_first: str | None = None) -> CellRecord:
     """The judged record of one task: a skip, or its cell run (again, `retries` times, while it fails). A cell
     that a warm worker ran to anything but a pass is run again in a fresh process, and that run is the record:
     a worker polluted by an earlier cell can never cause a false FAIL. The worker itself goes on after a Python
-    exception (it retired or died by itself after anything harder: harness/run/launch.py)."""
+    exception (it retired or died by itself after anything harder: harness/run/launch.py). A cell expected not
+    to pass (`fresh_first` says why: a waiver, the last run) starts in a fresh process instead: its warm run
+    would only be repeated, and its crash would cost the slot's worker."""
     reason = not_run_reason(task, settings)
     if reason:
         return skip_record(task, reason, settings.run_dir.root.name)
     fresh = FreshProcess(settings.cell_command)
-    launcher = launcher or fresh
+    launcher = fresh if launcher is None or fresh_first else launcher
     record = run_cell(task, settings, processes, launcher, extra_env)
     if launcher.isolation != fresh.isolation and _needs_fresh_process(record):
         warm = record
@@ -147,7 +151,26 @@ def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, ext
     while (judged := unwaived(record))["verdict"] in FAILING_VERDICTS and retries > 0:
         retries -= 1
         record = run_cell(task, settings, processes, launcher, extra_env, first_failure=judged["reason"])
+    if fresh_first:
+        record["fresh_first"] = fresh_first
     return record
+
+
+def expected_not_to_pass(task: Task, settings: RunSettings, last_verdicts: dict[str, str] | None) -> str | None:
+    """Why a cell is expected not to pass here, for a warm run to start it in a fresh process: its case expects
+    a failure on this class and vLLM (a `crash:` rule), a waiver matches it (cell, class, vLLM version), or its
+    class's last run gave it a verdict other than pass or skip."""
+    context = task.context(settings.vllm_version)
+    crash = next((rule.crash for rule in task.cell.case.expect
+                  if isinstance(rule.crash, CrashExpected) and when_matches(rule.when, context)), None)
+    if crash is not None:
+        return f"the case expects failure {crash.signature}"
+    waiver = next((w for w in settings.waivers
+                   if w.matches(task.cell.cell_id, task.gpu_name, settings.vllm_version)), None)
+    if waiver is not None:
+        return f"waived ({waiver.link})"
+    last = (last_verdicts or {}).get(task.cell.cell_id)
+    return f"{last} in the last run" if last not in (None, "pass", "skip") else None
 
 
 # What a record keeps of the warm worker's attempt when a fresh process ran the cell again.

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Protocol
 
 from harness.record_model import CellRecord
 from harness.records import RunDir, read_json
-from harness.run.accuracy_plan import baselines_first
-from harness.run.cell_run import cell_record
+from harness.run.accuracy_plan import baseline_gates
+from harness.run.cell_run import cell_record, expected_not_to_pass
 from harness.run.gpu_check import pinned_gpus
 from harness.run.gpu_memory import gpu_baselines
 from harness.run.launch import FreshProcess, Launcher, WarmWorker
-from harness.run.pilots import backend_family, mark_warm, pilots_first, warm_families
+from harness.run.pilots import backend_family, mark_warm, pilot_gates, warm_families
 from harness.run.process import CellProcesses
 from harness.run.schedule import order_tasks
 from harness.run.settings import RunSettings
@@ -81,7 +81,8 @@ class LocalPool:
                 slot = free_slots.pop()
             try:
                 record = cell_record(task, settings, processes, self.slot_env(slot) if self.slot_env else None,
-                                     launchers[slot])
+                                     launchers[slot], expected_not_to_pass(task, settings, self.last_verdicts)
+                                     if settings.isolation == "worker" else None)
                 if processes.stopping:
                     return
                 run_dir.write(record)
@@ -95,11 +96,12 @@ class LocalPool:
                 if on_record:
                     on_record(record, len(records), total, False)
 
-        waves = baselines_first(todo)
+        waits = baseline_gates(todo)
         if jobs > 1:
-            waves = pilots_first(waves, warm_families(settings))
+            todo, pilot_waits = pilot_gates(todo, warm_families(settings))
+            waits = {key: waits[key] | pilot_waits[key] for key in waits}
         try:
-            _run_waves(waves, one, processes, jobs)
+            _run_gated(todo, waits, one, processes, jobs)
         finally:
             for launcher in launchers:
                 launcher.close()
@@ -113,15 +115,24 @@ def slot_launcher(settings: RunSettings) -> Launcher:
     return FreshProcess(settings.cell_command)
 
 
-def _run_waves(waves: list[list[Task]], one: Callable[[Task], None], processes: CellProcesses, jobs: int) -> None:
-    """Wave after wave (pilots, baselines: a compared cell reads its baseline's finished record, the rest), `jobs`
-    at a time; an interrupted harness kills every running cell before it stops."""
+def _run_gated(tasks: list[Task], waits: dict[str, set[str]], one: Callable[[Task], None],
+               processes: CellProcesses, jobs: int) -> None:
+    """`jobs` cells at a time, each free slot taking the first task in order whose `waits` (task keys: its
+    baseline, its family's pilot) have all finished; an interrupted harness kills every running cell first."""
+    pending, finished = list(tasks), set()
+    running: dict[Future, Task] = {}
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
-        for wave in waves:
-            futures = [pool.submit(one, t) for t in wave]
-            for f in futures:
-                f.result()
+        while pending or running:
+            while len(running) < jobs and (ready := next((t for t in pending if waits[t.key] <= finished), None)):
+                pending.remove(ready)
+                running[pool.submit(one, ready)] = ready
+            if not running:  # only a wait on a task that is not in the list could leave work pending here
+                raise RuntimeError(f"cells wait for cells that never run: {[t.key for t in pending][:5]}")
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                future.result()
+                finished.add(running.pop(future).key)
     except BaseException:
         processes.kill_all()
         pool.shutdown(wait=True, cancel_futures=True)

@@ -17,7 +17,7 @@ ENGINE_DEATH_WRAPPER = r"root cause"
 NOT_EMULABLE_SIGNATURES = frozenset({"cutlass_missing", "kernel_download_failed"})
 # Failures of the machine or of the harness's packing, not of vLLM's KV-cache behaviour: the cell is an `error`
 # (run it again), never a `fail` or a finding.
-ENVIRONMENT_SIGNATURES = frozenset({"startup_free_memory_check", "python_module_missing"})
+ENVIRONMENT_SIGNATURES = frozenset({"startup_free_memory_check", "python_module_missing", "compiled_library_missing"})
 
 SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("cutlass_missing", "", (
@@ -27,6 +27,9 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     # A package the installed vLLM imports is not installed (seen: vLLM 0.22.0 staged without `humming-kernels`
     # imports `humming` for any quantization config): the environment is incomplete, vLLM cannot be judged there.
     ("python_module_missing", "", (r"ModuleNotFoundError: No module named ",)),
+    # A compiled op library vLLM calls is absent from the install (seen: vLLM 0.25.x staged without
+    # FlashAttention-2, whose `_vllm_fa2_C` an emulated L4's MLA prefill calls): not vLLM's behaviour either.
+    ("compiled_library_missing", "", (r"'_OpNamespace' '_vllm_\w+' object has no attribute",)),
     # FlashInfer fetches prebuilt cubins for some architectures (TRT-LLM kernels for SM100) at first use; with no
     # network that fails: on an emulated class the real card would never need them (not emulable).
     ("kernel_download_failed", "", (r"Failed to get checksums\.txt",)),

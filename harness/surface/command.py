@@ -1,0 +1,99 @@
+"""`kvmatrix surface`: the installed vLLM's declared surface per GPU class (harness/surface/declared.py), as a
+table or JSON; `--diff A B` compares the surfaces of two vLLM environments (each read in its own environment,
+given as for `kvmatrix bisect --env`): what a release newly promises, what it withdrew, backends added or gone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tabulate import tabulate
+
+from harness.bisect.envs import EnvBuildError
+from harness.bisect.given import GivenEnv, check, parse_env_args
+from harness.paths import REPO_ROOT
+from harness.surface.declared import Surface, declared_surface, summary_rows
+from matrix.load import load_pool
+from matrix.pool import PoolError
+
+
+def surface_in(env: GivenEnv) -> Surface:
+    """The declared surface as `env`'s vLLM reads it (a subprocess in that environment)."""
+    check(env)
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "surface.json"
+        done = subprocess.run([*env.command, "-m", "harness.surface.declared", str(out)], capture_output=True,
+                              text=True, cwd=REPO_ROOT,
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join([*env.path_first, str(REPO_ROOT)])))
+        if done.returncode != 0 or not out.exists():
+            raise EnvBuildError(f"{env.spec}: the surface could not be read: {done.stderr.strip()[-500:]}")
+        return Surface.from_json(json.loads(out.read_text()))
+
+
+def diff_lines(old: Surface, new: Surface, old_name: str, new_name: str) -> list[str]:
+    """What `new` declares differently from `old`, point by point (class, backend, KV dtype, model)."""
+    before, after = {p.key: p for p in old.points}, {p.key: p for p in new.points}
+    backends_before, backends_after = {p.backend for p in old.points}, {p.backend for p in new.points}
+    promised = [k for k in after.keys() & before.keys() if after[k].supported and not before[k].supported]
+    withdrawn = [k for k in after.keys() & before.keys() if before[k].supported and not after[k].supported]
+    new_points = [k for k in after.keys() - before.keys() if after[k].supported]
+    gone_points = [k for k in before.keys() - after.keys() if before[k].supported]
+
+    def fmt(keys, side):
+        return [f"  {g} {b} kv={d} ({m})" + (f": {'; '.join(side[(g, b, d, m)].reasons)}"
+                                                if side[(g, b, d, m)].reasons else "") for g, b, d, m in sorted(keys)]
+
+    lines = [f"kvmatrix surface --diff: {old_name} (vLLM {old.vllm_version}) -> {new_name} (vLLM {new.vllm_version})",
+             f"backends added: {', '.join(sorted(backends_after - backends_before)) or '-'}",
+             f"backends gone: {', '.join(sorted(backends_before - backends_after)) or '-'}",
+             f"newly declared supported ({len(promised)}):", *fmt(promised, after),
+             f"no longer declared supported ({len(withdrawn)}), with {new_name}'s reasons:", *fmt(withdrawn, after),
+             f"new points declared supported ({len(new_points)}):", *fmt(new_points, after),
+             f"points gone that were declared supported ({len(gone_points)}):", *fmt(gone_points, before)]
+    return lines
+
+
+def render(surface: Surface) -> str:
+    rows = summary_rows(surface)
+    lines = [f"kvmatrix surface: vLLM {surface.vllm_version}, {len(surface.points)} points",
+             tabulate(rows, headers=["class", "points", "declared supported", "refused by the declaration",
+                                     "refused for this install's build", "backends declared for some KV dtype"],
+                      tablefmt="github")]
+    if surface.unreadable:
+        lines += ["", "declarations not readable in this install:",
+                  *(f"  {b}: {why}" for b, why in sorted(surface.unreadable.items()))]
+    return "\n".join(lines)
+
+
+def cmd_surface(args: argparse.Namespace) -> int:
+    try:
+        if args.diff:
+            old, new = parse_env_args(args.diff)
+            print("\n".join(diff_lines(surface_in(old), surface_in(new), old.ref, new.ref)))
+            return 0
+        pool = load_pool()
+        unknown = [g for g in args.gpu or [] if g not in pool]
+        if unknown:
+            raise PoolError(f"GPU class {unknown[0]!r} is not in the pool; known: {', '.join(pool)}")
+        surface = declared_surface(pool, args.gpu)
+    except (ValueError, EnvBuildError, PoolError) as err:
+        print(f"kvmatrix surface: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        Path(args.json).write_text(json.dumps(surface.as_json(), indent=1) + "\n")
+    print(render(surface))
+    return 0
+
+
+def add_surface_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("surface", help="what the installed vLLM declares each attention backend supports, per class")
+    p.add_argument("--gpu", action="append", help="a class of the pool (repeat it; default: every class)")
+    p.add_argument("--json", help="also write every point of the surface, with vLLM's reasons, to this file")
+    p.add_argument("--diff", nargs=2, metavar="REF=PATH",
+                   help="compare two vLLM environments' surfaces (a folder, an interpreter or a command prefix)")
+    p.set_defaults(func=cmd_surface)

@@ -1,0 +1,81 @@
+"""What vLLM itself declares each attention backend supports, read from the installed vLLM without starting an
+engine: the backend registry (`AttentionBackendEnum`), each backend class's `supported_kv_cache_dtypes` and its
+`validate_configuration(...)`, which returns the reasons a configuration is refused (vllm/v1/attention/backend.py).
+
+`validate_configuration`'s parameters grow from release to release (0.32.0 added `use_rswa`, ...): the call passes
+the ones the installed signature names. A backend whose class does not import here (its kernels' Python package is
+missing: `flashinfer` on a CPU install) is reported with the import error, not guessed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+from typing import Any
+
+REGISTRY_MODULE = "vllm.v1.attention.backends.registry"  # 0.22.0 to 0.32.0
+# Backends that serve another platform than CUDA, by registry name prefix (the registry does not say).
+PLATFORM_PREFIXES = {"cpu": ("CPU_", "AMX_"), "rocm": ("ROCM_",), "xpu": ("XPU_",)}
+# Registry entries that are not backends to test: placeholders filled at run time, or no attention at all.
+NOT_BACKENDS = frozenset({"CUSTOM", "TORCH_SDPA", "NO_ATTENTION"})
+# Refusal reasons that describe this install (a compiled library missing) rather than the declaration itself.
+INSTALL_REASON_WORDS = ("not available", "not compiled", "was not compiled", "is not installed")
+
+
+def platform_of(name: str) -> str:
+    return next((p for p, prefixes in PLATFORM_PREFIXES.items() if name.startswith(prefixes)), "cuda")
+
+
+def attention_backends() -> dict[str, Any]:
+    """Registry name -> backend class, or the text of the error that stops it importing here."""
+    import importlib
+
+    registry = importlib.import_module(REGISTRY_MODULE).AttentionBackendEnum
+    found: dict[str, Any] = {}
+    for member in registry:
+        if member.name in NOT_BACKENDS:
+            continue
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                found[member.name] = member.get_class()
+        except Exception as err:  # noqa: BLE001 - any import failure is what this install says about the backend
+            found[member.name] = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+    return found
+
+
+def backend_kind(cls: Any) -> str:
+    """standard, mla or sparse-mla: which layers a backend serves."""
+    if not cls.is_mla():
+        return "standard"
+    is_sparse = getattr(cls, "is_sparse", None)
+    return "sparse-mla" if is_sparse is not None and is_sparse() else "mla"
+
+
+def declared_kv_cache_dtypes(cls: Any) -> list[str]:
+    return [str(d) for d in (getattr(cls, "supported_kv_cache_dtypes", None) or [])]
+
+
+def refusal_reasons(cls: Any, *, head_size: int, kv_cache_dtype: str, capability: tuple[int, int] | None,
+                    model_dtype: str = "bfloat16") -> list[str]:
+    """vLLM's reasons for refusing this backend for a decoder layer of this head size and KV dtype on a GPU of
+    this compute capability (none: declared supported)."""
+    import torch
+    from vllm.platforms.interface import DeviceCapability
+
+    kind = backend_kind(cls)
+    wanted = {
+        "head_size": head_size, "dtype": getattr(torch, model_dtype), "kv_cache_dtype": kv_cache_dtype,
+        "block_size": None, "use_mla": kind != "standard", "has_sink": False, "use_sparse": kind == "sparse-mla",
+        "use_mm_prefix": False, "use_per_head_quant_scales": False, "attn_type": "decoder",
+        "device_capability": DeviceCapability(*capability) if capability else None,
+    }
+    accepted = inspect.signature(cls.validate_configuration).parameters
+    try:
+        return [str(r) for r in cls.validate_configuration(**{k: v for k, v in wanted.items() if k in accepted})]
+    except Exception as err:  # noqa: BLE001 - a declaration that cannot be evaluated is reported as such
+        return [f"validate_configuration raised {type(err).__name__}: {err}"]
+
+
+def is_install_reason(reason: str) -> bool:
+    return any(word in reason for word in INSTALL_REASON_WORDS)
