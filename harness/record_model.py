@@ -30,6 +30,7 @@ from harness.record_parts import (  # noqa: F401  (the parts are part of this mo
     KvGroup,
     Layer,
     Mode,
+    RankState,
     RuleResult,
     Status,
     Timings,
@@ -75,6 +76,7 @@ class CellRecord(TypedDict, total=False):
     layers: list[Layer]
     kv_groups: list[KvGroup]
     attn_groups: list[AttnGroup]
+    ranks: list[RankState]  # a cell that spans several GPUs: every rank's resolved state
     probe_error: str | None
     accuracy: AccuracyResult
     # the outcome (harness/judge/outcome.py, fingerprint.py; harness/run/gpu_check.py)

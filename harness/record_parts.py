@@ -27,6 +27,8 @@ class Axes(TypedDict, total=False):
     kv_cache_dtype_skip_layers: list[str]
     speculative: str | None
     attention_backend: str | None
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
 
 
 # --- what the worker resolved (harness/cell/probe.py) ------------------------------------------------------
@@ -48,6 +50,16 @@ class Layer(TypedDict, total=False):
     group: int | None
     k_scale: float | None
     v_scale: float | None
+
+
+@open_to_other_keys
+class RankState(TypedDict, total=False):
+    """What one rank of a multi-GPU cell resolved (harness/cell/probe.py on every rank; rank 0's is the record's
+    own `layers` / `kv_groups` too)."""
+
+    rank: int
+    layers: list[Layer]
+    kv_groups: list[KvGroup]
 
 
 @open_to_other_keys

@@ -9,19 +9,27 @@ from pydantic import Field
 
 from matrix.schema import Strict
 
-AXES = ("kv_cache_dtype", "kv_cache_dtype_skip_layers", "speculative", "attention_backend")
+AXES = ("kv_cache_dtype", "kv_cache_dtype_skip_layers", "speculative", "attention_backend", "tensor_parallel_size",
+        "pipeline_parallel_size")
 AXIS_DEFAULTS: dict[str, Any] = {
     "kv_cache_dtype": "auto",
     "kv_cache_dtype_skip_layers": [],
     "speculative": None,
     "attention_backend": None,
+    "tensor_parallel_size": 1,
+    "pipeline_parallel_size": 1,
 }
+# Axes a cell id names only where its case varies them from the default, so the ids of cases without them stay
+# as they were: `fp8-every-backend[kv=fp8,skip=-,spec=-,attn=FLASHINFER]`, `tp2-llama[kv=fp8,skip=-,spec=-,tp=2]`.
+OPTIONAL_ID_AXES = ("attention_backend", "tensor_parallel_size", "pipeline_parallel_size")
 # Short names used in cell ids: `ct-llama[kv=bfloat16,skip=-,spec=-]`.
 AXIS_ID_NAMES = {
     "kv_cache_dtype": "kv",
     "kv_cache_dtype_skip_layers": "skip",
     "speculative": "spec",
     "attention_backend": "attn",
+    "tensor_parallel_size": "tp",
+    "pipeline_parallel_size": "pp",
 }
 
 
@@ -32,6 +40,8 @@ class Combination(Strict):
     kv_cache_dtype_skip_layers: list[str] | None = None
     speculative: str | None = None
     attention_backend: str | None = None
+    tensor_parallel_size: int | None = Field(default=None, ge=1)
+    pipeline_parallel_size: int | None = Field(default=None, ge=1)
 
     def given(self) -> dict[str, Any]:
         return {k: v for k, v in self.model_dump().items() if k in self.model_fields_set}
@@ -43,5 +53,8 @@ class MatrixAxes(Strict):
     kv_cache_dtype_skip_layers: list[list[str]] = Field(default_factory=lambda: [[]], min_length=1)
     speculative: list[str | None] = Field(default_factory=lambda: [None], min_length=1)
     attention_backend: list[str | None] = Field(default_factory=lambda: [None], min_length=1)
+    # GPUs per cell: a cell runs on tensor_parallel_size x pipeline_parallel_size GPUs of its class.
+    tensor_parallel_size: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    pipeline_parallel_size: list[int] = Field(default_factory=lambda: [1], min_length=1)
     include: list[Combination] = Field(default_factory=list)
     exclude: list[Combination] = Field(default_factory=list)

@@ -7,7 +7,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from matrix.axes import AXES, AXIS_DEFAULTS, AXIS_ID_NAMES
+from matrix.axes import AXES, AXIS_DEFAULTS, AXIS_ID_NAMES, OPTIONAL_ID_AXES
 from matrix.case import Case
 from matrix.conditions import gpu_matches, matches, when_matches
 from matrix.schema import CaseError, GpuClass, ModelEntry
@@ -25,6 +25,11 @@ class Cell:
     @property
     def model(self) -> str:
         return self.case.model
+
+    @property
+    def gpus_needed(self) -> int:
+        """GPUs of its class one engine of this cell spans (tensor x pipeline parallel ranks)."""
+        return self.axes["tensor_parallel_size"] * self.axes["pipeline_parallel_size"]
 
     def context(self, gpu_name: str, gpu: GpuClass, vllm_version: str | None, emulated: bool) -> dict:
         """What `when:` clauses see for this cell on one GPU class."""
@@ -50,13 +55,13 @@ def baseline_axes(case: Case) -> dict[str, Any] | None:
     return {**AXIS_DEFAULTS, "kv_cache_dtype": case.accuracy.baseline_kv_cache_dtype}
 
 
-def cell_id(case: Case, axes: dict[str, Any], show_backend: bool) -> str:
+def cell_id(case: Case, axes: dict[str, Any], shown_optional: frozenset[str] = frozenset()) -> str:
     def show(axis: str, value: Any) -> str:
         if value is None or value == []:
             return "-"
         return "+".join(value) if isinstance(value, list) else str(value)
 
-    shown = [a for a in AXES if a != "attention_backend" or show_backend]
+    shown = [a for a in AXES if a not in OPTIONAL_ID_AXES or a in shown_optional]
     return f"{case.name}[" + ",".join(f"{AXIS_ID_NAMES[a]}={show(a, axes[a])}" for a in shown) + "]"
 
 
@@ -98,9 +103,9 @@ def expand_case(
     baseline = baseline_axes(case)
     if baseline is not None and baseline not in combos:
         combos.insert(0, baseline)  # a compared cell needs its baseline in the same run
-    show_backend = any(c["attention_backend"] is not None for c in combos)
-    baseline_id = cell_id(case, baseline, show_backend) if baseline is not None else None
-    cells = [Cell(cell_id(case, c, show_backend), case, c, gpu_classes, source, baseline_id) for c in combos]
+    shown = frozenset(a for a in OPTIONAL_ID_AXES if any(c[a] != AXIS_DEFAULTS[a] for c in combos))
+    baseline_id = cell_id(case, baseline, shown) if baseline is not None else None
+    cells = [Cell(cell_id(case, c, shown), case, c, gpu_classes, source, baseline_id) for c in combos]
     ids = [c.cell_id for c in cells]
     if len(set(ids)) != len(ids):
         raise CaseError(source, case.name, "matrix", "two cells have the same id")

@@ -1,7 +1,8 @@
 """A stand-in for `python -m harness.cell` that misbehaves on purpose, chosen by the cell's case name (after an
 optional ordering prefix, `3-segv`):
 ok, hang, segv, killed, crash, cudaerror, orphan (leaves a grandchild behind), escaped (a grandchild that leaves
-the cell's process group), noisy (megabytes of log), slow.
+the cell's process group), noisy (megabytes of log), slow, envdump (records the GPUs and rank settings it was
+given).
 It speaks the real cell protocol (SPEC.json in, RESULT.json out after each phase), so the harness under test
 is exactly the production one."""
 
@@ -66,6 +67,10 @@ def run(spec_path: str, result_path: str) -> int:
                "kv_cache_dtype": "auto", "backend": "FAKE", "spec_dtype": "bfloat16",
                "page_size_bytes": 32768, "group": 0} for i in range(4)]
     result.update(phase="done", layers=layers, tokens=[[1, 2, 3]], texts=["abc"], pid=os.getpid())
+    if behaviour == "envdump":
+        names = ("CUDA_VISIBLE_DEVICES", "VLLM_ALLOW_INSECURE_SERIALIZATION")
+        result["env_seen"] = {name: os.environ.get(name) for name in names}
+        result["engine_args_seen"] = spec["engine_args"]
     write(out, result)
     return 0
 

@@ -35,7 +35,7 @@ def test_a_missing_baseline_cell_is_added_first(cases_dir):
                                  "matrix": {"kv_cache_dtype": ["fp8"], "speculative": ["llama-dflash"]}})
     assert [c.cell_id for c in cells] == ["c[kv=auto,skip=-,spec=-]", "c[kv=fp8,skip=-,spec=llama-dflash]"]
     assert cells[0].axes == {"kv_cache_dtype": "auto", "kv_cache_dtype_skip_layers": [], "speculative": None,
-                             "attention_backend": None}
+                             "attention_backend": None, "tensor_parallel_size": 1, "pipeline_parallel_size": 1}
 
 
 def test_a_checkpoint_with_fp8_kv_names_its_own_baseline_dtype(cases_dir):

@@ -81,8 +81,8 @@ def test_case_files_cannot_run_code(tmp_path):
 def test_the_shipped_cases_survive_the_same_checks(tmp_path):
     for source in CASES_DIR.glob("[!_]*.yaml"):
         shutil.copy(source, tmp_path / source.name)
-    for name in ("_models.yaml", "_pool.yaml", "_mla.yaml"):
-        shutil.copy(CASES_DIR / name, tmp_path / name)
+    for shared in CASES_DIR.glob("_*.yaml"):  # the registry, the pool and the blocks cases include
+        shutil.copy(shared, tmp_path / shared.name)
     for path in tmp_path.glob("[!_]*.yaml"):
         expand_case(load_case(path), MODELS, POOL, str(path))
 

@@ -119,12 +119,15 @@ def _versions(result: CellResult, vllm: Any) -> Any:
 def probe_engine(result: CellResult, llm: Any) -> None:
     """Record the resolved state; a probe failure is the harness's problem, not the cell's crash."""
     try:
-        state = llm.collective_rpc(probe)[0]
+        states = llm.collective_rpc(probe)  # one per rank
     except Exception:
         traceback.print_exc()
         result.data["probe_error"] = traceback.format_exc()[-TRACEBACK_CAP:]
         return
-    result.data.update(state)
+    result.data.update(states[0])
+    if len(states) > 1:
+        result.data["ranks"] = [{"rank": i, "layers": s["layers"], "kv_groups": s["kv_groups"]}
+                                for i, s in enumerate(states)]
 
 
 def generate(result: CellResult, vllm: Any, llm: Any, prompts: list[str], max_tokens: int) -> None:

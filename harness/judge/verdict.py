@@ -103,6 +103,27 @@ def _describe_rule(rule: Expectation) -> str:
     return str(rule.model_dump(exclude_defaults=True, exclude_none=True))
 
 
+# What every rank of a multi-GPU cell must resolve alike for each attention layer it holds (KV heads are split
+# over ranks, so page sizes may differ with the split but not between ranks).
+RANK_FIELDS = ("kv_cache_dtype", "backend", "spec_dtype", "page_size_bytes")
+RANKS_RULE = "every rank resolves each layer alike (built in)"
+
+
+def _check_ranks(ranks: list[dict]) -> tuple[bool, str]:
+    """Ranks that disagree with rank 0 on a layer's dtype, backend, spec dtype or page size."""
+    first = {layer["name"]: layer for layer in ranks[0].get("layers") or []}
+    for rank in ranks[1:]:
+        for layer in rank.get("layers") or []:
+            mine, theirs = layer, first.get(layer["name"])
+            if theirs is None:
+                continue  # pipeline ranks hold different layers
+            for field in RANK_FIELDS:
+                if mine.get(field) != theirs.get(field):
+                    return False, (f"rank {rank['rank']} {layer['name']}: {field} {mine.get(field)!r}, rank 0 "
+                                   f"{theirs.get(field)!r}")
+    return True, f"{len(ranks)} ranks agree"
+
+
 def judge(record: CellRecord, rules: list[Expectation], context: dict[str, Any]) -> Judgement:
     """(verdict, reason, per-rule results) for one record under the case's expectations."""
     skip = context.get("kv_cache_dtype_skip_layers") or []
@@ -127,6 +148,10 @@ def judge(record: CellRecord, rules: list[Expectation], context: dict[str, Any])
         if rule.page_size_ratio is not None:
             ok, detail = _check_page_ratio(record, rule, skip)
             results.append({"rule": text, "ok": ok, "detail": detail})
+
+    if record.get("ranks"):
+        ok, detail = _check_ranks(record["ranks"])
+        results.append({"rule": RANKS_RULE, "ok": ok, "detail": detail})
 
     status, signature = record.get("status"), record.get("signature")
     name = failure_name(record)  # the signature, or the crash fingerprint where no signature names it

@@ -25,6 +25,7 @@ from harness.run.launch import CellFiles, FreshProcess, Launcher
 from harness.run.process import CellProcesses, cap_log
 from harness.run.settings import RunSettings
 from harness.task import Task
+from harness.vllm_compat import MULTI_RANK_ENV
 from matrix.conditions import when_matches
 from matrix.expectations import CrashExpected
 
@@ -77,7 +78,8 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, launch
     spec.write(files.spec)
     files.log.parent.mkdir(parents=True, exist_ok=True)
     timeout = cell.case.timeout_s * settings.timeout_scale
-    env = cell_env(settings, {**cell.case.env, **(extra_env or {})}, task.key)
+    ranks_env = MULTI_RANK_ENV if cell.gpus_needed > 1 else {}
+    env = cell_env(settings, {**cell.case.env, **ranks_env, **(extra_env or {})}, task.key)
     # What is fixed before vLLM's import: cells that differ in it never share a warm worker.
     share_key = (tuple(sorted(env.items())), tuple(spec.emulate_capability or ()), spec.emulate_cpu_isa)
     launched = launcher.launch(files, env, share_key, timeout, processes, gpu)
@@ -125,7 +127,22 @@ def not_run_reason(task: Task, settings: RunSettings) -> str | None:
     """Why a task is a skip here (its case's rules for this class and vLLM, a hub-only model offline, an accuracy
     cell without lm-eval); None for a task that runs."""
     return (task.cell.skip_reason(task.context(settings.vllm_version))
-            or offline_reason(task.cell, settings.models, settings.use_hub))
+            or offline_reason(task.cell, settings.models, settings.use_hub)
+            or gpus_reason(task, settings.gpus_here))
+
+
+def gpus_reason(task: Task, gpus_here: int | None) -> str | None:
+    """Why a cell that spans several GPUs cannot run here: fewer GPUs of its class than its ranks (None: unknown
+    here, as on a Ray cluster, whose scheduler places it)."""
+    needed = task.cell.gpus_needed
+    if needed <= 1 or gpus_here is None or needed <= gpus_here:
+        return None
+    axes = task.cell.axes
+    ranks = f"tensor_parallel_size {axes['tensor_parallel_size']} x pipeline_parallel_size " \
+            f"{axes['pipeline_parallel_size']}"
+    if task.gpu.device == "cpu":
+        return f"needs {needed} ranks ({ranks}): a CPU class runs them only with `kvmatrix run --cpu-ranks {needed}`"
+    return f"needs {needed} GPUs of class {task.gpu_name} ({ranks}); this machine has {gpus_here}"
 
 
 def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict[str, str] | None = None,

@@ -51,6 +51,9 @@ def engine_args_for(
         args["kv_cache_dtype_skip_layers"] = list(axes["kv_cache_dtype_skip_layers"])
     if axes["attention_backend"]:
         args["attention_config"] = {**args.get("attention_config", {}), "backend": axes["attention_backend"]}
+    for axis in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if axes[axis] > 1:
+            args[axis] = axes[axis]
     if axes["speculative"]:
         draft = models[axes["speculative"]]
         source = model_source(draft, built, axes["speculative"], use_hub)

@@ -60,6 +60,8 @@ class LocalPool:
     slot_env: Callable[[int], dict[str, str]] | None = None
     expected_s: dict[str, float] | None = None
     last_verdicts: dict[str, str] | None = None
+    devices: int = 0  # this machine's GPUs: a cell spanning several takes whole ones, after the one-GPU cells
+    ranks_env: Callable[[list[int]], dict[str, str]] | None = None  # what such a cell sees of its devices
 
     def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[CellRecord]:
         run_dir, total, jobs = settings.run_dir, len(tasks), max(1, self.jobs)
@@ -96,6 +98,23 @@ class LocalPool:
                 if on_record:
                     on_record(record, len(records), total, False)
 
+        # Cells spanning several GPUs run once the one-GPU cells are done, each on whole GPUs of its own; one that
+        # needs more GPUs than there are stays with the rest and is skipped there (cell_run.gpus_reason).
+        wide = [t for t in todo if 1 < t.cell.gpus_needed <= self.devices]
+        todo = [t for t in todo if t not in wide]
+
+        def one_wide(task: Task, gpus: list[int]) -> None:
+            env = self.ranks_env(gpus) if self.ranks_env else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+            # A fresh process each: the ranks are the engine's own processes, nothing a slot's worker could keep.
+            record = cell_record(task, settings, processes, env)
+            if processes.stopping:
+                return
+            run_dir.write(record)
+            with lock:
+                records[task.key] = record
+                if on_record:
+                    on_record(record, len(records), total, False)
+
         waits = baseline_gates(todo)
         if jobs > 1:
             todo, pilot_waits = pilot_gates(todo, warm_families(settings))
@@ -105,6 +124,7 @@ class LocalPool:
         finally:
             for launcher in launchers:
                 launcher.close()
+        _run_on_whole_gpus(wide, self.devices, one_wide, processes)
         return [records[t.key] for t in tasks if t.key in records]
 
 
@@ -140,6 +160,29 @@ def _run_gated(tasks: list[Task], waits: dict[str, set[str]], one: Callable[[Tas
     pool.shutdown()
 
 
+def _run_on_whole_gpus(tasks: list[Task], devices: int, one: Callable[[Task, list[int]], None],
+                       processes: CellProcesses) -> None:
+    """Each task on `gpus_needed` GPUs no other cell uses meanwhile, as many at once as the GPUs allow, in order."""
+    pending, free = list(tasks), list(range(devices))
+    running: dict[Future, list[int]] = {}
+    pool = ThreadPoolExecutor(max_workers=max(1, devices))
+    try:
+        while pending or running:
+            while pending and pending[0].cell.gpus_needed <= len(free):
+                task = pending.pop(0)
+                gpus, free = free[:task.cell.gpus_needed], free[task.cell.gpus_needed:]
+                running[pool.submit(one, task, gpus)] = gpus
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                future.result()
+                free = sorted(free + running.pop(future))
+    except BaseException:
+        processes.kill_all()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
 def run_tasks(
     tasks: list[Task],
     settings: RunSettings,
@@ -148,6 +191,8 @@ def run_tasks(
     slot_env: Callable[[int], dict[str, str]] | None = None,
     expected_s: dict[str, float] | None = None,
     last_verdicts: dict[str, str] | None = None,
+    devices: int = 0,
+    ranks_env: Callable[[list[int]], dict[str, str]] | None = None,
 ) -> list[CellRecord]:
     """This machine's pool in one call (see `LocalPool` and `Pool.run`)."""
-    return LocalPool(jobs, slot_env, expected_s, last_verdicts).run(tasks, settings, on_record)
+    return LocalPool(jobs, slot_env, expected_s, last_verdicts, devices, ranks_env).run(tasks, settings, on_record)

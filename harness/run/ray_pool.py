@@ -48,14 +48,15 @@ def host_class(task: Task) -> str:
 def placement(task: Task, real_gpus: bool = False, pool: dict[str, GpuClass] | None = None,
               accelerator_types: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
     """(the Ray resource that marks nodes of the task's class, the task's Ray options)."""
-    host = host_class(task)
+    host, gpus = host_class(task), task.cell.gpus_needed
+    slots = (pool or {}).get(host, task.gpu).slots_per_device
     if real_gpus:
         accelerator = (accelerator_types or {}).get(host, host)  # pool names are Ray's (H100, A100, L4) by default
-        slots = (pool or {}).get(host, task.gpu).slots_per_device
-        return f"accelerator_type:{accelerator}", {"num_cpus": 0, "num_gpus": 1 / slots,
+        # A cell spanning several GPUs takes them whole (Ray sets its CUDA_VISIBLE_DEVICES to all of them).
+        return f"accelerator_type:{accelerator}", {"num_cpus": 0, "num_gpus": gpus if gpus > 1 else 1 / slots,
                                                    "accelerator_type": accelerator}
     resource = f"gpu_class:{host}"
-    return resource, {"num_cpus": 0, "resources": {resource: 1}}
+    return resource, {"num_cpus": 0, "resources": {resource: gpus * slots if gpus > 1 else 1}}
 
 
 def _built_here(task: Task, settings: RunSettings) -> dict[str, Path]:

@@ -15,7 +15,7 @@ from harness.run.cell_run import not_run_reason
 from harness.run.gpu_memory import open_gpu_memory
 from harness.run.models import build_models
 from harness.run.settings import RunSettings
-from harness.run.slots import slot_count, slot_env
+from harness.run.slots import ranks_env, slot_count, slot_env
 from harness.task import Task
 from harness.vllm_compat import (
     detect_cpu_isa,
@@ -67,6 +67,10 @@ class Session:
     def slot_env(self, slot: int) -> dict[str, str]:
         """Each slot's cells see one GPU (engines on different GPUs never meet) and their share of the cores."""
         return slot_env(self.host, slot, self.slots, self.device_count, self.cores)
+
+    def ranks_env(self, devices: list[int]) -> dict[str, str]:
+        """A cell spanning several devices sees them all, and nothing else runs on them meanwhile."""
+        return ranks_env(self.host, devices, self.cores)
 
     def build_models(self, tasks: list[Task]) -> None:
         """The tiny models of the tasks that will run: a cell skipped here (its class, this vLLM, no lm-eval for
@@ -122,6 +126,7 @@ def open_session(
         probe_only=probe_only,
         gpu_memory=None if on_ray else open_gpu_memory(),  # the GPUs cells run on here (Ray nodes: not checked)
         waivers=session_waivers(Path(cases_dir), pool) if with_waivers else [],
+        gpus_here=None if on_ray else (device_count if pool[emulated_from or gpu_name].device == "cuda" else 0),
     )
     return Session(settings, gpu_name, pool[gpu_name], emulated_from, pool, device_count,
                    device_memory_gib=memory)

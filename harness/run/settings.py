@@ -34,3 +34,5 @@ class RunSettings:
     gpu_memory: GpuMemory | None = None  # where set, each cell's GPU is checked back at its baseline
     gpu_settle_s: float = 15.0  # how long a cell's GPU may take to free its memory before it counts as leaked
     waivers: list[Waiver] = field(default_factory=list)  # known failures (cases/_waivers.txt): judged xfail
+    # GPUs of this machine a cell may span (0 on a CPU class); None where a scheduler places cells (Ray).
+    gpus_here: int | None = None

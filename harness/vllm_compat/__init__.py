@@ -77,6 +77,7 @@ from harness.vllm_compat.sources import (  # noqa: F401
     ENV_SOURCES,
     HARNESS_OWNED_ENV,
     IN_PROCESS_ENGINE_ENV,
+    MULTI_RANK_ENV,
     VLLM_CACHE_ENV,
     known_engine_args,
     known_env_vars,

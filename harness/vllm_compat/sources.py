@@ -80,6 +80,9 @@ ENV_SOURCES = [("", "envs.py")]
 # What every cell process sets: an in-process engine (the probe then reaches the worker directly, and one process
 # group holds everything).
 IN_PROCESS_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# With several ranks vLLM runs its multiprocess executor, which sends `collective_rpc`'s function (the probe) to
+# the ranks only when insecure serialization is allowed (seen with vLLM 0.26.0 at TP=2 on two H200s).
+MULTI_RANK_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 # vLLM's compile/JIT cache folder (the run's shared caches set it with their companions').
 VLLM_CACHE_ENV = "VLLM_CACHE_ROOT"
 # The cores a CPU engine binds its OpenMP threads to ("0-3"; default "auto": all of them).
