@@ -78,7 +78,9 @@ class CellItem(pytest.Item):
     def runtest(self) -> None:
         session = _session(self.config)
         session.build_models([self.task])
-        (record,) = run_tasks([self.task], session.settings)
+        # A cell spanning several GPUs takes them whole, as under `kvmatrix run`.
+        (record,) = run_tasks([self.task], session.settings, devices=session.settings.gpus_here or 0,
+                              ranks_env=session.ranks_env)
         self.user_properties.append(("record", str(session.run_dir.record_path(self.task.cell.cell_id,
                                                                               self.task.gpu_name))))
         report_verdict(record)
