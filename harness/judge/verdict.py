@@ -114,12 +114,12 @@ def _check_ranks(ranks: list[dict]) -> tuple[bool, str]:
     first = {layer["name"]: layer for layer in ranks[0].get("layers") or []}
     for rank in ranks[1:]:
         for layer in rank.get("layers") or []:
-            mine, theirs = layer, first.get(layer["name"])
+            theirs = first.get(layer["name"])
             if theirs is None:
                 continue  # pipeline ranks hold different layers
             for field in RANK_FIELDS:
-                if mine.get(field) != theirs.get(field):
-                    return False, (f"rank {rank['rank']} {layer['name']}: {field} {mine.get(field)!r}, rank 0 "
+                if layer.get(field) != theirs.get(field):
+                    return False, (f"rank {rank['rank']} {layer['name']}: {field} {layer.get(field)!r}, rank 0 "
                                    f"{theirs.get(field)!r}")
     return True, f"{len(ranks)} ranks agree"
 

@@ -98,6 +98,31 @@ def save(out: Path, config: dict, shapes: dict, seed: int, extra=None) -> None:
     write_tokenizer(out)
 
 
+# ------------------------------------------------------------------------------------ a quantized KV cache
+# compressed-tensors' declaration of a static per-tensor FP8 KV cache (llm-compressor's `kv_cache_scheme`).
+STATIC_FP8_KV_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+
+
+def kv_only_quantization() -> dict:
+    """The quantization_config of a compressed-tensors checkpoint that quantizes nothing but its KV cache."""
+    return {"quant_method": "compressed-tensors", "format": "dense", "quantization_status": "compressed",
+            "config_groups": {}, "ignore": ["lm_head"], "kv_cache_scheme": dict(STATIC_FP8_KV_SCHEME)}
+
+
+def static_kv_scales(layers: int, k_scale: float, v_scale: float) -> dict:
+    """The scheme's scales, where llm-compressor puts them: a float32 `self_attn.k_scale` / `v_scale` scalar for each
+    of the first `layers` layers."""
+    import torch
+
+    if not (k_scale > 0 and v_scale > 0):
+        raise ValueError("k_scale and v_scale must be positive (vLLM rejects others on the FP8 path)")
+    scales = {}
+    for n in range(layers):
+        scales[f"model.layers.{n}.self_attn.k_scale"] = torch.tensor(k_scale, dtype=torch.float32)
+        scales[f"model.layers.{n}.self_attn.v_scale"] = torch.tensor(v_scale, dtype=torch.float32)
+    return scales
+
+
 def common(arch: str, model_type: str, layers: int = LAYERS) -> dict:
     return {
         "architectures": [arch],

@@ -17,7 +17,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.models.checkpoint import BOS, EOS, LAYERS, save, weights, write_json, write_tokenizer
+from harness.models.checkpoint import (
+    BOS,
+    EOS,
+    LAYERS,
+    STATIC_FP8_KV_SCHEME,
+    save,
+    static_kv_scales,
+    weights,
+    write_json,
+    write_tokenizer,
+)
 from harness.models.tiny_mla import deepseek_v32_config, glm_config, glm_moe_shapes
 
 FP8_MAX = 448.0  # largest float8_e4m3fn value
@@ -47,7 +57,7 @@ def glm_fp8_config() -> dict:
         },
         # What FP8 releases of MoE models keep in bf16: the head, the routers, and the MTP layer's own projections.
         "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*eh_proj$", "re:.*shared_head.head$"],
-        "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True},
+        "kv_cache_scheme": dict(STATIC_FP8_KV_SCHEME),
     }
     return cfg
 
@@ -56,7 +66,7 @@ def _glm_fp8_shapes(cfg: dict) -> dict:
     """The GLM MLA shapes with a q_lora path, for the decoder layers and the MTP layer (a whole decoder layer plus
     enorm / hnorm / eh_proj / shared_head, as vLLM's Glm4MoeLiteMTP loads it)."""
     h, nh, q = cfg["hidden_size"], cfg["num_attention_heads"], cfg["q_lora_rank"]
-    with_mtp = {**cfg, "num_hidden_layers": LAYERS + 1, "first_k_dense_replace": LAYERS - 1}
+    with_mtp = {**cfg, "num_hidden_layers": LAYERS + 1}
     shapes = glm_moe_shapes(with_mtp, moe_layers=range(LAYERS - 1, LAYERS + 1))
     for n in range(LAYERS + 1):
         p = f"model.layers.{n}.self_attn."
@@ -96,14 +106,10 @@ def per_channel_fp8(tensors: dict) -> dict:
 
 
 def build_glm_fp8(out: Path, seed: int = 0) -> None:
-    import torch
-
     cfg = glm_fp8_config()
     tensors = per_channel_fp8(weights(_glm_fp8_shapes(cfg), seed))
-    for n in range(LAYERS + 1):  # the kv_cache_scheme's static scales, where llm-compressor puts them
-        tensors[f"model.layers.{n}.self_attn.k_scale"] = torch.tensor(GLM_FP8_K_SCALE, dtype=torch.float32)
-        tensors[f"model.layers.{n}.self_attn.v_scale"] = torch.tensor(GLM_FP8_V_SCALE, dtype=torch.float32)
-    save(out, cfg, {}, seed, tensors)
+    # The kv_cache_scheme's scales, on the MTP layer's attention too.
+    save(out, cfg, {}, seed, tensors | static_kv_scales(LAYERS + 1, GLM_FP8_K_SCALE, GLM_FP8_V_SCALE))
 
 
 # ------------------------------------------------------------------------------------- GLM-5 FP8 (GPU only)

@@ -8,7 +8,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.models.checkpoint import MASK, VOCAB, common, head_shapes, layer_shapes, save
+from harness.models.checkpoint import (
+    MASK,
+    VOCAB,
+    common,
+    head_shapes,
+    kv_only_quantization,
+    layer_shapes,
+    save,
+    static_kv_scales,
+)
 
 
 # ---------------------------------------------------------------------------------------------- llamas
@@ -36,23 +45,9 @@ def build_ct_llama(out: Path, seed: int = 0, k_scale: float = 1.0, v_scale: floa
     """`llama`'s weights (same seed, same tensors) declared as a compressed-tensors checkpoint with a static
     per-tensor FP8 KV cache. Scale 1.0 fits these weights (|K|, |V| stay far below fp8's 448); a tiny scale
     such as 1e-4 makes fp8 clip on purpose."""
-    import torch
-
-    if not (k_scale > 0 and v_scale > 0):
-        raise ValueError("k_scale and v_scale must be positive (vLLM rejects others on the FP8 path)")
     cfg = llama_config()
-    cfg["quantization_config"] = {
-        "quant_method": "compressed-tensors",
-        "format": "dense",
-        "quantization_status": "compressed",
-        "config_groups": {},
-        "ignore": ["lm_head"],
-        "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True},
-    }
-    scales = {}
-    for n in range(cfg["num_hidden_layers"]):
-        scales[f"model.layers.{n}.self_attn.k_scale"] = torch.tensor(k_scale, dtype=torch.float32)
-        scales[f"model.layers.{n}.self_attn.v_scale"] = torch.tensor(v_scale, dtype=torch.float32)
+    cfg["quantization_config"] = kv_only_quantization()
+    scales = static_kv_scales(cfg["num_hidden_layers"], k_scale, v_scale)
     save(out, cfg, head_shapes(cfg) | _llama_shapes(cfg), seed, scales)
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.models.cache import BuilderFamily
+from harness.models.checkpoint import kv_only_quantization, static_kv_scales
 
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<mask>"]
 BOS, EOS, PAD = 0, 1, 2
@@ -146,22 +147,13 @@ def build_trained_llama(out: Path) -> None:
 def build_trained_llama_ct(out: Path, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """The trained weights declared as a compressed-tensors checkpoint with a static per-tensor FP8 KV cache
     (the ct_llama recipe of tiny_models). Scales far from |K|/448, |V|/448 make fp8 clip or underflow."""
-    import torch
     from safetensors.torch import load_file
 
-    if not (k_scale > 0 and v_scale > 0):
-        raise ValueError("k_scale and v_scale must be positive (vLLM rejects others on the FP8 path)")
-    trained = build("trained_llama", out.parent)
     cfg = _llama_config()
-    cfg["quantization_config"] = {
-        "quant_method": "compressed-tensors", "format": "dense", "quantization_status": "compressed",
-        "config_groups": {}, "ignore": ["lm_head"],
-        "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True},
-    }
-    tensors = load_file(str(trained / "model.safetensors"))
-    for n in range(cfg["num_hidden_layers"]):
-        tensors[f"model.layers.{n}.self_attn.k_scale"] = torch.tensor(k_scale, dtype=torch.float32)
-        tensors[f"model.layers.{n}.self_attn.v_scale"] = torch.tensor(v_scale, dtype=torch.float32)
+    cfg["quantization_config"] = kv_only_quantization()
+    scales = static_kv_scales(cfg["num_hidden_layers"], k_scale, v_scale)  # checked before any training
+    trained = build("trained_llama", out.parent)
+    tensors = load_file(str(trained / "model.safetensors")) | scales
     _save(out, cfg, tensors)
 
 
@@ -174,6 +166,6 @@ BUILDERS: dict[str, Callable] = {
 }
 
 
-_FAMILY = BuilderFamily(__name__, BUILDERS)
+_FAMILY = BuilderFamily(__name__, BUILDERS, also=("harness.models.checkpoint",))
 folder_name = _FAMILY.folder_name
 build = _FAMILY.build  # build(name, cache_dir, **options) -> checkpoint folder, built once

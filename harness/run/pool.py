@@ -5,8 +5,9 @@ folder is not run again; both write each record as its cell finishes, and return
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -76,6 +77,13 @@ class LocalPool:
         free_slots = list(range(jobs))
         launchers = [slot_launcher(settings) for _ in range(jobs)]
 
+        def keep(task: Task, record: CellRecord) -> None:
+            run_dir.write(record)
+            with lock:
+                records[task.key] = record
+                if on_record:
+                    on_record(record, len(records), total, False)
+
         def one(task: Task) -> None:
             if processes.stopping:
                 return
@@ -85,18 +93,14 @@ class LocalPool:
                 record = cell_record(task, settings, processes, self.slot_env(slot) if self.slot_env else None,
                                      launchers[slot], expected_not_to_pass(task, settings, self.last_verdicts)
                                      if settings.isolation == "worker" else None)
-                if processes.stopping:
-                    return
-                run_dir.write(record)
             finally:
                 with lock:
                     free_slots.append(slot)
+            if processes.stopping:
+                return
+            keep(task, record)
             if jobs > 1:
                 mark_warm(settings, backend_family(task))
-            with lock:
-                records[task.key] = record
-                if on_record:
-                    on_record(record, len(records), total, False)
 
         # Cells spanning several GPUs run once the one-GPU cells are done, each on whole GPUs of its own; one that
         # needs more GPUs than there are stays with the rest and is skipped there (cell_run.gpus_reason).
@@ -107,13 +111,8 @@ class LocalPool:
             env = self.ranks_env(gpus) if self.ranks_env else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
             # A fresh process each: the ranks are the engine's own processes, nothing a slot's worker could keep.
             record = cell_record(task, settings, processes, env)
-            if processes.stopping:
-                return
-            run_dir.write(record)
-            with lock:
-                records[task.key] = record
-                if on_record:
-                    on_record(record, len(records), total, False)
+            if not processes.stopping:
+                keep(task, record)
 
         waits = baseline_gates(todo)
         if jobs > 1:
@@ -141,8 +140,7 @@ def _run_gated(tasks: list[Task], waits: dict[str, set[str]], one: Callable[[Tas
     baseline, its family's pilot) have all finished; an interrupted harness kills every running cell first."""
     pending, finished = list(tasks), set()
     running: dict[Future, Task] = {}
-    pool = ThreadPoolExecutor(max_workers=jobs)
-    try:
+    with _cell_threads(jobs, processes) as pool:
         while pending or running:
             while len(running) < jobs and (ready := next((t for t in pending if waits[t.key] <= finished), None)):
                 pending.remove(ready)
@@ -153,11 +151,6 @@ def _run_gated(tasks: list[Task], waits: dict[str, set[str]], one: Callable[[Tas
             for future in done:
                 future.result()
                 finished.add(running.pop(future).key)
-    except BaseException:
-        processes.kill_all()
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    pool.shutdown()
 
 
 def _run_on_whole_gpus(tasks: list[Task], devices: int, one: Callable[[Task, list[int]], None],
@@ -165,8 +158,7 @@ def _run_on_whole_gpus(tasks: list[Task], devices: int, one: Callable[[Task, lis
     """Each task on `gpus_needed` GPUs no other cell uses meanwhile, as many at once as the GPUs allow, in order."""
     pending, free = list(tasks), list(range(devices))
     running: dict[Future, list[int]] = {}
-    pool = ThreadPoolExecutor(max_workers=max(1, devices))
-    try:
+    with _cell_threads(max(1, devices), processes) as pool:
         while pending or running:
             while pending and pending[0].cell.gpus_needed <= len(free):
                 task = pending.pop(0)
@@ -176,6 +168,14 @@ def _run_on_whole_gpus(tasks: list[Task], devices: int, one: Callable[[Task, lis
             for future in done:
                 future.result()
                 free = sorted(free + running.pop(future))
+
+
+@contextmanager
+def _cell_threads(workers: int, processes: CellProcesses) -> Iterator[ThreadPoolExecutor]:
+    """Threads that each run a cell; an interrupted harness kills every running cell before it stops."""
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
+        yield pool
     except BaseException:
         processes.kill_all()
         pool.shutdown(wait=True, cancel_futures=True)

@@ -47,9 +47,9 @@ def ranks_env(host: GpuClass, devices: list[int], cores: int) -> dict[str, str]:
     """What a cell spanning several devices sees: all of its GPUs, or on a CPU host one share of the cores per rank
     (vLLM's CPU workers bind rank i's threads to the i-th `|`-separated list; with one NUMA node it cannot choose
     them itself)."""
+    share = max(1, cores // len(devices))
     if host.device == "cuda":
         return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                "OMP_NUM_THREADS": str(max(1, cores // max(1, len(devices))))}
-    share = max(1, cores // len(devices))
+                "OMP_NUM_THREADS": str(share)}
     return {"OMP_NUM_THREADS": str(share),
             CPU_THREADS_BIND_ENV: "|".join(f"{d * share}-{d * share + share - 1}" for d in devices)}
