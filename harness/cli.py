@@ -291,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     except (CaseError, PoolError, GuardError, WaiverError, RecordError) as err:
         print(f"kvmatrix: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C, or SIGINT from a CI step's time limit: running cells were killed
+        print("kvmatrix: interrupted; every finished cell's record is kept, and the same command (same --run-id) "
+              "goes on from there", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

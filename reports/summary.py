@@ -82,7 +82,11 @@ def fresh_rerun(record: dict) -> str:
         return ""
     worker = warm.get("worker") or {}
     saw = warm.get("signature") or warm.get("status")
-    agreed = "same in a fresh process" if warm.get("verdict") == record["verdict"] else "NOT in a fresh process"
+    # What the runs did, not their verdicts: a rejudge under newer rules (a waiver, a new signature) judges the
+    # record again, not the warm attempt.
+    same = warm.get("status") == record.get("status") and (
+        record.get("status") == "ok" or any(warm.get(k) == record.get(k) for k in ("signature", "error_tail")))
+    agreed = "same in a fresh process" if same else "NOT in a fresh process"
     retired = f"; worker retired: {worker['retired']}" if worker.get("retired") else ""
     return (f"warm worker {worker.get('pid')} (its cell {int(worker.get('cells_before') or 0) + 1}) saw "
             f"{str(warm.get('verdict')).upper()} ({saw}); {agreed}{retired}")

@@ -105,3 +105,17 @@ def test_pytest_front_end_refuses_a_folder_of_other_cases(matrix_with_waiver, tm
     assert code == pytest.ExitCode.INTERRUPTED and not outcomes  # refused at collection, nothing ran
     code, _ = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--run-id", "shared", "-k", "ok", "--force")
     assert code == pytest.ExitCode.OK
+
+
+def test_an_interrupted_command_says_its_records_are_kept(monkeypatch, capsys):
+    """Ctrl-C (or a CI step's SIGINT) ends `kvmatrix` with exit 130 and how to go on, not a traceback."""
+    import argparse
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(func=interrupted)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    assert cli.main([]) == 130
+    assert "interrupted; every finished cell's record is kept" in capsys.readouterr().err

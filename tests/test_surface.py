@@ -14,11 +14,11 @@ from harness.records import RunDir
 from harness.surface.cases import write_cases
 from harness.surface.command import diff_lines, render
 from harness.surface.declared import FAMILIES, Point, Surface, declared_surface
-from harness.surface.promises import broken_promise
+from harness.surface.promises import broken_promise, promise_table
 from harness.task import Task
-from harness.vllm_compat.declarations import platform_of
+from harness.vllm_compat.declarations import held_kv_dtypes, platform_of
 from matrix.expand import expand_all
-from matrix.load import case_files, load_cases, load_models, load_pool
+from matrix.load import case_files, load_case, load_cases, load_models, load_pool
 from tests.conftest import FIXTURES
 
 
@@ -81,7 +81,7 @@ def test_generated_cases_hold_vllm_to_its_declaration(tmp_path):
         Point("cpu-avx2", "CPU_ATTN", "standard", "fp8", "llama", 64),
         Point("cpu-avx512", "CPU_ATTN", "standard", "nvfp4", "llama", 64, ["kv_cache_dtype not supported"]),
         Point("cpu-avx2", "CPU_ATTN", "standard", "nvfp4", "llama", 64, ["kv_cache_dtype not supported"]),
-        # Refused only for this install's build: no declaration, left out.
+        # Refused only for this install's build: no declaration, no case of its own.
         Point("H200", "FLASHMLA", "mla", "fp8", "deepseek-mla", 576, ["vllm._flashmla_C is not available"]),
     ], {})
     written = write_cases(surface, tmp_path / "surface")
@@ -128,4 +128,117 @@ def test_promise_table_of_the_whole_cpu_surface_run():
 
     report = promises_report([str(SURFACE_RECORDS)], SURFACE_CASES)
     row = next(line for line in report.splitlines() if line.startswith("| cpu-avx512"))
-    assert [int(x) for x in row.strip("|").split("|")[1:]] == [57, 9, 1, 2, 26, 19, 0]
+    assert [int(x) for x in row.strip("|").split("|")[1:]] == [57, 9, 1, 0, 2, 26, 19, 0]
+
+
+def test_a_point_refused_only_for_the_install_skips_and_renamed_dtypes_are_accepted(tmp_path):
+    surface = Surface("0.26.0", [
+        Point("H200", "TOKENSPEED_MLA", "mla", "fp8", "deepseek-mla", 576, ["compute capability not supported"]),
+        Point("B200", "TOKENSPEED_MLA", "mla", "fp8", "deepseek-mla", 576,
+              ["tokenspeed_mla package is not installed. Install it with: `uv pip install tokenspeed-mla`"]),
+        Point("B200", "TOKENSPEED_MLA", "mla", "auto", "deepseek-mla", 576, []),
+        Point("H200", "FLASHMLA_SPARSE", "sparse-mla", "fp8", "deepseek-v32", 576, []),
+        Point("H200", "FLASHMLA_SPARSE", "sparse-mla", "bfloat16", "deepseek-v32", 576, []),
+    ], {})
+    tokenspeed, sparse = (load_case(p) for p in write_cases(surface, tmp_path / "surface")[::-1])
+    (skip,) = tokenspeed.skip
+    assert skip.when == {"gpu": ["B200"], "kv_cache_dtype": ["fp8"]} and "is not installed" in skip.reason
+    held = {r.when["kv_cache_dtype"]: r.layers.model_dump(exclude_none=True)["kv_cache_dtype"]
+            for r in sparse.expect if r.layers is not None}
+    assert held == {"fp8": ["fp8", "fp8_ds_mla"], "bfloat16": ["bfloat16", "auto"]}
+
+
+def test_vllm_renames_named_in_one_place():
+    assert held_kv_dtypes("sparse-mla", "FLASHMLA_SPARSE", "fp8_e4m3", "0.26.0") == ["fp8_e4m3", "fp8_ds_mla"]
+    assert held_kv_dtypes("sparse-mla", "FLASHMLA_SPARSE", "nvfp4_ds_mla", "0.32.0") == ["nvfp4_ds_mla"]
+    assert held_kv_dtypes("sparse-mla", "FLASH_ATTN_MLA_SPARSE", "bfloat16", "0.26.0") == ["bfloat16", "auto"]
+    assert held_kv_dtypes("mla", "FLASHMLA", "fp8", "0.26.0") == ["fp8"]
+
+
+@pytest.mark.vllm
+def test_a_class_declaration_is_read_at_its_compute_capability():
+    """vLLM 0.26.0's FLASH_ATTN asks the platform for the capability (fp8 only where FA3 runs, SM90): read on the
+    H200 for an L4 it answered for the H200. The reader now reports each class's capability to the platform."""
+    pytest.importorskip("vllm")
+    from vllm.platforms import current_platform
+
+    from harness.vllm_compat import reported_capability
+
+    before = current_platform.get_device_capability()
+    with reported_capability(9, 0, "0.32.0"):
+        assert current_platform.is_device_capability_family(90)
+        with reported_capability(8, 9, "0.32.0"):
+            assert current_platform.get_device_capability().to_int() == 89
+            assert not current_platform.is_device_capability_family(90)
+        assert current_platform.get_device_capability().to_int() == 90
+    assert current_platform.get_device_capability() == before
+
+
+GPU_SURFACE = FIXTURES / "surface" / "gpu-vllm-0.26.0"
+
+
+@pytest.fixture(scope="module")
+def gpu_surface_cases(tmp_path_factory):
+    """The cases `kvmatrix surface --from-json` writes from the surface read on the H200 (vLLM 0.26.0), with
+    cases/'s models, pool and waivers beside them."""
+    folder = tmp_path_factory.mktemp("cases")
+    write_cases(Surface.from_json(json.loads((GPU_SURFACE / "surface.json").read_text())), folder)
+    for name in ("_models.yaml", "_pool.yaml", "_waivers.txt"):
+        (folder / name).write_text((REPO_ROOT / "cases" / name).read_text())
+    pool = load_pool(folder)
+    return pool, {c.cell_id: c for c in expand_all(load_cases(case_files(folder)), load_models(folder), pool)}
+
+
+def _judge_gpu(path, cases, tmp_path) -> tuple[dict, Task]:
+    pool, cells = cases
+    record = json.loads(path.read_text())
+    assert record["vllm_version"] == "0.26.0"
+    task = Task(cells[record["cell_id"]], record["gpu_class"], pool[record["gpu_class"]], record.get("emulated_from"))
+    reclassify(record, RunDir(tmp_path))
+    return judge_record(record, task, RunDir(tmp_path)), task
+
+
+@pytest.mark.parametrize(("stem", "kind"), [
+    ("H200--surface-flashmla-sparse[kv=fp8,skip=-,spec=-,attn=FLASHMLA_SPARSE]", None),  # held as fp8_ds_mla
+    ("H200--surface-flash-attn-mla-sparse[kv=bfloat16,skip=-,spec=-,attn=FLASH_ATTN_MLA_SPARSE]", None),  # as auto
+    ("H200--surface-flash-attn[kv=float16,skip=-,spec=-,attn=FLASH_ATTN]", "crashed although declared"),
+    ("H200--surface-flash-attn-diffkv[kv=auto,skip=-,spec=-,attn=FLASH_ATTN_DIFFKV]", "crashed although declared"),
+    ("H200--surface-turboquant[kv=turboquant_k8v4,skip=-,spec=-,attn=TURBOQUANT]", "refused although declared"),
+    ("H200--surface-triton-attn[kv=fp8_e5m2,skip=-,spec=-,attn=TRITON_ATTN]", "crashed although declared"),
+])
+def test_h200_surface_records_of_vllm_0_26(stem, kind, gpu_surface_cases, tmp_path):
+    judged, task = _judge_gpu(GPU_SURFACE / f"{stem}.json", gpu_surface_cases, tmp_path)
+    assert judged["verdict"] == ("pass" if kind is None else "fail"), judged["reason"]
+    assert broken_promise(judged, task) == kind
+
+
+def test_a_backend_refusing_for_a_package_missing_here_is_not_judged(gpu_surface_cases, tmp_path):
+    stem = "B200--surface-tokenspeed-mla[kv=fp8,skip=-,spec=-,attn=TOKENSPEED_MLA]"
+    judged, _ = _judge_gpu(GPU_SURFACE / f"{stem}.json", gpu_surface_cases, tmp_path)
+    assert judged["signature"] == "python_module_missing" and judged["verdict"] == "error"
+
+
+def test_promise_table_of_the_gpu_surface_runs(gpu_surface_cases, tmp_path):
+    """The declared-supported cells of vLLM 0.26.0 on the H200 (real; 54 of 54) and emulated L4 (39 of 39) and
+    B200 (15 of 53: the call ran out), judged again under today's generated cases and signatures."""
+    pool, cells = gpu_surface_cases
+    records = []
+    for path in sorted(GPU_SURFACE.glob("*--surface-*.json")):
+        judged, _ = _judge_gpu(path, gpu_surface_cases, tmp_path)
+        records.append(judged)
+    rows = {row[0]: row[1:] for row in promise_table(records, cells, pool)}
+    # run, kept, crashed / refused although declared, ran another way, accepted / crashed instead of refusing, error
+    assert rows == {"H200": [54, 36, 14, 4, 0, 0, 0, 0], "L4": [39, 23, 8, 8, 0, 0, 0, 0],
+                    "B200": [7, 1, 2, 2, 0, 0, 0, 2]}
+
+
+@pytest.mark.parametrize("stem", [
+    "H200--surface-flash-attn[kv=float16,skip=-,spec=-,attn=FLASH_ATTN]",  # FA3: query and key dtypes differ
+    "H200--surface-flashmla[kv=float16,skip=-,spec=-,attn=FLASHMLA]",
+    "H200--surface-flashinfer[kv=float16,skip=-,spec=-,attn=FLASHINFER]",  # the builder's bare assert
+])
+def test_a_float16_cache_for_a_bf16_model_is_one_signature_on_every_backend(stem, gpu_surface_cases, tmp_path):
+    """reports/findings/README.md#float16-kv-on-bf16-model-crashes"""
+    judged, task = _judge_gpu(GPU_SURFACE / f"{stem}.json", gpu_surface_cases, tmp_path)
+    assert judged["signature"] == "kv_dtype_not_model_dtype"
+    assert broken_promise(judged, task) == "crashed although declared"

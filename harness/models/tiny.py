@@ -16,7 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from harness.models.cache import BuilderFamily
-from harness.models.tiny_glm_fp8 import build_glm5_fp8, build_glm_fp8, glm5_fp8_config, glm_fp8_config
+from harness.models.tiny_glm_fp8 import (
+    build_glm5_fp8,
+    build_glm_ct_kv,
+    build_glm_fp8,
+    glm5_fp8_config,
+    glm_ct_kv_config,
+    glm_fp8_config,
+)
 from harness.models.tiny_llama import (
     build_ct_llama,
     build_dflash_llama,
@@ -50,6 +57,7 @@ BUILDERS: dict[str, Callable] = {
     "eagle3_llama_flat": build_eagle3_llama_flat,
     "deepseek_v32": build_deepseek_v32,
     "glm_fp8": build_glm_fp8,
+    "glm_ct_kv": build_glm_ct_kv,
     "glm5_fp8": build_glm5_fp8,
 }
 # Builders that write no weights (their registry entry loads them with load_format dummy).
@@ -66,6 +74,7 @@ _CONFIGS = {
     "eagle3_llama_flat": eagle3_flat_config,
     "deepseek_v32": deepseek_v32_config,
     "glm_fp8": glm_fp8_config,
+    "glm_ct_kv": glm_ct_kv_config,
     "glm5_fp8": glm5_fp8_config,
 }
 

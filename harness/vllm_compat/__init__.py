@@ -22,6 +22,7 @@ from harness.vllm_compat.emulation import (  # noqa: F401
     detect_cpu_isa,
     emulate_cpu_isa,
     emulate_device_capability,
+    reported_capability,
 )
 from harness.vllm_compat.engine import (  # noqa: F401
     ATTN_GROUPS_PATHS,

@@ -14,6 +14,8 @@ import inspect
 import io
 from typing import Any
 
+from harness.vllm_compat.versions import for_version
+
 REGISTRY_MODULE = "vllm.v1.attention.backends.registry"  # 0.22.0 to 0.32.0
 # Backends that serve another platform than CUDA, by registry name prefix (the registry does not say).
 PLATFORM_PREFIXES = {"cpu": ("CPU_", "AMX_"), "rocm": ("ROCM_",), "xpu": ("XPU_",)}
@@ -21,6 +23,34 @@ PLATFORM_PREFIXES = {"cpu": ("CPU_", "AMX_"), "rocm": ("ROCM_",), "xpu": ("XPU_"
 NOT_BACKENDS = frozenset({"CUSTOM", "TORCH_SDPA", "NO_ATTENTION"})
 # Refusal reasons that describe this install (a compiled library missing) rather than the declaration itself.
 INSTALL_REASON_WORDS = ("not available", "not compiled", "was not compiled", "is not installed")
+
+
+# Where vLLM itself renames a requested KV-cache dtype before the layer holds it: the layer then shows the new
+# name, which keeps the backend's promise. (layer kind, backend or "*", requested dtypes or "quantized", held as)
+KV_DTYPE_RENAMES = [("", [
+    # model_executor/models/config.py, DeepseekV32ForCausalLM: "Using bfloat16 kv-cache for DeepSeekV3.2" as `auto`
+    ("sparse-mla", "*", ("bfloat16",), "auto"),
+    # model_executor/layers/attention/mla_attention.py, _canonicalize_sparse_mla_kv_cache_dtype: FLASHMLA_SPARSE
+    # holds every quantized KV dtype but a DeepSeek layout (`*_ds_mla`, used as is) in its fp8_ds_mla layout;
+    # FLASHINFER_MLA_SPARSE_SM120 holds auto and fp8 so too
+    ("sparse-mla", "FLASHMLA_SPARSE", "quantized", "fp8_ds_mla"),
+    ("sparse-mla", "FLASHINFER_MLA_SPARSE_SM120", ("auto", "fp8", "fp8_e4m3"), "fp8_ds_mla"),
+])]
+UNQUANTIZED_KV_DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+def held_kv_dtypes(kind: str, backend: str, dtype: str, version: str | None) -> list[str]:
+    """The names a layer of this kind may show for a requested KV dtype on this backend: the dtype itself, and the
+    name vLLM renames it to, if it does."""
+    held = [dtype]
+    for renames in for_version(KV_DTYPE_RENAMES, version):
+        for rule_kind, rule_backend, requested, new_name in renames:
+            if rule_kind != kind or rule_backend not in ("*", backend) or new_name in held:
+                continue
+            quantized = dtype not in UNQUANTIZED_KV_DTYPES and not dtype.endswith("_ds_mla")
+            if quantized if requested == "quantized" else dtype in requested:
+                held.append(new_name)
+    return held
 
 
 def platform_of(name: str) -> str:

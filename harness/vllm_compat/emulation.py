@@ -3,6 +3,8 @@ probes vLLM's CPU backend asks (detecting this machine's level, turning higher l
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from harness.vllm_compat.versions import for_version
@@ -36,6 +38,30 @@ def emulate_device_capability(major: int, minor: int, version: str | None) -> li
     if not patched:
         raise RuntimeError(f"no class with get_device_capability in {module.__name__}")
     return patched
+
+
+@contextmanager
+def reported_capability(major: int, minor: int, version: str | None) -> Iterator[None]:
+    """While inside, the platform vLLM runs on (whatever it is) reports compute capability (major, minor).
+    For reading a class's declarations in one process: some ask the platform rather than take the capability
+    as an argument (vLLM 0.26.0's FLASH_ATTN declares fp8 only where FA3 runs, i.e. on the SM90 it is asked
+    about), and without this they would answer for the card or CPU the reading runs on."""
+    import importlib
+
+    from vllm.platforms import current_platform
+
+    cap_module, cap_name = for_version(DEVICE_CAPABILITY_CLASS, version)[0]
+    capability = getattr(importlib.import_module(cap_module), cap_name)(major, minor)
+    platform = type(current_platform)
+    own = vars(platform).get("get_device_capability")
+    platform.get_device_capability = classmethod(lambda cls, device_id=0: capability)
+    try:
+        yield
+    finally:
+        if own is None:
+            del platform.get_device_capability
+        else:
+            platform.get_device_capability = own
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -26,7 +26,9 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     )),
     # A package the installed vLLM imports is not installed (seen: vLLM 0.22.0 staged without `humming-kernels`
     # imports `humming` for any quantization config): the environment is incomplete, vLLM cannot be judged there.
-    ("python_module_missing", "", (r"ModuleNotFoundError: No module named ",)),
+    # Or a backend's own start-up check says its package is missing (seen: TOKENSPEED_MLA forced on an emulated
+    # B200, vLLM 0.26.0 staged without `tokenspeed-mla`).
+    ("python_module_missing", "", (r"ModuleNotFoundError: No module named ", r"package is not installed")),
     # A compiled op library vLLM calls is absent from the install (seen: vLLM 0.25.x staged without
     # FlashAttention-2, whose `_vllm_fa2_C` an emulated L4's MLA prefill calls): not vLLM's behaviour either.
     ("compiled_library_missing", "", (r"'_OpNamespace' '_vllm_\w+' object has no attribute",)),
@@ -56,6 +58,16 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     # A backend that accepted the dtype at start, then asserts on it in the forward pass (Triton, fp8_e5m2).
     ("kv_dtype_assert_in_forward", "", (r"assert self\.kv_cache_dtype in",)),
     ("no_common_block_size", "", (r"No common block size",)),
+    # An unquantized KV dtype other than the model's (float16 cache, bf16 model), accepted at start, then refused
+    # by the kernel (FA2/FA3/FlashMLA) or by FlashInfer's builder in the first forward (seen with vLLM 0.26.0).
+    ("kv_dtype_not_model_dtype", "", (
+        r"query and key must have the same dtype",
+        r"assert self\.kv_cache_spec\.dtype == self\.model_config\.dtype",
+    )),
+    # A model's load_weights adds None to its loaded names when a checkpoint's KV scale has no parameter to go to
+    # (seen: GLM-4.7-Flash with `self_attn.k_scale` / `v_scale`, vLLM 0.26.0's glm4_moe_lite: the `continue`
+    # after maybe_remap_kv_scale_name leaves only the inner loop).
+    ("kv_scale_unmapped_none_name", "", (r"sequence item \d+: expected str instance, NoneType found",)),
     # An EAGLE-3 draft's fc fed fewer target hidden states than it was built for: the runner chose other
     # auxiliary layers than the draft config names (vLLM 0.26.0's GPU model runner ignores the nested
     # `eagle_config.eagle_aux_hidden_state_layer_ids`).
