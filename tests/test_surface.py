@@ -242,3 +242,14 @@ def test_a_float16_cache_for_a_bf16_model_is_one_signature_on_every_backend(stem
     judged, task = _judge_gpu(GPU_SURFACE / f"{stem}.json", gpu_surface_cases, tmp_path)
     assert judged["signature"] == "kv_dtype_not_model_dtype"
     assert broken_promise(judged, task) == "crashed although declared"
+
+
+def test_declared_only_keeps_the_promises_of_a_class(gpu_surface_cases):
+    """`kvmatrix run --declared-only`: of the 336 points vLLM 0.26.0 knows on the H200, its 54 declared supported;
+    the L4's 39."""
+    from harness.surface.promises import promised
+
+    pool, cells = gpu_surface_cases
+    tasks = {gpu: [Task(c, gpu, pool[gpu]) for c in cells.values() if gpu in c.gpu_classes] for gpu in ("H200", "L4")}
+    assert len(tasks["H200"]) == 336
+    assert [len(promised(tasks[gpu], "0.26.0")) for gpu in ("H200", "L4")] == [54, 39]

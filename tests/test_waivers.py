@@ -153,3 +153,18 @@ def test_a_waiver_scoped_to_vllm_versions_waives_only_those_releases():
     assert w.matches(BF16, "L4") and not w.matches(BF16, "L4", "0.31.0")
     with pytest.raises(WaiverError, match="vllm=>=nine: invalid range"):
         waivers(f"{BF16} vllm=>=nine {LINK}")
+
+
+def test_cases_waivers_lent_to_a_generated_folder_do_not_miss_cells(tmp_path):
+    """cases/surface/ judges with cases/_waivers.txt, whose lines name cells of cases/: no "matches no cell"
+    there (it made every `kvmatrix run --cases-dir cases/surface` exit 1), but still in cases/ itself."""
+    from types import SimpleNamespace
+
+    from harness.cli import known_failure_problems
+    from harness.records import RunDir
+
+    session = SimpleNamespace(settings=SimpleNamespace(waivers=waivers(f"ct-lama[kv=bfloat16,*] {LINK}")),
+                              run_dir=RunDir(tmp_path))
+    _, own = known_failure_problems([failing_bf16()], [], session)
+    _, lent = known_failure_problems([failing_bf16()], [], session, lent=True)
+    assert [p.kind for p in own] == ["unmatched"] and lent == []

@@ -30,6 +30,12 @@ def declared_supported(task: Task, vllm_version: str | None) -> bool:
                    for rule in task.cell.case.expect)
 
 
+def promised(tasks: list[Task], vllm_version: str | None) -> list[Task]:
+    """The tasks whose case requires no refusal: for generated surface cases, the points vLLM declares supported,
+    which a short GPU lease runs first (`kvmatrix run --declared-only`)."""
+    return [t for t in tasks if declared_supported(t, vllm_version)]
+
+
 def broken_promise(record: CellRecord, task: Task) -> str | None:
     """The kind of broken promise a judged surface record shows, or None (kept, or nothing to judge)."""
     if record["verdict"] != "fail":
