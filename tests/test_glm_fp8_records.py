@@ -4,6 +4,7 @@ require of the CPU. Captured records, judged again under the shipped case files.
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -57,23 +58,31 @@ GPU_RECORDS = FIXTURES / "records" / "glm-fp8-gpu-vllm-0.26.0"
 GPU_FILES = sorted(GPU_RECORDS.glob("*.json"))
 
 
-def _judged(path, tmp_path) -> dict:
-    from harness.judge.judge import judge_record
-    from harness.judge.outcome import reclassify
+@functools.cache
+def _shipped_matrix():
+    """cases/: its pool, every cell by id, its waivers (read once for all the records judged here)."""
     from harness.judge.waivers import load_waivers
-    from harness.records import RunDir
-    from harness.task import Task
     from matrix.expand import expand_all
     from matrix.load import load_cases, load_models, load_pool
 
-    rec = json.loads(path.read_text())
-    assert rec["vllm_version"] == path.parent.name.rsplit("vllm-", 1)[1]
     pool = load_pool()
     cells = {c.cell_id: c for c in expand_all(load_cases(), load_models(), pool)}
+    return pool, cells, load_waivers(gpu_classes=pool)
+
+
+def _judged(path, tmp_path) -> dict:
+    from harness.judge.judge import judge_record
+    from harness.judge.outcome import reclassify
+    from harness.records import RunDir
+    from harness.task import Task
+
+    rec = json.loads(path.read_text())
+    assert rec["vllm_version"] == path.parent.name.rsplit("vllm-", 1)[1]
+    pool, cells, waivers = _shipped_matrix()
     gpu = rec["gpu_class"]
     task = Task(cells[rec["cell_id"]], gpu, pool[gpu], rec.get("emulated_from"))
     reclassify(rec, RunDir(tmp_path))
-    return judge_record(rec, task, RunDir(tmp_path), load_waivers(gpu_classes=pool))
+    return judge_record(rec, task, RunDir(tmp_path), waivers)
 
 
 def test_the_gpu_run_covers_glm_fp8_on_three_classes_and_glm5_fp8_on_the_l4():

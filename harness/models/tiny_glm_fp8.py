@@ -108,8 +108,11 @@ def per_channel_fp8(tensors: dict) -> dict:
 
 def build_glm_fp8(out: Path, seed: int = 0) -> None:
     cfg = glm_fp8_config()
-    tensors = per_channel_fp8(weights(_glm_fp8_shapes(cfg), seed))
-    # The kv_cache_scheme's scales, on the MTP layer's attention too.
+    _save_with_kv_scales(out, cfg, per_channel_fp8(weights(_glm_fp8_shapes(cfg), seed)), seed)
+
+
+def _save_with_kv_scales(out: Path, cfg: dict, tensors: dict, seed: int) -> None:
+    """The checkpoint with its kv_cache_scheme's scales, on the MTP layer's attention too."""
     save(out, cfg, {}, seed, tensors | static_kv_scales(LAYERS + 1, GLM_FP8_K_SCALE, GLM_FP8_V_SCALE))
 
 
@@ -125,8 +128,7 @@ def glm_ct_kv_config() -> dict:
 
 def build_glm_ct_kv(out: Path, seed: int = 0) -> None:
     cfg = glm_ct_kv_config()
-    tensors = weights(_glm_fp8_shapes(cfg), seed)
-    save(out, cfg, {}, seed, tensors | static_kv_scales(LAYERS + 1, GLM_FP8_K_SCALE, GLM_FP8_V_SCALE))
+    _save_with_kv_scales(out, cfg, weights(_glm_fp8_shapes(cfg), seed), seed)
 
 
 # ------------------------------------------------------------------------------------- GLM-5 FP8 (GPU only)

@@ -23,8 +23,7 @@ def emulate_device_capability(major: int, minor: int, version: str | None) -> li
     import importlib
 
     module = importlib.import_module(for_version(CUDA_PLATFORM_MODULE, version)[0])
-    cap_module, cap_name = for_version(DEVICE_CAPABILITY_CLASS, version)[0]
-    capability = getattr(importlib.import_module(cap_module), cap_name)(major, minor)
+    capability = _device_capability(major, minor, version)
 
     def get_device_capability(cls: Any, device_id: int = 0) -> Any:
         return capability
@@ -40,18 +39,23 @@ def emulate_device_capability(major: int, minor: int, version: str | None) -> li
     return patched
 
 
+def _device_capability(major: int, minor: int, version: str | None) -> Any:
+    """vLLM's own DeviceCapability value for (major, minor)."""
+    import importlib
+
+    cap_module, cap_name = for_version(DEVICE_CAPABILITY_CLASS, version)[0]
+    return getattr(importlib.import_module(cap_module), cap_name)(major, minor)
+
+
 @contextmanager
 def reported_capability(major: int, minor: int, version: str | None) -> Iterator[None]:
     """While inside, the platform vLLM runs on (whatever it is) reports compute capability (major, minor).
     For reading a class's declarations in one process: some ask the platform rather than take the capability
     as an argument (vLLM 0.26.0's FLASH_ATTN declares fp8 only where FA3 runs, i.e. on the SM90 it is asked
     about), and without this they would answer for the card or CPU the reading runs on."""
-    import importlib
-
     from vllm.platforms import current_platform
 
-    cap_module, cap_name = for_version(DEVICE_CAPABILITY_CLASS, version)[0]
-    capability = getattr(importlib.import_module(cap_module), cap_name)(major, minor)
+    capability = _device_capability(major, minor, version)
     platform = type(current_platform)
     own = vars(platform).get("get_device_capability")
     platform.get_device_capability = classmethod(lambda cls, device_id=0: capability)
