@@ -17,7 +17,7 @@ from harness.records import RunDir
 from harness.run.gpu_check import GPU_LEAK_TOLERANCE_MIB, check_gpu_memory, pinned_gpus
 from harness.run.gpu_memory import gpu_baselines, physical_index
 from harness.run.pool import run_tasks
-from harness.run.process import CellProcesses
+from harness.run.process import RUN_MARK_ENV, CellProcesses
 from harness.run.session import Session
 from harness.run.settings import RunSettings
 from matrix.expand import expand_all
@@ -108,6 +108,28 @@ def test_packed_gpu_compares_processes_only(other_cell):
     out = check_gpu_memory(gpu, 0, processes, settle_s=0.6)
     assert out["gpu_memory"]["leaked_pids"] == {str(GONE_PID): 512.0}
     assert "pids " + str(GONE_PID) in out["leak"]
+
+
+def test_another_runs_process_is_not_this_cells_leak(tmp_path):
+    """A second harness run sharing the GPU (its processes' environment names another run folder): not a leak of
+    this run's cell, and its memory makes the GPU's total incomparable (no driver-level leak either)."""
+    env = {**os.environ, RUN_MARK_ENV: str(tmp_path / "other-run")}
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env, start_new_session=True)
+    try:
+        gpu = FakeGpu()
+        processes = CellProcesses(gpu_baselines(gpu, {0}), run_mark=str(tmp_path / "this-run"))
+        gpu.used += 6000
+        gpu.held = {proc.pid: 6000.0}
+        out = check_gpu_memory(gpu, 0, processes, settle_s=0.6)
+        assert "leak" not in out and out["gpu_memory"]["exclusive"] is False
+
+        # The same process in this run's environment, once its cell is gone: a leak.
+        processes.run_mark = str(tmp_path / "other-run")
+        out = check_gpu_memory(gpu, 0, processes, settle_s=0.6)
+        assert out["gpu_memory"]["leaked_pids"] == {str(proc.pid): 6000.0}
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_memory_above_baseline_without_process_is_driver_level():

@@ -44,21 +44,25 @@ def test_refusals_carry_their_signature_patterns():
     assert optional["optional"] and optional["signatures"] == ["cpu_fp8_kv_needs_avx512"]
 
 
-def test_the_script_regenerates_the_cached_checkpoint_exactly(tmp_path):
+@pytest.mark.parametrize(("builder", "fp8_weights"), [("ct_llama", 0), ("glm_fp8", 64)])
+def test_the_script_regenerates_the_cached_checkpoint_exactly(builder, fp8_weights, tmp_path):
+    """Byte for byte, an FP8-weight checkpoint too (glm_fp8: its 64 linears quantized per channel as the builder
+    does, with their `weight_scale`)."""
     from safetensors.torch import load_file
 
     from harness.models import tiny
 
-    folder = tiny.build("ct_llama", REPO / ".cache" / "models")
+    folder = tiny.build(builder, REPO / ".cache" / "models")
     spec = model_spec(folder)
+    assert len(spec["fp8_per_channel"]) == fp8_weights
     assert spec["seed"] == 0 and sorted(spec["extra"]) == sorted(n for n in load_file(str(folder / "model.safetensors"))
                                                                if n.endswith(("k_scale", "v_scale")))
     script = render({"cell_id": "x", "gpu_class": "y", "models": {"m": spec}}, "kvmatrix repro x")
     namespace = {"__file__": str(tmp_path / "repro.py"), "__name__": "not_main"}
     exec(compile(script, "repro.py", "exec"), namespace)  # defines SPEC and the functions; main() not called
     namespace["write_model"](tmp_path / "m", spec)
-    ours, theirs = load_file(str(tmp_path / "m" / "model.safetensors")), load_file(str(folder / "model.safetensors"))
-    assert sorted(ours) == sorted(theirs) and all(ours[n].equal(theirs[n]) for n in ours)
+    ours, theirs = tmp_path / "m" / "model.safetensors", folder / "model.safetensors"
+    assert ours.read_bytes() == theirs.read_bytes()
     assert (tmp_path / "m" / "config.json").read_text() == (folder / "config.json").read_text()
     assert "import harness" not in script and "from harness" not in script and "kvmatrix import" not in script
 

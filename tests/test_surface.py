@@ -4,17 +4,20 @@ without an engine (real vLLM), and the diff between two releases' surfaces."""
 from __future__ import annotations
 
 import json
+import tarfile
+from collections import Counter
 
 import pytest
 
 from harness.judge.judge import judge_record
 from harness.judge.outcome import reclassify
+from harness.judge.signatures import classify
 from harness.paths import REPO_ROOT
 from harness.records import RunDir
-from harness.surface.cases import write_cases
+from harness.surface.cases import REFUSALS, write_cases
 from harness.surface.command import diff_lines, render
 from harness.surface.declared import FAMILIES, Point, Surface, declared_surface
-from harness.surface.promises import broken_promise, promise_table
+from harness.surface.promises import broken_promise, declared_supported, promise_table
 from harness.task import Task
 from harness.vllm_compat.declarations import held_kv_dtypes, platform_of
 from matrix.expand import expand_all
@@ -253,3 +256,75 @@ def test_declared_only_keeps_the_promises_of_a_class(gpu_surface_cases):
     tasks = {gpu: [Task(c, gpu, pool[gpu]) for c in cells.values() if gpu in c.gpu_classes] for gpu in ("H200", "L4")}
     assert len(tasks["H200"]) == 336
     assert [len(promised(tasks[gpu], "0.26.0")) for gpu in ("H200", "L4")] == [54, 39]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The second session's runs of the same generated cases (2026-12-01): every point of the real H200 and emulated
+# L4 that vLLM declares refused, and A100 / B200 whole, as far as the calls went.
+
+GPU_RUNS = GPU_SURFACE / "runs-2026-12-01.tar.xz"
+
+
+@pytest.fixture(scope="module")
+def second_runs(tmp_path_factory) -> dict[str, list]:
+    """Run folder name (s-h200, s-l4, s-a100, s-b200) → its record files, unpacked from the archive."""
+    folder = tmp_path_factory.mktemp("runs")
+    with tarfile.open(GPU_RUNS) as archive:
+        archive.extractall(folder, filter="data")
+    return {run.name: sorted(run.glob("*--surface-*.json")) for run in sorted(folder.iterdir())}
+
+
+def _judged_runs(runs: dict[str, list], cases, tmp_path) -> dict[str, list[dict]]:
+    """Every record judged again; a cell the run skipped (no vLLM started) stays as it was."""
+    def judged(path):
+        record = json.loads(path.read_text())
+        return record if record["status"] == "skipped" else _judge_gpu(path, cases, tmp_path)[0]
+
+    return {name: [judged(path) for path in paths] for name, paths in runs.items()}
+
+
+def test_the_declared_refusals_are_clear_refusals_on_every_class(second_runs, gpu_surface_cases, tmp_path):
+    """Each point vLLM 0.26.0 declares refused was refused at start with vLLM's own reasons (`... is not valid for
+    this configuration. Reason: [...]`, whichever reason it names first), on the real H200 and every emulated class
+    run: no crash, no accepted point. TOKENSPEED_MLA's package is not installed there: not judged."""
+    pool, cells = gpu_surface_cases
+    judged = _judged_runs(second_runs, gpu_surface_cases, tmp_path)
+    for name, records in judged.items():
+        refused = [r for r in records if r["verdict"] != "skip" and not declared_supported(
+            Task(cells[r["cell_id"]], r["gpu_class"], pool[r["gpu_class"]]), "0.26.0")]
+        verdicts = Counter(r["verdict"] for r in refused)
+        errors = {r["signature"] for r in refused if r["verdict"] == "error"}
+        assert set(verdicts) <= {"pass", "error"} and errors <= {"python_module_missing"}, (name, verdicts)
+        assert {r["signature"] for r in refused if r["verdict"] == "pass"} <= set(REFUSALS)
+    assert sum(len(v) for v in judged.values()) == 468
+
+
+@pytest.mark.parametrize(("message", "signature"), [
+    ("ValueError: Selected backend AttentionBackendEnum.CUTLASS_MLA is not valid for this configuration. "
+     "Reason: ['compute capability not supported']", "compute_capability_unsupported"),
+    ("ValueError: Selected backend AttentionBackendEnum.FLASHMLA is not valid for this configuration. "
+     "Reason: ['FlashMLA Dense is only supported on Hopper devices.']", "backend_invalid_for_configuration"),
+    ("ValueError: Selected backend AttentionBackendEnum.HPC_ATTN is not valid for this configuration. "
+     "Reason: ['head_size not supported']", "head_size_unsupported"),
+    ("ValueError: Selected backend AttentionBackendEnum.TURBOQUANT is not valid for this configuration. "
+     "Reason: ['kv_cache_dtype not supported']", "unsupported_kv_cache_dtype"),
+])
+def test_vllm_refusing_a_forced_backend_is_a_refusal_whatever_its_reason(message, signature):
+    """Messages of the H200 records above: the generated cases accept each as a clear refusal (before, a
+    compute-capability reason had no signature, and 59 refused points on four classes were FAILs)."""
+    assert classify(message, "0.26.0") == signature
+    assert signature in REFUSALS
+
+
+def test_promise_table_of_the_second_gpu_surface_runs(second_runs, gpu_surface_cases, tmp_path):
+    """A100 and B200 emulated (the calls ended with B200 at 142 of 336 cells): the declared-supported points that
+    broke their promise. FLASH_ATTN / FLASH_ATTN_DIFFKV at fp8 and fp8_e4m3 on A100 and B200, and FLASHMLA on B200,
+    are our reader's false alarm (the surface was read before `reported_capability`); TRITON_ATTN / TRITON_MLA fp8
+    on the A100 are vLLM's: reports/findings/README.md#triton-fp8-kv-declared-below-sm89."""
+    pool, cells = gpu_surface_cases
+    judged = _judged_runs(second_runs, gpu_surface_cases, tmp_path)
+    rows = {row[0]: row[1:] for row in promise_table([r for v in judged.values() for r in v], cells, pool)}
+    # run, kept, crashed / refused although declared, ran another way, accepted / crashed instead of refusing, error
+    assert rows["A100"] == [123, 102, 7, 14, 0, 0, 0, 0]
+    assert rows["B200"] == [117, 96, 8, 13, 0, 0, 0, 0]
+    assert rows["H200"][1:] == [114, 0, 0, 0, 0, 0, 5] and rows["L4"][1:] == [84, 0, 0, 0, 0, 0, 0]

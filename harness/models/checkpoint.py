@@ -87,6 +87,21 @@ def weights(shapes: dict[str, tuple[int, ...]], seed: int):
     return out
 
 
+def per_channel_fp8(tensors: dict, names: list[str]) -> dict:
+    """`names` as float8_e4m3fn with a float32 per-output-channel `weight_scale` each, as compressed-tensors writes
+    a `strategy: channel` FP8 weight; the other tensors unchanged. Self-contained: standalone scripts inline it."""
+    import torch
+
+    fp8_max = 448.0  # largest float8_e4m3fn value
+    out = dict(tensors)
+    for name in names:
+        w32 = out[name].float()
+        scale = (w32.abs().amax(dim=1, keepdim=True) / fp8_max).clamp(min=1e-12)
+        out[name] = (w32 / scale).to(torch.float8_e4m3fn)
+        out[name.removesuffix("weight") + "weight_scale"] = scale
+    return out
+
+
 def save(out: Path, config: dict, shapes: dict, seed: int, extra=None) -> None:
     from safetensors.torch import save_file
 

@@ -23,6 +23,7 @@ from harness.models.checkpoint import (
     LAYERS,
     STATIC_FP8_KV_SCHEME,
     kv_only_quantization,
+    per_channel_fp8,
     save,
     static_kv_scales,
     weights,
@@ -31,7 +32,6 @@ from harness.models.checkpoint import (
 )
 from harness.models.tiny_mla import deepseek_v32_config, glm_config, glm_moe_shapes
 
-FP8_MAX = 448.0  # largest float8_e4m3fn value
 MTP_LAYER = LAYERS  # the MTP layer's index: right after the decoder layers
 # The static per-tensor KV scales the glm_fp8 checkpoint declares: not 1.0, so a record shows whether vLLM loaded
 # them into the MLA layers or kept its default.
@@ -89,26 +89,11 @@ def _quantized(name: str, shape: tuple[int, ...]) -> bool:
     return len(shape) == 2 and name.startswith("model.layers.") and not name.endswith(BF16_LINEARS)
 
 
-def per_channel_fp8(tensors: dict) -> dict:
-    """Every decoder / MTP linear weight as float8_e4m3fn with a float32 per-output-channel `weight_scale`, as
-    compressed-tensors writes a `strategy: channel` FP8 weight; the rest stays bf16."""
-    import torch
-
-    out = {}
-    for name, w in tensors.items():
-        if not _quantized(name, tuple(w.shape)):
-            out[name] = w
-            continue
-        w32 = w.float()
-        scale = (w32.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=1e-12)
-        out[name] = (w32 / scale).to(torch.float8_e4m3fn)
-        out[name.removesuffix("weight") + "weight_scale"] = scale
-    return out
-
-
 def build_glm_fp8(out: Path, seed: int = 0) -> None:
     cfg = glm_fp8_config()
-    _save_with_kv_scales(out, cfg, per_channel_fp8(weights(_glm_fp8_shapes(cfg), seed)), seed)
+    drawn = weights(_glm_fp8_shapes(cfg), seed)
+    _save_with_kv_scales(out, cfg, per_channel_fp8(drawn, [n for n, w in drawn.items() if _quantized(n, w.shape)]),
+                         seed)
 
 
 def _save_with_kv_scales(out: Path, cfg: dict, tensors: dict, seed: int) -> None:

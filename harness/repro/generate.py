@@ -32,25 +32,39 @@ class ReproError(Exception):
 
 def model_spec(folder: Path) -> dict[str, Any]:
     """A built checkpoint as the script rebuilds it: small files verbatim; weights as (seed, shapes) when the
-    builder's `weights(shapes, seed)` reproduces every large tensor bit for bit, small others as values."""
+    builder's `weights(shapes, seed)` reproduces every large tensor bit for bit (after `per_channel_fp8` for the
+    FP8 weights of a quantized checkpoint, each stored beside its `weight_scale`), small others as values."""
     files = {p.name: p.read_text() for p in sorted(folder.iterdir()) if p.suffix != ".safetensors"}
     path = folder / "model.safetensors"
     if not path.exists():
         return {"files": files, "shapes": None}
+    import torch
     from safetensors.torch import load_file
 
     stored = load_file(str(path))
-    shapes = {name: list(t.shape) for name, t in stored.items() if t.ndim > 0}  # scalars are set by hand
+    fp8 = sorted(name for name, t in stored.items()
+                 if t.dtype == torch.float8_e4m3fn and name.removesuffix("weight") + "weight_scale" in stored)
+    derived = {name.removesuffix("weight") + "weight_scale" for name in fp8}  # per_channel_fp8 writes them
+    shapes = {name: list(t.shape) for name, t in stored.items() if t.ndim > 0 and name not in derived}
     for seed in SEEDS_TRIED:
-        drawn = checkpoint.weights({k: tuple(v) for k, v in shapes.items()}, seed)
-        same = {name for name, t in drawn.items() if t.dtype == stored[name].dtype and t.equal(stored[name])}
+        drawn = checkpoint.per_channel_fp8(checkpoint.weights({k: tuple(v) for k, v in shapes.items()}, seed), fp8)
+        same = {name for name, t in drawn.items() if _bit_equal(t, stored[name])}
         rest = set(stored) - same
-        if all(stored[name].numel() <= 64 for name in rest):
+        if all(stored[name].numel() <= 64 for name in rest) and derived <= same:
             extra = {name: [str(stored[name].dtype).removeprefix("torch."), list(stored[name].shape),
                             stored[name].flatten().tolist()] for name in sorted(rest)}
-            return {"files": files, "seed": seed, "shapes": {k: shapes[k] for k in sorted(same)}, "extra": extra}
+            return {"files": files, "seed": seed, "shapes": {k: shapes[k] for k in sorted(same - derived)},
+                    "fp8_per_channel": fp8, "extra": extra}
     raise ReproError(f"{folder.name}: its weights are not drawn by the tiny builders (a trained model?); "
                      "a standalone script cannot regenerate them")
+
+
+def _bit_equal(a, b) -> bool:
+    """Same dtype, shape and bytes (torch compares no float8 tensors by value)."""
+    import torch
+
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
+                                                                     b.reshape(-1).view(torch.uint8))
 
 
 def _signature_patterns(names: list[str], version: str | None) -> list[str]:
@@ -144,11 +158,14 @@ def render(spec: dict[str, Any], command: str) -> str:
         f"SPEC = {pprint.pformat(spec, width=116, sort_dicts=False)}",
         "",
         "",
-        "# The tiny checkpoint builder's weight generator, verbatim from kvmatrix's harness/models/checkpoint.py",
+        "# The tiny checkpoint builder's weight generator and FP8 quantizer, verbatim from kvmatrix's",
+        "# harness/models/checkpoint.py",
         "import hashlib  # noqa: E402",
         "",
         "",
         inspect.getsource(checkpoint.weights),
+        "",
+        inspect.getsource(checkpoint.per_channel_fp8),
         "",
         "# The runtime, inlined from kvmatrix's harness/repro/standalone.py",
         _body(),

@@ -26,6 +26,7 @@ def write_model(folder: Path, model: dict) -> None:
     from safetensors.torch import save_file
 
     tensors = weights({k: tuple(v) for k, v in model["shapes"].items()}, model["seed"])  # noqa: F821 - inlined
+    tensors = per_channel_fp8(tensors, model.get("fp8_per_channel", []))  # noqa: F821 - inlined
     for name, (dtype, shape, values) in model["extra"].items():
         tensors[name] = torch.tensor(values, dtype=getattr(torch, dtype)).reshape(shape)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from harness.paths import REPO_ROOT
+from harness.run.process import RUN_MARK_ENV
 from harness.run.settings import RunSettings
 from harness.vllm_compat import BROKEN_WHEN_EMPTY_ENV, IN_PROCESS_ENGINE_ENV, VLLM_CACHE_ENV
 
@@ -22,12 +23,18 @@ def shared_cache_env(cache_dir: Path) -> dict[str, str]:
     return {var: str(cache_dir / sub) for var, sub in folders.items()}
 
 
+def run_mark(settings: RunSettings) -> str:
+    """What RUN_MARK_ENV says in this run's cells: its run folder, one per run even where runs share a machine."""
+    return str(settings.run_dir.root.resolve())
+
+
 def cell_env(settings: RunSettings, extra: dict[str, str] | None = None, key: str = "") -> dict[str, str]:
     env = dict(os.environ)
     caches = settings.cache_dir / "fresh" / key if settings.fresh_caches else settings.cache_dir
     env.update(shared_cache_env(caches))
     env.update(IN_PROCESS_ENGINE_ENV)
     env["PYTHONUNBUFFERED"] = "1"
+    env[RUN_MARK_ENV] = run_mark(settings)
     env["PYTHONFAULTHANDLER"] = "1"  # a segfault prints its Python frames: the crash fingerprint's site
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     for name in BROKEN_WHEN_EMPTY_ENV:

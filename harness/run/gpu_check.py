@@ -1,6 +1,7 @@
 """After each cell: is its GPU back at the run's starting baseline? A process still holding memory there that
-was not there before and belongs to no running cell, or (when no other cell runs on that GPU) memory more than
-the tolerance above the baseline, is the cell's `leak`. Reported, never killed."""
+was not there before, belongs to no running cell and to no other run (harness/run/process.py: RUN_MARK_ENV),
+or (when no other cell runs on that GPU) memory more than the tolerance above the baseline, is the cell's `leak`.
+Reported, never killed."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Callable
 
 from harness.record_model import CellRecord
 from harness.run.gpu_memory import GpuMemory, physical_index
-from harness.run.process import CellProcesses, pgid_of
+from harness.run.process import CellProcesses, pgid_of, run_mark_of
 
 # Above its baseline by more than this, a GPU no cell runs on holds memory a cell left behind (the driver's and
 # allocator's own usage wobbles a little between runs).
@@ -34,9 +35,13 @@ def check_gpu_memory(memory: GpuMemory, gpu: int, processes: CellProcesses, sett
     started = time.monotonic()
     while True:
         running = processes.running()
-        exclusive = gpu not in running.values()
-        foreign = {pid: mib for pid, mib in memory.processes(gpu).items()
-                   if pid not in baseline.pids and pgid_of(pid) not in running}
+        held = {pid: mib for pid, mib in memory.processes(gpu).items() if pid not in baseline.pids}
+        # A process whose environment names another run, or none, is another program's (a second harness run
+        # sharing the GPU: seen on the H200, its workers were blamed as this run's leaks); while one holds memory,
+        # the GPU's total is not this run's to compare either.
+        others = {pid for pid in held if run_mark_of(pid) not in (None, processes.run_mark)}
+        exclusive = gpu not in running.values() and not others
+        foreign = {pid: mib for pid, mib in held.items() if pid not in others and pgid_of(pid) not in running}
         used = memory.used_mib(gpu)
         above = used - baseline.used_mib if exclusive else 0.0
         driver_level = not foreign and above > GPU_LEAK_TOLERANCE_MIB

@@ -14,6 +14,7 @@ from typing import Protocol
 from harness.record_model import CellRecord
 from harness.records import RunDir, read_json
 from harness.run.accuracy_plan import baseline_gates
+from harness.run.cell_env import run_mark
 from harness.run.cell_run import cell_record, expected_not_to_pass
 from harness.run.gpu_check import pinned_gpus
 from harness.run.gpu_memory import gpu_baselines
@@ -72,7 +73,7 @@ class LocalPool:
         # Before any cell starts: what the slots' GPUs hold that is not this run's.
         baselines = (gpu_baselines(settings.gpu_memory, pinned_gpus(self.slot_env, jobs))
                      if settings.gpu_memory is not None else None)
-        processes = CellProcesses(baselines)
+        processes = CellProcesses(baselines, run_mark=run_mark(settings))
         lock = threading.Lock()
         free_slots = list(range(jobs))
         launchers = [slot_launcher(settings) for _ in range(jobs)]

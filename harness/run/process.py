@@ -32,8 +32,9 @@ class CellProcesses:
     every one of them and the GPU check knows which processes belong to cells still running; and the GPUs'
     baselines that check compares with (none: no check)."""
 
-    def __init__(self, gpu_baselines: dict[int, GpuBaseline] | None = None) -> None:
+    def __init__(self, gpu_baselines: dict[int, GpuBaseline] | None = None, run_mark: str = "") -> None:
         self._pgids: dict[int, int | None] = {}
+        self.run_mark = run_mark  # the run folder its cells' RUN_MARK_ENV names
         self._lock = threading.Lock()
         self.stopping = False
         self.gpu_baselines = gpu_baselines or {}
@@ -92,6 +93,23 @@ def killpg(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+# Set in every cell's environment (harness/run/cell_env.py) to its run folder: a process that carries another
+# value, or none, is not this run's, even where it left its cell's process group (an escaped grandchild keeps it).
+RUN_MARK_ENV = "KVMATRIX_RUN"
+
+
+def run_mark_of(pid: int) -> str | None:
+    """The run folder a process's environment names ("" for none); None where its environment cannot be read
+    (gone, or another user's)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = f"{RUN_MARK_ENV}=".encode()
+    return next((item[len(prefix):].decode(errors="replace") for item in environ.split(b"\0")
+                 if item.startswith(prefix)), "")
 
 
 def pgid_of(pid: int) -> int | None:

@@ -21,7 +21,8 @@ from harness.surface.declared import Surface
 from harness.vllm_compat.declarations import held_kv_dtypes, is_install_reason, platform_of
 
 # The signatures of a clear refusal at start (harness/vllm_compat/signatures.py).
-REFUSALS = ["no_valid_backend", "unsupported_kv_cache_dtype", "fp8_unsupported_arch", "cpu_fp8_kv_needs_avx512"]
+REFUSALS = ["no_valid_backend", "unsupported_kv_cache_dtype", "head_size_unsupported", "compute_capability_unsupported",
+            "backend_invalid_for_configuration", "fp8_unsupported_arch", "cpu_fp8_kv_needs_avx512"]
 # Refusals by the platform that a backend's declaration cannot foresee: allowed where a CPU backend declares support.
 PLATFORM_REFUSALS = ["cpu_fp8_kv_needs_avx512"]
 

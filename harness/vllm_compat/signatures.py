@@ -105,4 +105,11 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
         r"cache_dtype\s+Input should be",
         r"FP8 KV cache requires",
     )),
+    # A forced backend that vLLM's own `validate_configuration` refuses for this card (its reasons name the compute
+    # capability, or say "FlashAttention MLA not supported on this device"), or for another reason none of the
+    # signatures above names ("non-sparse not supported"): each a clear refusal at start (vLLM 0.26.0, H200 and
+    # emulated A100 / L4 / B200).
+    ("compute_capability_unsupported", "", (r"is not valid for this configuration\. Reason: \[.*compute capability "
+                                            r"not supported",)),
+    ("backend_invalid_for_configuration", "", (r"is not valid for this configuration\. Reason:",)),
 ]
