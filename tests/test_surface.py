@@ -258,6 +258,19 @@ def test_declared_only_keeps_the_promises_of_a_class(gpu_surface_cases):
     assert [len(promised(tasks[gpu], "0.26.0")) for gpu in ("H200", "L4")] == [54, 39]
 
 
+def test_refused_only_keeps_the_rest_of_a_class(gpu_surface_cases):
+    """`kvmatrix run --refused-only`: the 282 points vLLM 0.26.0 declares refused on the H200, the L4's 297; with
+    `--declared-only`'s, every point once."""
+    from harness.surface.promises import promised, refusals
+
+    pool, cells = gpu_surface_cases
+    for gpu, count in (("H200", 282), ("L4", 297)):
+        tasks = [Task(c, gpu, pool[gpu]) for c in cells.values() if gpu in c.gpu_classes]
+        refused = refusals(tasks, "0.26.0")
+        assert len(refused) == count
+        assert sorted(t.key for t in refused + promised(tasks, "0.26.0")) == sorted(t.key for t in tasks)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The second session's runs of the same generated cases (2026-12-01): every point of the real H200 and emulated
 # L4 that vLLM declares refused, and A100 / B200 whole, as far as the calls went.

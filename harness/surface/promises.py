@@ -36,6 +36,12 @@ def promised(tasks: list[Task], vllm_version: str | None) -> list[Task]:
     return [t for t in tasks if declared_supported(t, vllm_version)]
 
 
+def refusals(tasks: list[Task], vllm_version: str | None) -> list[Task]:
+    """The other tasks: for generated surface cases, the points vLLM declares refused (`kvmatrix run
+    --refused-only`), which a later lease runs where a short one ran the promises."""
+    return [t for t in tasks if not declared_supported(t, vllm_version)]
+
+
 def broken_promise(record: CellRecord, task: Task) -> str | None:
     """The kind of broken promise a judged surface record shows, or None (kept, or nothing to judge)."""
     if record["verdict"] != "fail":
