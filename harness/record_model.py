@@ -91,6 +91,7 @@ class CellRecord(TypedDict, total=False):
     # which isolation ran the cell (harness/run/launch.py): "worker" or "process"
     isolation: str
     fresh_first: str  # why a warm run went straight to a fresh process for this cell (a known failure)
+    confirmed_by: str  # the cell whose fresh process showed this expected failure first (harness/run/confirmations.py)
     worker: WorkerInfo
     warm_attempt: WarmAttempt
     # the judgement (harness/judge/judge.py)

@@ -14,6 +14,7 @@ import pytest
 
 from harness.judge.judge import judge_record
 from harness.records import RunDir
+from harness.run.isolation import isolation_differences
 from harness.task import Task
 from tests.conftest import FIXTURES, shipped_matrix
 
@@ -64,3 +65,46 @@ def test_the_cold_h200_run_has_no_unexplained_failure(tmp_path):
     assert Counter(r["verdict"] for r in judged.values()) == {"pass": 55, "xfail": 27, "skip": 12}
     skips = {r["reason"].split(":")[0].split(" (")[0] for r in judged.values() if r["verdict"] == "skip"}
     assert skips == {"needs hub access", "needs 2 GPUs of class H200"}
+
+
+COLD_WARM_RUNS = FIXTURES / "runs" / "h200-cold-warm-workers-vllm-0.26.0-2026-12-01.tar.xz"
+
+
+def _runs(tmp_path) -> dict[str, list[dict]]:
+    with tarfile.open(COLD_WARM_RUNS) as archive:
+        archive.extractall(tmp_path, filter="data")
+    return {run: [json.loads(p.read_text()) for p in sorted((tmp_path / run).glob("*--*.json"))]
+            for run in ("cold2-h200", "cold4-h200", "warm4-h200")}
+
+
+def test_expected_failures_in_warm_workers_resolve_every_cell_as_fresh_processes_did(tmp_path):
+    """The third H200 session's runs of the whole default matrix (two on a freshly started H200, one right after
+    on warm caches), with expected failures confirmed once per case and reason and their siblings taken from warm
+    workers: every record resolves as the earlier run did, where 27 cells ran in fresh processes (its glm-ct-kv
+    FAILs were waived since)."""
+    runs = _runs(tmp_path)
+    with tarfile.open(COLD_RUN) as archive:
+        archive.extractall(tmp_path / "before", filter="data")
+    before = [json.loads(p.read_text()) for p in sorted((tmp_path / "before" / "cold-h200").glob("*--*.json"))]
+    assert isolation_differences(runs["cold4-h200"], runs["warm4-h200"]) == []
+    assert isolation_differences(runs["cold2-h200"], runs["cold4-h200"]) == []
+    differences = isolation_differences(before, runs["cold4-h200"])
+    assert differences == [f"glm-ct-kv[kv={kv},skip={skip},spec=-]: verdict 'fail' != 'xfail'"
+                           for kv in ("auto", "bfloat16", "fp8") for skip in ("-", "0")]
+    for records in runs.values():
+        judged = _judge_folder(tmp_path / records[0]["run_id"])
+        assert Counter(r["verdict"] for r in judged.values()) == {"pass": 55, "xfail": 27, "skip": 12}
+
+
+@pytest.mark.parametrize("run", ["cold2-h200", "cold4-h200", "warm4-h200"])
+def test_a_warm_expected_failure_names_the_fresh_process_that_showed_it_first(run, tmp_path):
+    records = {r["cell_id"]: r for r in _runs(tmp_path)[run]}
+    confirmed = [r for r in records.values() if r.get("confirmed_by")]
+    assert len(confirmed) == 19  # of 27 xfails: 8 confirmed in fresh processes, one per case and reason
+    for record in confirmed:
+        first = records[record["confirmed_by"]]
+        assert (record["isolation"], first["isolation"]) == ("worker", "process")
+        assert (first["case"], first["status"], first["signature"], first["verdict"]) == (
+            record["case"], record["status"], record["signature"], "xfail")
+    assert not any((r.get("worker") or {}).get("retired") for r in records.values()), "nothing kept > 4 GiB"
+    assert not any(r.get("warm_attempt") for r in records.values())

@@ -127,25 +127,37 @@ def test_last_verdicts_are_each_cells_latest_run(tmp_path):
     assert history.last_verdicts(db, "cpu") == {"x": "fail", "y": "skip", "z": "error", "w": "pass"}
 
 
-def test_pilots_warm_each_backend_family_once_and_only_their_family_waits(cases_dir):
+def test_pilots_warm_each_kernel_family_once_and_only_their_family_waits(cases_dir):
     tasks = tasks_of(cases_dir, "a", {"kv_cache_dtype": ["auto", "fp8"], "attention_backend": [None, "TRITON_ATTN"]})
-    tasks += tasks_of(cases_dir, "b", {"kv_cache_dtype": ["auto", "fp8", "fp8_e5m2"]}, model="ct-llama")
+    tasks += tasks_of(cases_dir, "b", {"kv_cache_dtype": ["auto", "fp8", "fp8_e5m2"]})
     tasks += tasks_of(cases_dir, "c", {"kv_cache_dtype": ["fp8"], "kv_cache_dtype_skip_layers": [[], ["0"]]})
+    tasks += tasks_of(cases_dir, "d", {"kv_cache_dtype": ["auto", "fp8"]}, model="ct-llama")
     ordered, waits = pilot_gates(tasks, warm_families=set())
     pilots = ["a[kv=auto,skip=-,spec=-,attn=TRITON_ATTN]", "a[kv=fp8,skip=-,spec=-,attn=TRITON_ATTN]",
               "a[kv=auto,skip=-,spec=-,attn=-]", "a[kv=fp8,skip=-,spec=-,attn=-]", "b[kv=fp8_e5m2,skip=-,spec=-]",
-              "c[kv=fp8,skip=0,spec=-]"]
-    # A forced backend's pilots first (the long JIT compiles), then vLLM's pick, one per KV-dtype mix.
-    assert ids(ordered)[:6] == pilots
+              "c[kv=fp8,skip=0,spec=-]", "d[kv=auto,skip=-,spec=-]", "d[kv=fp8,skip=-,spec=-]"]
+    # A forced backend's pilots first (the long JIT compiles), then vLLM's pick, one per model and KV-dtype mix.
+    assert ids(ordered)[:8] == pilots
     assert sorted(ids(ordered)) == sorted(ids(tasks)), "every cell runs once"
     by_id = {t.cell.cell_id: t.key for t in tasks}
     assert all(not waits[by_id[p]] for p in pilots)
-    # Each other cell waits for its own family's pilot: an fp8 cache for the fp8 pilot, a bf16 one for the bf16.
+    # Each other cell waits for its own family's pilot: an fp8 cache for the fp8 pilot, a bf16 one for the bf16,
+    # of its own model (another model's cells compile its own kernels: they have their own pilots).
     assert waits[by_id["b[kv=fp8,skip=-,spec=-]"]] == {by_id["a[kv=fp8,skip=-,spec=-,attn=-]"]}
     assert waits[by_id["b[kv=auto,skip=-,spec=-]"]] == {by_id["a[kv=auto,skip=-,spec=-,attn=-]"]}
-    ordered, waits = pilot_gates(tasks, warm_families={"default-bf16", "default-fp8", "TRITON_ATTN-bf16",
-                                                       "TRITON_ATTN-fp8", "default-fp8_e5m2", "default-fp8+bf16"})
+    warm = {f"{model}:{family}" for model in ("llama", "ct-llama") for family in (
+        "default-bf16", "default-fp8", "TRITON_ATTN-bf16", "TRITON_ATTN-fp8", "default-fp8_e5m2", "default-fp8+bf16")}
+    ordered, waits = pilot_gates(tasks, warm_families=warm)
     assert ids(ordered) == ids(tasks) and not any(waits.values()), "a warm machine runs no pilot"
+
+
+def test_a_pilot_runs_here_and_is_expected_to_pass_and_a_timed_order_stays(cases_dir):
+    tasks = tasks_of(cases_dir, "a", {"kv_cache_dtype": ["auto", "bfloat16", "fp8"]})
+    first, second, third = (t.key for t in tasks)
+    # The first auto cell is a skip or expected to fail: the next one of its family pilots, the order stays.
+    ordered, waits = pilot_gates(tasks, warm_families=set(), can_pilot={second, third}, pilots_first=False)
+    assert ordered == tasks
+    assert waits == {first: {second}, second: set(), third: set()}
 
 
 def test_a_slow_pilot_holds_back_its_family_only(cases_dir, tmp_path, monkeypatch):
@@ -171,4 +183,4 @@ def test_a_pool_marks_the_families_it_warmed(cases_dir, tmp_path):
     assert warm_families(settings) == set()
     records = run_tasks(tasks, settings, jobs=2)
     assert [r["verdict"] for r in records] == ["pass"] * 3
-    assert warm_families(settings) == {"default-bf16", "default-fp8"}
+    assert warm_families(settings) == {"llama:default-bf16", "llama:default-fp8"}

@@ -142,3 +142,53 @@ def test_a_known_failure_starts_in_a_fresh_process_and_spares_the_worker(cases_d
     # The passing cells around them ran in one worker: the segfault never took it down.
     assert records["ok"]["worker"]["pid"] == records["slow"]["worker"]["pid"]
     assert records["slow"]["worker"]["cells_before"] == 1
+
+
+def test_siblings_of_a_confirmed_expected_failure_stay_in_the_warm_worker(cases_dir, tmp_path):
+    write_case(cases_dir, "0-ok", {"model": "llama", "gpus": ["cpu-avx512"], "timeout_s": 10})
+    write_case(cases_dir, "1-crash", {"model": "llama", "gpus": ["cpu-avx512"], "timeout_s": 10,
+                                      "matrix": {"kv_cache_dtype": ["auto", "bfloat16", "fp8"]}})
+    write_case(cases_dir, "2-cudaerror", {"model": "llama", "gpus": ["cpu-avx512"], "timeout_s": 10,
+                                          "matrix": {"kv_cache_dtype": ["auto", "bfloat16"]}})
+    pool, models = load_pool(cases_dir), load_models(cases_dir)
+    waivers = parse_waivers("1-crash[*]  gpu=cpu-*  reports/findings/README.md#a-known-crash\n"
+                            "2-cudaerror[*]  gpu=cpu-*  reports/findings/README.md#a-known-cuda-error\n")
+    settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models=models, built={"llama": cases_dir},
+                           vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL,
+                           isolation="worker", worker_command=FAKE_WORKER, waivers=waivers)
+    cells = expand_all(load_cases(sorted(cases_dir.glob("[!_]*.yaml"))), models, pool)
+    tasks = Session(settings, "cpu-avx512", pool["cpu-avx512"], None, pool).tasks(cells)
+    records = {r["cell_id"]: r for r in run_tasks(tasks, settings, jobs=2)}
+    crash = [r for r in records.values() if r["case"] == "1-crash"]
+    assert all(r["verdict"] == "xfail" and r["signature"] == "no_common_block_size" for r in crash)
+    # The case's first cell confirmed the crash in a fresh process; its siblings waited for it, crashed alike in
+    # a warm worker and were taken as they were, naming the confirmation.
+    (first,) = [r for r in crash if r["isolation"] == "process"]
+    assert first["fresh_first"].startswith("waived") and "confirmed_by" not in first
+    siblings = [r for r in crash if r is not first]
+    assert len(siblings) == 2
+    for record in siblings:
+        assert record["isolation"] == "worker" and record["confirmed_by"] == first["cell_id"]
+        assert "warm_attempt" not in record and "fresh_first" not in record
+    # A CUDA error retires its worker, and its verdict is never taken from a worker: confirmed each time.
+    for record in (r for r in records.values() if r["case"] == "2-cudaerror"):
+        assert record["isolation"] == "process" and "confirmed_by" not in record, record["cell_id"]
+
+
+def test_a_slot_keeps_a_worker_per_environment_and_comes_back_to_it(cases_dir, tmp_path):
+    # One slot, cells alternating between the default environment and a case's own `env:` (as glm5-fp8 sets
+    # VLLM_USE_DEEP_GEMM=0): each environment has its worker, and coming back finds it still warm.
+    for i, env in enumerate([{}, {"VLLM_USE_DEEP_GEMM": "0"}, {}, {"VLLM_USE_DEEP_GEMM": "0"}]):
+        write_case(cases_dir, f"{i}-ok", {"model": "llama", "gpus": ["cpu-avx512"], "timeout_s": 10, "env": env})
+    pool, models = load_pool(cases_dir), load_models(cases_dir)
+    settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models=models, built={"llama": cases_dir},
+                           vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL,
+                           isolation="worker", worker_command=FAKE_WORKER)
+    cells = expand_all(load_cases(sorted(cases_dir.glob("[!_]*.yaml"))), models, pool)
+    tasks = Session(settings, "cpu-avx512", pool["cpu-avx512"], None, pool).tasks(cells)
+    workers = [r["worker"] for r in run_tasks(tasks, settings)]
+    assert [w["pid"] for w in workers[2:]] == [w["pid"] for w in workers[:2]]
+    assert workers[0]["pid"] != workers[1]["pid"]
+    assert [w["cells_before"] for w in workers] == [0, 0, 1, 1]
+    for worker in workers:
+        assert not alive(int(worker["pid"])), "no worker outlives the run"

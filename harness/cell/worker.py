@@ -7,9 +7,9 @@ For each, the worker points its stdout and stderr (the file descriptors, so vLLM
 cell's log, runs the cell exactly as `python -m harness.cell` would (main.py: same phases, same RESULT.json), tears
 the engine down and answers one JSON line on REPLY_FD: {"code": the cell's exit code, "teardown_s": ...,
 "gpu_memory_left_mib": what torch still reserves, "retire": why this worker must not run another cell, or null}.
-A Python exception is the cell's record and the worker goes on; a CUDA error or memory that teardown did not
-return retires it (the runner starts a fresh one). Anything harder (a segfault, a kill, a hang) ends the process
-itself, and the runner sees that instead of a reply.
+A Python exception is the cell's record and the worker goes on; a CUDA error or more memory kept after
+teardown than harness/vllm_compat/teardown.py allows retires it (the runner starts a fresh one). Anything harder
+(a segfault, a kill, a hang) ends the process itself, and the runner sees that instead of a reply.
 """
 
 from __future__ import annotations

@@ -18,10 +18,12 @@ from harness.record_model import CellRecord, check_record, finished_now, new_rec
 from harness.records import FAILING_VERDICTS, read_result, read_tail
 from harness.run.accuracy_plan import accuracy_spec, offline_reason
 from harness.run.cell_env import cell_env
+from harness.run.confirmations import Confirmations
 from harness.run.engine_args import cell_mode, engine_args_for, generation
 from harness.run.gpu_check import check_gpu_memory
 from harness.run.gpu_memory import physical_index
 from harness.run.launch import CellFiles, FreshProcess, Launcher
+from harness.run.models import ensure_models
 from harness.run.process import CellProcesses, cap_log
 from harness.run.settings import RunSettings
 from harness.task import Task
@@ -146,30 +148,44 @@ def gpus_reason(task: Task, gpus_here: int | None) -> str | None:
 
 
 def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict[str, str] | None = None,
-                launcher: Launcher | None = None, fresh_first: str | None = None) -> CellRecord:
+                launcher: Launcher | None = None, fresh_first: str | None = None,
+                confirmations: Confirmations | None = None) -> CellRecord:
     """The judged record of one task: a skip, or its cell run (again, `retries` times, while it fails). A cell
     that a warm worker ran to anything but a pass is run again in a fresh process, and that run is the record:
-    a worker polluted by an earlier cell can never cause a false FAIL. The worker itself goes on after a Python
-    exception (it retired or died by itself after anything harder: harness/run/launch.py). A cell expected not
-    to pass (`fresh_first` says why: a waiver, the last run) starts in a fresh process instead: its warm run
-    would only be repeated, and its crash would cost the slot's worker."""
+    a worker polluted by an earlier cell can never decide a verdict. Only an expected failure that a fresh
+    process of this run already showed for the same case (`confirmations`) is taken from the worker as it is.
+    The worker itself goes on after a Python exception (it retired or died by itself after anything harder:
+    harness/run/launch.py). A cell expected not to pass (`fresh_first` says why: a waiver, the last run) starts
+    in a fresh process while no cell of its case expected to fail for that reason has been confirmed yet: its warm
+    run would only be repeated."""
     reason = not_run_reason(task, settings)
     if reason:
         return skip_record(task, reason, settings.run_dir.root.name)
+    if not settings.use_hub:
+        ensure_models(task, settings.models, settings.cache_dir / "models", settings.built)
     fresh = FreshProcess(settings.cell_command)
+    expected_because = fresh_first
+    if fresh_first and confirmations is not None and confirmations.has_group(task.cell.case.name, fresh_first):
+        fresh_first = None
     launcher = fresh if launcher is None or fresh_first else launcher
     record = run_cell(task, settings, processes, launcher, extra_env)
     if launcher.isolation != fresh.isolation and _needs_fresh_process(record):
-        warm = record
-        record = run_cell(task, settings, processes, fresh, extra_env)
-        record["warm_attempt"] = {key: warm.get(key) for key in WARM_ATTEMPT_FIELDS}
-        launcher = fresh
+        confirmed_by = confirmations.confirmed_by(record) if confirmations is not None else None
+        if confirmed_by:
+            record["confirmed_by"] = confirmed_by
+        else:
+            warm = record
+            record = run_cell(task, settings, processes, fresh, extra_env)
+            record["warm_attempt"] = {key: warm.get(key) for key in WARM_ATTEMPT_FIELDS}
+            launcher = fresh
     retries = task.cell.case.retries
     while (judged := unwaived(record))["verdict"] in FAILING_VERDICTS and retries > 0:
         retries -= 1
         record = run_cell(task, settings, processes, launcher, extra_env, first_failure=judged["reason"])
     if fresh_first:
         record["fresh_first"] = fresh_first
+    if confirmations is not None:
+        confirmations.add(record, expected_because)
     return record
 
 

@@ -5,8 +5,8 @@ per cell (`python -m harness.cell`), `WarmWorker` hands the cell to a slot's lon
 Either way the cell writes the same RESULT.json and log, and the launcher returns what only the parent knows: the
 exit status (a worker's cell: the code it answered, or the worker's own exit status when it died in the cell),
 whether the cell timed out, and which isolation ran it. A worker runs only cells that share everything fixed before
-vLLM's import (the environment, the emulated class): a cell that needs other state gets a fresh worker. A worker
-that died, timed out or retired itself is gone; the slot starts a fresh one for its next cell.
+vLLM's import (the environment, the emulated class): a cell that needs other state gets another worker (a slot
+keeps two). A worker that died, timed out or retired itself is gone; the slot starts a fresh one when needed.
 """
 
 from __future__ import annotations
@@ -79,82 +79,100 @@ class FreshProcess:
         pass
 
 
+# Warm workers a slot keeps, each for other process-wide state (a case's `env:`): a slot that runs a case with
+# its own environment and comes back finds its first worker still warm instead of paying the imports and a first
+# engine again (on a cold H200, 16 workers were started only to switch between the default environment and
+# glm5-fp8's). An idle worker holds its CUDA context and the workspaces it kept (at most 4 GiB).
+WORKERS_PER_SLOT = 2
+
+
+@dataclass
+class _Worker:
+    """One warm worker process: requests on its stdin, replies on its own pipe."""
+
+    proc: subprocess.Popen
+    reply: Any
+    processes: CellProcesses
+    cells: int = 0
+
+    def read_reply(self, timeout: float) -> tuple[dict | None, bool]:
+        """The worker's answer for the cell; (None, timed out?) when it died or ran past `timeout`."""
+        ready, _, _ = select.select([self.reply], [], [], timeout)
+        if not ready:
+            return None, True
+        line = self.reply.readline()
+        if not line:  # the reply pipe closed: the worker is gone
+            self.proc.wait()
+            return None, False
+        return json.loads(line), False
+
+    def close(self, grace_s: float = 0.0) -> None:
+        """End the worker (given `grace_s` to exit by itself), its whole process group with it."""
+        try:
+            self.proc.stdin.close()  # end of requests: a healthy worker exits by itself
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        _end(self.proc, self.processes)
+        self.reply.close()
+
+
 @dataclass
 class WarmWorker:
-    """A slot's long-lived worker process: `command REPLY_FD`, cells as JSON lines on its stdin (see
-    harness/cell/worker.py). Started on the first cell, replaced when a cell needs other process-wide state or
-    the worker is gone."""
+    """A slot's long-lived workers: `command REPLY_FD`, cells as JSON lines on stdin (see harness/cell/worker.py).
+    A worker starts on the first cell of its process-wide state (`share_key`); the slot keeps up to
+    `keep` of them, the least recently used ending first, and replaces one that is gone."""
 
     command: tuple[str, ...]
     log_dir: Path
     isolation: str = "worker"
-    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
-    _reply: Any = field(default=None, init=False, repr=False)
-    _share_key: tuple | None = field(default=None, init=False, repr=False)
-    _cells: int = field(default=0, init=False)
-    _processes: CellProcesses | None = field(default=None, init=False, repr=False)
+    keep: int = WORKERS_PER_SLOT
+    _workers: dict[tuple, _Worker] = field(default_factory=dict, init=False, repr=False)  # least recent first
 
     def launch(self, files: CellFiles, env: dict[str, str], share_key: tuple, timeout: float,
                processes: CellProcesses, gpu: int | None) -> Launched:
-        if self._proc is None or self._share_key != share_key:
-            self.close()
-            self._start(env, share_key, processes, gpu)
-        proc, info = self._proc, {"pid": self._proc.pid, "cells_before": self._cells}
-        self._cells += 1
+        worker = self._workers.pop(share_key, None) or self._start(env, processes, gpu)
+        self._workers[share_key] = worker  # the most recent last
+        info = {"pid": worker.proc.pid, "cells_before": worker.cells}
+        worker.cells += 1
         request = {"spec": str(files.spec), "result": str(files.result), "log": str(files.log)}
         files.log.write_bytes(b"")
         try:
-            proc.stdin.write(json.dumps(request) + "\n")
-            proc.stdin.flush()
+            worker.proc.stdin.write(json.dumps(request) + "\n")
+            worker.proc.stdin.flush()
         except OSError:  # died between cells
             pass
-        reply, timed_out = self._read_reply(timeout)
+        reply, timed_out = worker.read_reply(timeout)
         if reply is None:  # died in the cell (a signal, an exit) or ran out of time: the worker is gone with it
-            self.close()
-            return Launched(proc.returncode, timed_out, self.isolation, info)
+            self._close(share_key)
+            return Launched(worker.proc.returncode, timed_out, self.isolation, info)
         if reply.get("retire"):
             info["retired"] = reply["retire"]
-            self.close(grace_s=WORKER_EXIT_GRACE_S)
+            self._close(share_key, grace_s=WORKER_EXIT_GRACE_S)
         info["teardown_s"] = reply.get("teardown_s")
         info["gpu_memory_left_mib"] = reply.get("gpu_memory_left_mib")
         return Launched(int(reply["code"]), False, self.isolation, info)
 
-    def close(self, grace_s: float = 0.0) -> None:
-        """End the worker (given `grace_s` to exit by itself), its whole process group with it."""
-        proc, self._proc, self._share_key, self._cells = self._proc, None, None, 0
-        if proc is None:
-            return
-        try:
-            proc.stdin.close()  # end of requests: a healthy worker exits by itself
-        except OSError:
-            pass
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        _end(proc, self._processes)
-        self._reply.close()
+    def close(self) -> None:
+        for share_key in list(self._workers):
+            self._close(share_key)
 
-    def _start(self, env: dict[str, str], share_key: tuple, processes: CellProcesses, gpu: int | None) -> None:
+    def _close(self, share_key: tuple, grace_s: float = 0.0) -> None:
+        self._workers.pop(share_key).close(grace_s)
+
+    def _start(self, env: dict[str, str], processes: CellProcesses, gpu: int | None) -> _Worker:
+        while len(self._workers) >= max(1, self.keep):
+            self._close(next(iter(self._workers)))
         read_end, write_end = os.pipe()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with (self.log_dir / f"worker-{time.strftime('%H%M%S')}-{os.getpid()}-{id(self)}.log").open("ab") as out:
-            self._proc = _start([*self.command, str(write_end)], out, env, processes, gpu, stdin=subprocess.PIPE,
-                                pass_fds=(write_end,))
+            proc = _start([*self.command, str(write_end)], out, env, processes, gpu, stdin=subprocess.PIPE,
+                          pass_fds=(write_end,))
         os.close(write_end)
-        self._reply = os.fdopen(read_end, "r")
-        self._share_key, self._processes = share_key, processes
-
-    def _read_reply(self, timeout: float) -> tuple[dict | None, bool]:
-        """The worker's answer for the cell; (None, timed out?) when it died or ran past `timeout`."""
-        ready, _, _ = select.select([self._reply], [], [], timeout)
-        if not ready:
-            return None, True
-        line = self._reply.readline()
-        if not line:  # the reply pipe closed: the worker is gone
-            self._proc.wait()
-            return None, False
-        return json.loads(line), False
+        return _Worker(proc, os.fdopen(read_end, "r"), processes)
 
 
 def _start(command: list[str], out: Any, env: dict[str, str], processes: CellProcesses, gpu: int | None,

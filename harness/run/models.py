@@ -1,28 +1,53 @@
-"""Building the tiny local models a run needs, once per run, before any cell starts (cells only read them)."""
+"""Building the tiny local models a run needs (cells only read them): before a run, or as its cells start."""
 
 from __future__ import annotations
 
 import sys
+import threading
+from collections import defaultdict
 from pathlib import Path
 
 from harness.run.engine_args import models_needed
 from matrix.schema import ModelEntry
 
+# One builder per model at a time within this harness; other processes are kept apart by build_once's atomic rename.
+_BUILDING: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+_FAILED: set[tuple[str, str]] = set()  # (cache folder, model): a build that failed is not tried again per cell
+
 
 def build_models(tasks: list, models: dict[str, ModelEntry], cache_dir: Path) -> dict[str, Path]:
     """name → checkpoint folder for every registry model the tasks use. A model that fails to build is left
     out (its cells then end as `error` naming it); the others still run."""
+    built: dict[str, Path] = {}
+    for name in dict.fromkeys(n for t in tasks for n in models_needed(t.cell)):
+        path = _build(name, models[name], cache_dir)
+        if path is not None:
+            built[name] = path
+    return built
+
+
+def ensure_models(task, models: dict[str, ModelEntry], cache_dir: Path, built: dict[str, Path]) -> None:
+    """Build what `task` needs and `built` lacks, into `built`, as its cell starts: the other slots run cells
+    of other models meanwhile (before this, a cold H200 run spent its first 57 s training the accuracy model
+    while no cell ran)."""
+    for name in models_needed(task.cell):
+        if name in built or models[name].tiny is None:
+            continue
+        with _BUILDING[name]:
+            if name not in built and (path := _build(name, models[name], cache_dir)) is not None:
+                built[name] = path
+
+
+def _build(name: str, entry: ModelEntry, cache_dir: Path) -> Path | None:
+    if entry.tiny is None or (str(cache_dir), name) in _FAILED:
+        return None
     from harness.models import tiny as tiny_models  # torch is imported only when models are built
     from harness.models import trained as trained_models
 
-    built: dict[str, Path] = {}
-    for name in dict.fromkeys(n for t in tasks for n in models_needed(t.cell)):
-        entry = models[name]
-        if entry.tiny is None:
-            continue
-        try:
-            builder = trained_models if entry.tiny in trained_models.BUILDERS else tiny_models
-            built[name] = builder.build(entry.tiny, cache_dir)
-        except Exception as err:  # noqa: BLE001 - any builder failure must not stop the other models
-            print(f"kvmatrix: building {name} ({entry.tiny}) failed: {err!r}", file=sys.stderr)
-    return built
+    try:
+        builder = trained_models if entry.tiny in trained_models.BUILDERS else tiny_models
+        return builder.build(entry.tiny, cache_dir)
+    except Exception as err:  # noqa: BLE001 - any builder failure must not stop the other models
+        _FAILED.add((str(cache_dir), name))
+        print(f"kvmatrix: building {name} ({entry.tiny}) failed: {err!r}", file=sys.stderr)
+        return None

@@ -1,10 +1,10 @@
-"""Pilot cells: on a cold machine one cell of each backend family runs first, so that one cell compiles that
-family's JIT kernels into the run's shared caches while the family's other cells wait for it, instead of every
-packed cell compiling the same kernels at once (a cold FlashInfer cell spent 150 s compiling while three others
-compiled the same). Only the family waits: the other slots go on with cells of other families (on a cold H200,
-pilots run as a barrier wave left two of four slots idle for 140 s behind the FlashInfer compiles). A family is
-warm, and gets no pilot, once a cell of this vLLM ran it with these caches: a marker file in the cache folder
-says so."""
+"""Pilot cells: on a cold machine one cell of each kernel family (model, backend, KV dtypes) runs first, so that one
+cell compiles that family's JIT kernels into the run's shared caches while the family's other cells wait for it,
+instead of every packed cell compiling the same kernels at once (a cold FlashInfer cell spent 150 s compiling while
+three others compiled the same). Only the family waits: the other slots go on with cells of other families (on a
+cold H200, pilots run as a barrier wave left two of four slots idle for 140 s behind the FlashInfer compiles). A
+family is warm, and gets no pilot, once a cell of this vLLM ran it with these caches: a marker file in the cache
+folder says so."""
 
 from __future__ import annotations
 
@@ -14,36 +14,43 @@ from harness.run.settings import RunSettings
 from harness.task import Task
 
 
-def backend_family(task: Task) -> str:
-    """Cells of one family compile the same attention kernels: the forced backend (or vLLM's pick) and the KV
-    dtypes its layers hold (each FP8 format has its own kernel variants: fp8_e5m2 with FlashInfer compiled for
-    100 s after the fp8 pilot; an FP8 cache with skipped layers holds both, seen on the H200 as a second 145 s
-    FlashInfer compile)."""
+def kernel_family(task: Task) -> str:
+    """Cells of one family compile the same kernels: the model (its own kernels: a hybrid's Mamba layers, a
+    sparse-MLA indexer, MoE; on the H200 three cold glm5-fp8 cells compiled the same ones side by side for 115 s,
+    and with families across models, FlashAttention cells that compile nothing waited 121 s for the Nemotron-H
+    pilot), the forced backend (or vLLM's pick) and the KV dtypes its layers hold (each FP8 format has its own
+    kernel variants: fp8_e5m2 with FlashInfer compiled for 100 s after the fp8 pilot; an FP8 cache with skipped
+    layers holds both, seen on the H200 as a second 145 s FlashInfer compile)."""
     axes = task.cell.axes
     dtype = str(axes.get("kv_cache_dtype") or "auto")
     kv = dtype if dtype.startswith("fp8") else "bf16"
     if kv != "bf16" and axes.get("kv_cache_dtype_skip_layers"):
         kv = f"{kv}+bf16"
-    return f"{axes.get('attention_backend') or 'default'}-{kv}"
+    return f"{task.cell.model}:{axes.get('attention_backend') or 'default'}-{kv}"
 
 
-def pilot_gates(tasks: list[Task], warm_families: set[str]) -> tuple[list[Task], dict[str, set[str]]]:
+def pilot_gates(tasks: list[Task], warm_families: set[str], can_pilot: set[str] | None = None,
+                pilots_first: bool = True) -> tuple[list[Task], dict[str, set[str]]]:
     """On a cold machine: (the tasks with one pilot cell of each family not yet warm moved to the front, which
     task keys each task waits for). A cell of a cold family waits for its family's pilot only, so one cell
     compiles a family's JIT kernels while the other slots run cells of families already warm or piloted,
     instead of every packed cell compiling the same kernels at once, or every slot waiting for the slowest
     pilot. Pilots of a forced backend start first: theirs are the long just-in-time compiles (FlashInfer).
-    Only a cell compared with no other can be a pilot (a baseline runs before its cells)."""
+    Only a cell compared with no other can be a pilot (a baseline runs before its cells), and only one in
+    `can_pilot` (task keys: cells that run here and are expected to pass; a skip or a crash at load compiles
+    nothing), if given. `pilots_first` False keeps the given order (a history's, longest first: moving every
+    family's pilot ahead would start a 244 s FlashInfer cell expected to fail after 35 short pilots)."""
     pilots: dict[str, Task] = {}
     for task in tasks:
-        family = backend_family(task)
-        if family not in warm_families and family not in pilots and task.cell.baseline_id in (None, task.cell.cell_id):
+        family = kernel_family(task)
+        if (family not in warm_families and family not in pilots and task.cell.baseline_id in (None, task.cell.cell_id)
+                and (can_pilot is None or task.key in can_pilot)):
             pilots[family] = task
     chosen = {t.key for t in pilots.values()}
     first = sorted(pilots.values(), key=lambda t: t.cell.axes.get("attention_backend") is None)  # stable
-    waits = {t.key: set() if t.key in chosen or backend_family(t) not in pilots else {pilots[backend_family(t)].key}
+    waits = {t.key: set() if t.key in chosen or kernel_family(t) not in pilots else {pilots[kernel_family(t)].key}
              for t in tasks}
-    return first + [t for t in tasks if t.key not in chosen], waits
+    return (first + [t for t in tasks if t.key not in chosen] if pilots_first else tasks), waits
 
 
 def _pilot_marker(settings: RunSettings, family: str) -> Path:

@@ -15,11 +15,12 @@ from harness.record_model import CellRecord
 from harness.records import RunDir, read_json
 from harness.run.accuracy_plan import baseline_gates
 from harness.run.cell_env import run_mark
-from harness.run.cell_run import cell_record, expected_not_to_pass
+from harness.run.cell_run import cell_record, expected_not_to_pass, not_run_reason
+from harness.run.confirmations import Confirmations, confirmation_gates
 from harness.run.gpu_check import pinned_gpus
 from harness.run.gpu_memory import gpu_baselines
-from harness.run.launch import FreshProcess, Launcher, WarmWorker
-from harness.run.pilots import backend_family, mark_warm, pilot_gates, warm_families
+from harness.run.launch import WORKERS_PER_SLOT, FreshProcess, Launcher, WarmWorker
+from harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
 from harness.run.process import CellProcesses
 from harness.run.schedule import order_tasks
 from harness.run.settings import RunSettings
@@ -74,9 +75,16 @@ class LocalPool:
         baselines = (gpu_baselines(settings.gpu_memory, pinned_gpus(self.slot_env, jobs))
                      if settings.gpu_memory is not None else None)
         processes = CellProcesses(baselines, run_mark=run_mark(settings))
+        # Why each cell is expected not to pass (None: it is expected to). In a warm run the first such cell of
+        # a case confirms its failure in a fresh process, its siblings wait and then stay in warm workers; in any
+        # run such a cell is never a pilot.
+        expected = {t.key: expected_not_to_pass(t, settings, self.last_verdicts) for t in todo}
+        warm = settings.isolation == "worker"
+        confirmations = Confirmations()
         lock = threading.Lock()
         free_slots = list(range(jobs))
         launchers = [slot_launcher(settings) for _ in range(jobs)]
+        slot_case_envs: dict[int, list[tuple]] = {}  # what each slot's workers were started with (a case's `env:`)
 
         def keep(task: Task, record: CellRecord) -> None:
             run_dir.write(record)
@@ -88,20 +96,25 @@ class LocalPool:
         def one(task: Task) -> None:
             if processes.stopping:
                 return
+            case_env = tuple(sorted(task.cell.case.env.items()))
             with lock:
-                slot = free_slots.pop()
+                # A slot with a worker for this case's environment, if one is free: another slot would start a
+                # worker (imports and a first engine again, 20-30 s on a busy H200).
+                slot = next((s for s in free_slots if case_env in slot_case_envs.get(s, ())), free_slots[-1])
+                free_slots.remove(slot)
+                envs = [e for e in slot_case_envs.get(slot, []) if e != case_env] + [case_env]
+                slot_case_envs[slot] = envs[-WORKERS_PER_SLOT:]
             try:
                 record = cell_record(task, settings, processes, self.slot_env(slot) if self.slot_env else None,
-                                     launchers[slot], expected_not_to_pass(task, settings, self.last_verdicts)
-                                     if settings.isolation == "worker" else None)
+                                     launchers[slot], expected[task.key] if warm else None, confirmations)
             finally:
                 with lock:
                     free_slots.append(slot)
             if processes.stopping:
                 return
             keep(task, record)
-            if jobs > 1:
-                mark_warm(settings, backend_family(task))
+            if jobs > 1 and record.get("status") == "ok":  # a skip or a crash compiled nothing, or not all
+                mark_warm(settings, kernel_family(task))
 
         # Cells spanning several GPUs run once the one-GPU cells are done, each on whole GPUs of its own; one that
         # needs more GPUs than there are stays with the rest and is skipped there (cell_run.gpus_reason).
@@ -115,10 +128,7 @@ class LocalPool:
             if not processes.stopping:
                 keep(task, record)
 
-        waits = baseline_gates(todo)
-        if jobs > 1:
-            todo, pilot_waits = pilot_gates(todo, warm_families(settings))
-            waits = {key: waits[key] | pilot_waits[key] for key in waits}
+        todo, waits = start_plan(todo, settings, expected, jobs, timed=bool(self.expected_s))
         try:
             _run_gated(todo, waits, one, processes, jobs)
         finally:
@@ -133,6 +143,50 @@ def slot_launcher(settings: RunSettings) -> Launcher:
     if settings.isolation == "worker" and not settings.fresh_caches:  # a worker's caches are its first cell's
         return WarmWorker(settings.worker_command, settings.run_dir.root / "logs" / "workers")
     return FreshProcess(settings.cell_command)
+
+
+def start_plan(todo: list[Task], settings: RunSettings, expected: dict[str, str | None], jobs: int,
+               timed: bool = False) -> tuple[list[Task], dict[str, set[str]]]:
+    """The order the one-GPU cells start in and which task keys each waits for: its baseline; with several slots
+    on a cold machine, its kernel family's pilot (harness/run/pilots.py), the pilots first unless the order is
+    `timed` (a history's, longest first); in a warm run, the first cell of its case expected to fail for the
+    same reason (`expected`: task key → why, or None), those first cells ahead of all."""
+    waits = baseline_gates(todo)
+    if jobs > 1:
+        can_pilot = {t.key for t in todo if expected[t.key] is None and not_run_reason(t, settings) is None}
+        todo, pilot_waits = pilot_gates(todo, warm_families(settings), can_pilot, pilots_first=not timed)
+        waits = {key: waits[key] | pilot_waits[key] for key in waits}
+    if settings.isolation == "worker":
+        confirming = confirmation_gates(todo, expected)
+        waits = add_acyclic(waits, confirming)
+        # The cells a case's siblings wait for start first: each holds back a chain (on a cold H200 the glm-fp8
+        # confirmation, last in a longest-first order, held its 11 siblings to the end of the run).
+        heads = set().union(*confirming.values())
+        todo = [t for t in todo if t.key in heads] + [t for t in todo if t.key not in heads]
+    return todo, waits
+
+
+def add_acyclic(waits: dict[str, set[str]], more: dict[str, set[str]]) -> dict[str, set[str]]:
+    """`waits` with the waits of `more` added, each unless it would close a cycle (cells waiting for each other
+    would never start)."""
+    merged = {key: set(keys) for key, keys in waits.items()}
+
+    def reaches(start: str, target: str) -> bool:
+        seen, stack = set(), [start]
+        while stack:
+            key = stack.pop()
+            if key == target:
+                return True
+            if key not in seen:
+                seen.add(key)
+                stack.extend(merged.get(key, ()))
+        return False
+
+    for key, keys in more.items():
+        for other in keys:
+            if not reaches(other, key):
+                merged.setdefault(key, set()).add(other)
+    return merged
 
 
 def _run_gated(tasks: list[Task], waits: dict[str, set[str]], one: Callable[[Task], None],
