@@ -28,7 +28,9 @@ def test_concurrent_cells_build_their_model_once(tmp_path, monkeypatch):
     def slow_build(name: str, cache_dir: Path) -> Path:
         calls.append(name)
         time.sleep(0.2)
-        return Path(cache_dir) / name
+        folder = Path(cache_dir) / name
+        folder.mkdir()
+        return folder
 
     monkeypatch.setattr(tiny, "build", slow_build)
     models = {"llama": ModelEntry(tiny="llama"), "hub": ModelEntry(hub_id="org/model")}
@@ -42,6 +44,11 @@ def test_concurrent_cells_build_their_model_once(tmp_path, monkeypatch):
     assert calls == ["llama"] and built == {"llama": tmp_path / "llama"}
     run_models.ensure_models(_Task("hub"), models, tmp_path, built)  # a hub-only model has nothing to build
     assert built == {"llama": tmp_path / "llama"}
+    # A folder named but missing here (a Ray node given the head's paths) is built again.
+    node_built = {"llama": tmp_path / "elsewhere"}
+    (tmp_path / "llama").rmdir()
+    run_models.ensure_models(_Task("llama"), models, tmp_path, node_built)
+    assert calls == ["llama", "llama"] and node_built == {"llama": tmp_path / "llama"}
 
 
 def test_a_failed_build_is_tried_once_and_its_cells_go_on(tmp_path, monkeypatch, capsys):

@@ -164,10 +164,9 @@ def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, ext
     if not settings.use_hub:
         ensure_models(task, settings.models, settings.cache_dir / "models", settings.built)
     fresh = FreshProcess(settings.cell_command)
-    expected_because = fresh_first
-    if fresh_first and confirmations is not None and confirmations.has_group(task.cell.case.name, fresh_first):
-        fresh_first = None
-    launcher = fresh if launcher is None or fresh_first else launcher
+    starts_fresh = bool(fresh_first) and not (
+        confirmations is not None and confirmations.has_group(task.cell.case.name, fresh_first))
+    launcher = fresh if launcher is None or starts_fresh else launcher
     record = run_cell(task, settings, processes, launcher, extra_env)
     if launcher.isolation != fresh.isolation and _needs_fresh_process(record):
         confirmed_by = confirmations.confirmed_by(record) if confirmations is not None else None
@@ -182,10 +181,10 @@ def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, ext
     while (judged := unwaived(record))["verdict"] in FAILING_VERDICTS and retries > 0:
         retries -= 1
         record = run_cell(task, settings, processes, launcher, extra_env, first_failure=judged["reason"])
-    if fresh_first:
+    if starts_fresh:
         record["fresh_first"] = fresh_first
     if confirmations is not None:
-        confirmations.add(record, expected_because)
+        confirmations.add(record, fresh_first)
     return record
 
 

@@ -27,15 +27,19 @@ def build_models(tasks: list, models: dict[str, ModelEntry], cache_dir: Path) ->
 
 
 def ensure_models(task, models: dict[str, ModelEntry], cache_dir: Path, built: dict[str, Path]) -> None:
-    """Build what `task` needs and `built` lacks, into `built`, as its cell starts: the other slots run cells
-    of other models meanwhile (before this, a cold H200 run spent its first 57 s training the accuracy model
-    while no cell ran)."""
+    """Build what `task` needs and `built` lacks (or names a folder missing here: a Ray node gets the head's
+    paths), into `built`, as its cell starts: the other slots run cells of other models meanwhile (before this,
+    a cold H200 run spent its first 57 s training the accuracy model while no cell ran)."""
     for name in models_needed(task.cell):
-        if name in built or models[name].tiny is None:
+        if _present(built, name) or models[name].tiny is None:
             continue
         with _BUILDING[name]:
-            if name not in built and (path := _build(name, models[name], cache_dir)) is not None:
+            if not _present(built, name) and (path := _build(name, models[name], cache_dir)) is not None:
                 built[name] = path
+
+
+def _present(built: dict[str, Path], name: str) -> bool:
+    return name in built and Path(built[name]).exists()
 
 
 def _build(name: str, entry: ModelEntry, cache_dir: Path) -> Path | None:

@@ -32,8 +32,6 @@ from harness.record_model import CellRecord, finished_now, new_record
 from harness.records import RunDir, record_stem
 from harness.run.accuracy_plan import baselines_first
 from harness.run.cell_run import cell_record, skip_record
-from harness.run.engine_args import models_needed
-from harness.run.models import build_models
 from harness.run.pool import OnRecord, finished_records
 from harness.run.process import CellProcesses
 from harness.run.settings import RunSettings
@@ -59,13 +57,6 @@ def placement(task: Task, real_gpus: bool = False, pool: dict[str, GpuClass] | N
     return resource, {"num_cpus": 0, "resources": {resource: gpus * slots if gpus > 1 else 1}}
 
 
-def _built_here(task: Task, settings: RunSettings) -> dict[str, Path]:
-    needed = [n for n in models_needed(task.cell) if settings.models[n].tiny is not None]
-    if settings.use_hub or all(n in settings.built and Path(settings.built[n]).exists() for n in needed):
-        return settings.built
-    return {**settings.built, **build_models([task], settings.models, settings.cache_dir / "models")}
-
-
 def run_on_node(task: Task, settings: RunSettings, baselines: list[CellRecord]) -> tuple[CellRecord, bytes | None]:
     """On the node: the task's judged record and its cell log. The baseline records it is compared with are
     written into the scratch run folder first, so that judging reads them as it would locally."""
@@ -73,8 +64,9 @@ def run_on_node(task: Task, settings: RunSettings, baselines: list[CellRecord]) 
     (settings.cache_dir / "ray-scratch").mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=settings.cache_dir / "ray-scratch"))
     try:
+        # The cell builds the models this node lacks (cell_record: ensure_models), into this copy.
         here = dataclasses.replace(settings, run_dir=RunDir(scratch / settings.run_dir.root.name),
-                                   built=_built_here(task, settings))
+                                   built=dict(settings.built))
         for baseline in baselines:
             here.run_dir.write(baseline)
         record = cell_record(task, here, CellProcesses())
