@@ -110,12 +110,13 @@ def run_here(args: argparse.Namespace, tasks: list[Task], session: Session, on_r
              ) -> list[CellRecord]:
     """This machine's slots. Cells that failed last time start first, then longest first, by the history (when
     there is one): a run's first failures show early and no long cell starts last."""
-    expected, verdicts = {}, {}
+    expected, verdicts, backends = {}, {}, {}
     if Path(args.db).exists():
         db = history.open_db(args.db)
         expected, verdicts = history.last_timings(db, session.gpu_name), history.last_verdicts(db, session.gpu_name)
+        backends = history.last_backends(db, session.gpu_name)
     pool = LocalPool(args.jobs or session.slots, session.slot_env, expected, verdicts,
-                     session.settings.gpus_here or 0, session.ranks_env)
+                     session.settings.gpus_here or 0, session.ranks_env, backends)
     return pool.run(tasks, session.settings, on_record)
 
 

@@ -108,3 +108,31 @@ def test_a_warm_expected_failure_names_the_fresh_process_that_showed_it_first(ru
             record["case"], record["status"], record["signature"], "xfail")
     assert not any((r.get("worker") or {}).get("retired") for r in records.values()), "nothing kept > 4 GiB"
     assert not any(r.get("warm_attempt") for r in records.values())
+
+
+INSPECTION_RUNS = FIXTURES / "runs" / "h200-cold-in-process-inspection-vllm-0.26.0-2026-12-01.tar.xz"
+
+
+def test_cells_inspecting_models_in_process_resolve_every_cell_as_before(tmp_path):
+    """The fourth H200 session's runs, with vLLM's model-class inspection in each one-rank cell's own process and
+    the history's backends in the kernel families: on three freshly started H200s every record resolves as the
+    third session's cold4 run did. The exceptions are the harness's own: cold5's two clipping cells, whose model
+    build raced another thread's (fixed before cold7), and cold8, stopped by the device budget after 62 cells."""
+    with tarfile.open(INSPECTION_RUNS) as archive:
+        archive.extractall(tmp_path, filter="data")
+    runs = {run: [json.loads(p.read_text()) for p in sorted((tmp_path / run).glob("*--*.json"))]
+            for run in ("cold5-h200", "warm5-h200", "cold7-h200", "cold8-h200")}
+    cold4 = _runs(tmp_path / "before")["cold4-h200"]
+    assert isolation_differences(cold4, runs["cold7-h200"]) == []
+    assert isolation_differences(cold4, runs["warm5-h200"]) == []
+    partial = {r["cell_id"] for r in runs["cold8-h200"]}
+    assert len(partial) == 62
+    assert isolation_differences([r for r in cold4 if r["cell_id"] in partial], runs["cold8-h200"]) == []
+    raced = {r["cell_id"]: r for r in runs["cold5-h200"] if r["verdict"] == "error"}
+    assert sorted(raced) == [f"trained-llama-fp8kv-clipping[kv={kv},skip=-,spec=-]" for kv in ("auto", "bfloat16")]
+    assert all("has no local build" in r["reason"] for r in raced.values())
+    assert isolation_differences([r for r in cold4 if r["cell_id"] not in raced],
+                                 [r for r in runs["cold5-h200"] if r["cell_id"] not in raced]) == []
+    for run in ("cold7-h200", "warm5-h200"):
+        judged = _judge_folder(tmp_path / run)
+        assert Counter(r["verdict"] for r in judged.values()) == {"pass": 55, "xfail": 27, "skip": 12}

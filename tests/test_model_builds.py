@@ -3,11 +3,17 @@ it start together, and a build that failed is not tried again for every cell."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
 
-from harness.models import tiny
+from harness.models import tiny, trained
+from harness.paths import REPO_ROOT
 from harness.run import models as run_models
 from matrix.schema import ModelEntry
 
@@ -65,3 +71,76 @@ def test_a_failed_build_is_tried_once_and_its_cells_go_on(tmp_path, monkeypatch,
         run_models.ensure_models(_Task("llama"), models, tmp_path, built)
     assert calls == ["llama"] and built == {}
     assert "building llama (llama) failed: OSError('disk full')" in capsys.readouterr().err
+
+
+def test_the_trained_family_builds_one_model_at_a_time(tmp_path, monkeypatch):
+    """Every trained builder needs the one training, which draws from torch's global generator: two slots'
+    threads must not train side by side (the FP8-KV builders build the trained model inside their own build)."""
+    inside: set[int] = set()
+    most = [0]
+    lock = threading.Lock()
+
+    def family_build(name: str, cache_dir: Path, **options) -> Path:
+        with lock:
+            inside.add(threading.get_ident())
+            most[0] = max(most[0], len(inside))
+        time.sleep(0.1)
+        if name != "trained_llama":
+            trained.build("trained_llama", cache_dir)  # nested, in the same thread
+        with lock:
+            inside.discard(threading.get_ident())
+        return Path(cache_dir) / name
+
+    monkeypatch.setattr(trained._FAMILY, "build", family_build)
+    threads = [threading.Thread(target=trained.build, args=(name, tmp_path))
+               for name in ("trained_llama", "trained_llama_ct_clipping", "trained_llama_ct")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    assert most[0] == 1
+
+
+CONCURRENT_BUILDS = textwrap.dedent("""
+    import sys, threading
+    from pathlib import Path
+    from harness.run import models as run_models
+    from matrix.load import CASES_DIR, load_models
+
+    class Task:
+        def __init__(self, model):
+            self.cell = type("Cell", (), {"model": model, "axes": {"speculative": None}})()
+
+    models, cache, together = load_models(CASES_DIR), Path(sys.argv[1]), sys.argv[2] == "together"
+    names = sys.argv[3:]
+    built = {}
+    if together:  # the first builds of a fresh process, side by side: the libraries are imported then
+        threads = [threading.Thread(target=run_models.ensure_models, args=(Task(n), models, cache, built))
+                   for n in names]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    else:
+        for n in names:
+            run_models.ensure_models(Task(n), models, cache, built)
+    print("BUILT", sorted(built))
+""")
+
+
+def test_models_built_side_by_side_in_a_fresh_process_equal_those_built_one_by_one(tmp_path):
+    """Four tiny models, as four slots' first cells build them on a cold machine: each builds, and each file is
+    byte for byte the one a lone build writes."""
+    names = ["llama", "deepseek-mla", "gemma3", "nemotron-h"]
+    for mode in ("together", "alone"):
+        proc = subprocess.run([sys.executable, "-c", CONCURRENT_BUILDS, str(tmp_path / mode), mode, *names],
+                              env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True,
+                              timeout=600)
+        assert f"BUILT {sorted(names)}" in proc.stdout, proc.stderr[-3000:]
+
+    def contents(root: Path) -> dict[str, str]:
+        return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(root.rglob("*")) if p.is_file()}
+
+    together, alone = contents(tmp_path / "together"), contents(tmp_path / "alone")
+    assert len({name.split("/")[0] for name in alone}) == len(names)
+    assert together == alone

@@ -91,3 +91,43 @@ def test_cpu_slots_bind_their_own_cores():
     assert [(packed.slot_env(s)["OMP_NUM_THREADS"], packed.slot_env(s)[CPU_THREADS_BIND_ENV]) for s in (0, 1)] == [
         ("4", "0-3"), ("4", "4-7")]
     assert CPU_THREADS_BIND_ENV not in session("cpu-avx512", None, 0, cores=8).slot_env(0), "one slot: vLLM's auto"
+
+
+def _h200_record(archive: str, run: str, cell_id: str) -> dict:
+    import json
+    import tarfile
+
+    from tests.conftest import FIXTURES
+
+    with tarfile.open(FIXTURES / "runs" / archive) as tar:
+        member = tar.getmember(f"{run}/H200--{cell_id}.json")
+        return json.load(tar.extractfile(member))
+
+
+def test_a_cell_goes_to_a_slot_whose_worker_is_alive_for_its_environment():
+    """Records of real H200 runs (vLLM 0.26.0): a slot counts as holding a worker for a case's environment only
+    after a cell ran in that slot's worker and left it running; a fresh-process confirmation leaves the slot's
+    workers as they were, and a retired worker is gone."""
+    from harness.run.pool import SlotWorkers
+
+    runs = "h200-cold-warm-workers-vllm-0.26.0-2026-12-01.tar.xz"
+    in_worker = _h200_record(runs, "cold4-h200", "llama-skip[kv=auto,skip=-,spec=-]")
+    in_process = _h200_record(runs, "cold4-h200", "deepseek-mla[kv=fp8,skip=0,spec=-]")
+    retired = _h200_record("h200-cold-vllm-0.26.0-2026-12-01.tar.xz", "cold-h200",
+                           "glm5-fp8[kv=bfloat16,skip=-,spec=-]")
+    assert (in_worker["isolation"], in_process["isolation"]) == ("worker", "process")
+    assert retired["worker"]["retired"].endswith("still reserved after teardown")
+
+    default, deep_gemm_off = (), (("VLLM_USE_DEEP_GEMM", "0"),)
+    slots = SlotWorkers()
+    slots.ran(0, default, in_process)  # slot 0 ran a confirmation only: it has no worker
+    slots.ran(1, default, in_worker)
+    assert slots.pick([0, 1], default) == 1
+    assert slots.pick([0], default) == 0, "no slot with a worker free: any free slot"
+    slots.ran(1, default, in_process)
+    assert slots.pick([0, 1], default) == 1, "a confirmation beside a worker leaves it"
+    slots.ran(1, deep_gemm_off, retired)
+    assert slots.pick([0, 1], deep_gemm_off) == 1 and slots.envs[1] == [default]
+    slots.ran(1, deep_gemm_off, in_worker)
+    slots.ran(1, ("A", "1"), in_worker)  # a third environment: the least recent worker ends (two per slot)
+    assert slots.envs[1] == [deep_gemm_off, ("A", "1")]

@@ -5,21 +5,23 @@ still returns them in the given one."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from harness.nightly import history
 from harness.records import RunDir
-from harness.run.pilots import pilot_gates, warm_families
+from harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
 from harness.run.pool import run_tasks
 from harness.run.schedule import order_tasks
 from harness.run.settings import RunSettings
 from harness.task import Task
 from matrix.expand import expand_case
 from matrix.load import load_case, load_models, load_pool
-from tests.conftest import write_case
+from tests.conftest import FIXTURES, shipped_matrix, write_case
 
 CPU = "cpu-avx512"  # any class: the cells here run a fake cell process
 
@@ -183,4 +185,65 @@ def test_a_pool_marks_the_families_it_warmed(cases_dir, tmp_path):
     assert warm_families(settings) == set()
     records = run_tasks(tasks, settings, jobs=2)
     assert [r["verdict"] for r in records] == ["pass"] * 3
-    assert warm_families(settings) == {"llama:default-bf16", "llama:default-fp8"}
+    # Marked by the backend the cells resolved: the fake cell's is prebuilt, so one family holds every KV dtype.
+    assert {r["layers"][0]["backend"] for r in records} == {"FAKE"}
+    assert warm_families(settings) == {"llama:FAKE"}
+
+
+def test_the_kv_dtype_splits_a_family_only_where_the_backend_compiles_per_dtype(cases_dir):
+    tasks = tasks_of(cases_dir, "a", {"kv_cache_dtype": ["auto", "fp8"], "kv_cache_dtype_skip_layers": [[], ["0"]]})
+    by_id = {t.cell.cell_id: t for t in tasks}
+    auto, fp8, mixed = (by_id[f"a[kv={kv},skip={skip},spec=-]"] for kv, skip in
+                        (("auto", "-"), ("fp8", "-"), ("fp8", "0")))
+    # No history: vLLM's pick is unknown, each KV-dtype mix is its own family.
+    assert [kernel_family(t) for t in (auto, fp8, mixed)] == [
+        "llama:default-bf16", "llama:default-fp8", "llama:default-fp8+bf16"]
+    # The last run picked FlashAttention (prebuilt for every dtype): one family, whose pilot the others wait for
+    # (two cold Nemotron-H cells on the H200 warmed the same Mamba kernels side by side).
+    flash = {t.cell.cell_id: "FLASH_ATTN" for t in tasks}
+    assert {kernel_family(t, "FLASH_ATTN") for t in (auto, fp8, mixed)} == {"llama:FLASH_ATTN"}
+    _, waits = pilot_gates([auto, fp8, mixed], warm_families=set(), backends=flash)
+    assert waits == {auto.key: set(), fp8.key: {auto.key}, mixed.key: {auto.key}}
+    # FlashInfer builds its modules per dtype, also when only some layers use it: the families stay apart.
+    infer = {auto.cell.cell_id: "FLASHINFER", fp8.cell.cell_id: "FLASHINFER",
+             mixed.cell.cell_id: "FLASH_ATTN/FLASHINFER"}
+    _, waits = pilot_gates([auto, fp8, mixed], warm_families=set(), backends=infer)
+    assert not any(waits.values())
+    assert kernel_family(mixed, infer[mixed.cell.cell_id]) == "llama:FLASH_ATTN/FLASHINFER-fp8+bf16"
+
+
+def test_the_history_names_each_cells_backend_from_a_real_h200_run(tmp_path):
+    """On the cold H200 run (vLLM 0.26.0), vLLM picked FlashAttention for both Nemotron-H cells: with that run as
+    history, the pair is one family (one pilot). A cell that died before the probe resolved nothing, and keeps a
+    family per KV dtype."""
+    with tarfile.open(FIXTURES / "runs" / "h200-cold-warm-workers-vllm-0.26.0-2026-12-01.tar.xz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    db = history.open_db(tmp_path / "h.sqlite")
+    history.import_records(db, [json.loads(p.read_text()) for p in (tmp_path / "cold4-h200").glob("*--*.json")])
+    backends = history.last_backends(db, "H200")
+    assert backends["nemotron-h-hybrid[kv=auto,skip=-,spec=-]"] == "FLASH_ATTN"
+    assert backends["nemotron-h-hybrid[kv=fp8,skip=-,spec=-]"] == "FLASH_ATTN"
+    assert backends["flashinfer-qdtype[kv=fp8,skip=0,spec=-,attn=FLASHINFER]"] == "FLASHINFER"
+    assert "fp8-every-backend[kv=fp8_e5m2,skip=-,spec=-,attn=-]" not in backends, "it crashed in the engine's start"
+    assert history.last_backends(db, "L4") == {}
+
+    pool, cells, _ = shipped_matrix()
+    tasks = [Task(cell, "H200", pool["H200"]) for cell in cells.values() if cell.case.name in
+             ("nemotron-h-hybrid", "fp8-every-backend", "flashinfer-qdtype")]
+    families = {t.cell.cell_id: kernel_family(t, backends.get(t.cell.cell_id)) for t in tasks}
+    assert families["nemotron-h-hybrid[kv=auto,skip=-,spec=-]"] == "nemotron-h:FLASH_ATTN"
+    assert families["nemotron-h-hybrid[kv=fp8,skip=-,spec=-]"] == "nemotron-h:FLASH_ATTN"
+    assert families["fp8-every-backend[kv=fp8_e5m2,skip=-,spec=-,attn=-]"] == "llama:default-fp8_e5m2"
+    assert families["flashinfer-qdtype[kv=fp8,skip=0,spec=-,attn=FLASHINFER]"] == "llama:FLASHINFER-fp8+bf16"
+
+
+def test_families_of_cells_with_several_backends_are_marked_beside_single_backend_ones(tmp_path):
+    # As glm5-fp8 on the H200: one cell's layers on one backend, a skip-layer cell's on two ("A/B").
+    settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models={}, built={}, vllm_version="0.26.0",
+                           cache_dir=tmp_path / "cache", cell_command=FAKE_CELL)
+    families = {"glm5-fp8:FLASH_ATTN_MLA_SPARSE", "glm5-fp8:FLASH_ATTN_MLA_SPARSE/FLASHMLA_SPARSE",
+                "llama:FLASHINFER-fp8+bf16"}
+    for family in sorted(families):
+        mark_warm(settings, family)
+    assert warm_families(settings) == families
+    assert len(list((tmp_path / "cache" / "pilots").iterdir())) == 3, "one file each, no folders"

@@ -116,6 +116,23 @@ def _versions(result: CellResult, vllm: Any) -> Any:
     return vllm
 
 
+# Engine arguments whose product is the number of engine processes (ranks) vLLM starts.
+RANK_ARGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+
+
+def start_engine(vllm: Any, engine_args: dict[str, Any]) -> Any:
+    """The cell's engine. With one rank the engine lives in this process, which forks no engine process, so vLLM's
+    model-class inspections run here instead of in a child importing torch and vLLM again (see
+    harness/vllm_compat/registry.py); with several, vLLM inspects as it always does."""
+    ranks = 1
+    for name in RANK_ARGS:
+        ranks *= int(engine_args.get(name) or 1)
+    if ranks > 1:
+        return vllm.LLM(**engine_args)
+    with vllm_compat.model_info_in_process(vllm.__version__):
+        return vllm.LLM(**engine_args)
+
+
 def probe_engine(result: CellResult, llm: Any) -> None:
     """Record the resolved state; a probe failure is the harness's problem, not the cell's crash."""
     try:
@@ -150,7 +167,7 @@ def main(spec_path: str, result_path: str) -> int:
     ok, vllm = result.run("import", lambda: import_vllm(result, spec.emulate_capability, spec.emulate_cpu_isa))
     if not ok:
         return 1
-    ok, llm = result.run("init", lambda: vllm.LLM(**spec.engine_args))
+    ok, llm = result.run("init", lambda: start_engine(vllm, spec.engine_args))
     if not ok:
         return 1
     result.run("probe", lambda: probe_engine(result, llm))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from pathlib import Path
 
 VOCAB = 320
@@ -67,6 +68,14 @@ def write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+# torch's process-wide defaults (the default dtype, the global generator) are shared by the threads a run builds
+# models in, and transformers sets the default dtype while it builds a model from a config: code that builds a
+# torch model holds this lock. Weights are drawn with their own generator and an explicit dtype, and need none
+# (drawn while another thread's transformers build had set bfloat16, three Nemotron-H tensors came out unlike a
+# lone build's).
+TORCH_DEFAULTS = threading.Lock()
+
+
 def weights(shapes: dict[str, tuple[int, ...]], seed: int):
     """bf16 tensors: norms are ones; matrices are N(0, 1/fan_in) so activations stay O(1) through the layers
     (with the usual 0.02 the residual stream would swamp attention and KV precision would never show)."""
@@ -83,7 +92,7 @@ def weights(shapes: dict[str, tuple[int, ...]], seed: int):
         digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
         gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
         std = 1.0 if "embed_tokens" in name else shape[-1] ** -0.5
-        out[name] = (torch.randn(shape, generator=gen) * std).to(torch.bfloat16)
+        out[name] = (torch.randn(shape, generator=gen, dtype=torch.float32) * std).to(torch.bfloat16)
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.models.checkpoint import LAYERS, ROPE, common, save
+from harness.models.checkpoint import LAYERS, ROPE, TORCH_DEFAULTS, common, save
 
 
 # ------------------------------------------------------------------------------- shapes from transformers
@@ -18,7 +18,7 @@ def _transformers_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     import transformers
 
     config = transformers.AutoConfig.for_model(**cfg)
-    with torch.device("meta"):
+    with TORCH_DEFAULTS, torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     return {name: tuple(param.shape) for name, param in model.named_parameters()}
 

@@ -17,11 +17,12 @@ import functools
 import json
 import random
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from harness.models.cache import BuilderFamily
-from harness.models.checkpoint import kv_only_quantization, static_kv_scales
+from harness.models.checkpoint import TORCH_DEFAULTS, kv_only_quantization, static_kv_scales
 
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<mask>"]
 BOS, EOS, PAD = 0, 1, 2
@@ -105,11 +106,12 @@ def train_llama(steps: int = STEPS, log: Callable[[str], None] = _log):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(SEED)
     torch.set_num_threads(THREADS)
     torch.use_deterministic_algorithms(True)
     cfg = _llama_config()
-    model = LlamaForCausalLM(LlamaConfig(**{**cfg, "torch_dtype": "float32"}))
+    with TORCH_DEFAULTS:  # the initial weights come from the global generator, in the default dtype
+        torch.manual_seed(SEED)
+        model = LlamaForCausalLM(LlamaConfig(**{**cfg, "torch_dtype": "float32"}))
     tok, rng = _tokenizer(), random.Random(SEED)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=LR, total_steps=steps, pct_start=0.1)
@@ -168,4 +170,14 @@ BUILDERS: dict[str, Callable] = {
 
 _FAMILY = BuilderFamily(__name__, BUILDERS, also=("harness.models.checkpoint",))
 folder_name = _FAMILY.folder_name
-build = _FAMILY.build  # build(name, cache_dir, **options) -> checkpoint folder, built once
+# One build of this family at a time in a process (a run builds models in its slots' threads): every builder
+# here needs the one training, which draws from torch's global generator, so two threads training side by side
+# would each draw the other's numbers (weights unlike a lone build's) and train twice. Reentrant: the FP8-KV
+# builders build the trained model inside their own build.
+_ONE_AT_A_TIME = threading.RLock()
+
+
+def build(name: str, cache_dir: Path, **options) -> Path:
+    """The checkpoint folder of builder `name` (with `options`), built once (see BuilderFamily.build)."""
+    with _ONE_AT_A_TIME:
+        return _FAMILY.build(name, cache_dir, **options)

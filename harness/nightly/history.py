@@ -209,6 +209,19 @@ def last_verdicts(db: sqlite3.Connection, gpu_class: str) -> dict[str, str]:
     return dict(rows.fetchall())  # later runs' rows overwrite earlier ones
 
 
+def last_backends(db: sqlite3.Connection, gpu_class: str) -> dict[str, str]:
+    """Each cell's attention backend on this GPU class ("A/B" when its layers used several) in the latest run
+    that resolved one (a cell that crashed after its engine started resolved it too): which cold cells compile the
+    same kernels (harness/run/pilots.py)."""
+    rows = db.execute("SELECT x.cell_id, x.record FROM results x JOIN runs r USING (run_id, gpu_class)"
+                      " WHERE x.gpu_class = ? ORDER BY r.finished_at, x.run_id", (gpu_class,))
+    backends = {}
+    for cell_id, record in rows:
+        if backend := facts(json.loads(record)).get("backend"):
+            backends[cell_id] = backend  # later runs' rows overwrite earlier ones
+    return backends
+
+
 def first_seen(db: sqlite3.Connection) -> dict[str, str]:
     """Each crash fingerprint → the run it was first seen in (runs ordered by their finish, as previous_run)."""
     rows = db.execute("SELECT x.fingerprint, x.run_id FROM results x JOIN runs r USING (run_id, gpu_class)"

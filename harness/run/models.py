@@ -13,6 +13,10 @@ from matrix.schema import ModelEntry
 # One builder per model at a time within this harness; other processes are kept apart by build_once's atomic rename.
 _BUILDING: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
 _FAILED: set[tuple[str, str]] = set()  # (cache folder, model): a build that failed is not tried again per cell
+# The builders' libraries are imported by one thread at a time: transformers' lazy top-level import is not
+# thread-safe (on a cold H200 a slot's build failed with "cannot import name 'LlamaConfig' from 'transformers'"
+# while another slot's build was importing it).
+_IMPORTING = threading.Lock()
 
 
 def build_models(tasks: list, models: dict[str, ModelEntry], cache_dir: Path) -> dict[str, Path]:
@@ -45,8 +49,11 @@ def _present(built: dict[str, Path], name: str) -> bool:
 def _build(name: str, entry: ModelEntry, cache_dir: Path) -> Path | None:
     if entry.tiny is None or (str(cache_dir), name) in _FAILED:
         return None
-    from harness.models import tiny as tiny_models  # torch is imported only when models are built
-    from harness.models import trained as trained_models
+    with _IMPORTING:  # torch and transformers are imported only when models are built
+        import transformers  # noqa: F401
+
+        from harness.models import tiny as tiny_models
+        from harness.models import trained as trained_models
 
     try:
         builder = trained_models if entry.tiny in trained_models.BUILDERS else tiny_models

@@ -8,9 +8,10 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from harness.judge.facts import facts
 from harness.record_model import CellRecord
 from harness.records import RunDir, read_json
 from harness.run.accuracy_plan import baseline_gates
@@ -57,7 +58,8 @@ class LocalPool:
     """This machine's slots. `slot_env(slot)` gives each concurrent slot its environment (e.g.
     CUDA_VISIBLE_DEVICES for its GPU). `expected_s` (cell id → expected seconds, e.g. the last run's) starts cells
     longest first, grouped by model and backend (harness/run/schedule.py), cells whose `last_verdicts` failed
-    first; without it they start in the given order."""
+    first; without it they start in the given order. `last_backends` (cell id → the backend vLLM picked for it
+    last time) tells which cells compile the same kernels on a cold machine (harness/run/pilots.py)."""
 
     jobs: int = 1
     slot_env: Callable[[int], dict[str, str]] | None = None
@@ -65,6 +67,7 @@ class LocalPool:
     last_verdicts: dict[str, str] | None = None
     devices: int = 0  # this machine's GPUs: a cell spanning several takes whole ones, after the one-GPU cells
     ranks_env: Callable[[list[int]], dict[str, str]] | None = None  # what such a cell sees of its devices
+    last_backends: dict[str, str] | None = None
 
     def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[CellRecord]:
         run_dir, total, jobs = settings.run_dir, len(tasks), max(1, self.jobs)
@@ -84,7 +87,7 @@ class LocalPool:
         lock = threading.Lock()
         free_slots = list(range(jobs))
         launchers = [slot_launcher(settings) for _ in range(jobs)]
-        slot_case_envs: dict[int, list[tuple]] = {}  # what each slot's workers were started with (a case's `env:`)
+        slot_workers = SlotWorkers()
 
         def keep(task: Task, record: CellRecord) -> None:
             run_dir.write(record)
@@ -98,23 +101,22 @@ class LocalPool:
                 return
             case_env = tuple(sorted(task.cell.case.env.items()))
             with lock:
-                # A slot with a worker for this case's environment, if one is free: another slot would start a
-                # worker (imports and a first engine again, 20-30 s on a busy H200).
-                slot = next((s for s in free_slots if case_env in slot_case_envs.get(s, ())), free_slots[-1])
+                slot = slot_workers.pick(free_slots, case_env)
                 free_slots.remove(slot)
-                envs = [e for e in slot_case_envs.get(slot, []) if e != case_env] + [case_env]
-                slot_case_envs[slot] = envs[-WORKERS_PER_SLOT:]
+            record = None
             try:
                 record = cell_record(task, settings, processes, self.slot_env(slot) if self.slot_env else None,
                                      launchers[slot], expected[task.key] if warm else None, confirmations)
             finally:
                 with lock:
+                    if record is not None:
+                        slot_workers.ran(slot, case_env, record)
                     free_slots.append(slot)
             if processes.stopping:
                 return
             keep(task, record)
             if jobs > 1 and record.get("status") == "ok":  # a skip or a crash compiled nothing, or not all
-                mark_warm(settings, kernel_family(task))
+                mark_warm(settings, kernel_family(task, facts(record).get("backend")))
 
         # Cells spanning several GPUs run once the one-GPU cells are done, each on whole GPUs of its own; one that
         # needs more GPUs than there are stays with the rest and is skipped there (cell_run.gpus_reason).
@@ -128,7 +130,8 @@ class LocalPool:
             if not processes.stopping:
                 keep(task, record)
 
-        todo, waits = start_plan(todo, settings, expected, jobs, timed=bool(self.expected_s))
+        todo, waits = start_plan(todo, settings, expected, jobs, timed=bool(self.expected_s),
+                                 backends=self.last_backends)
         try:
             _run_gated(todo, waits, one, processes, jobs)
         finally:
@@ -136,6 +139,30 @@ class LocalPool:
                 launcher.close()
         _run_on_whole_gpus(wide, self.devices, one_wide, processes)
         return [records[t.key] for t in tasks if t.key in records]
+
+
+@dataclass
+class SlotWorkers:
+    """The case environments (a case's `env:`) of each slot's live warm workers, least recent first, as the
+    records tell them; a cell goes to a free slot with a worker for its environment, if there is one: another slot
+    would start a worker (imports and a first engine again, 20-30 s on a busy H200). Only a cell that ran in its
+    slot's worker and left it running counts (on a cold H200, slots that had run only fresh-process confirmations
+    were taken for workers they did not have: two cells at the end of the run each paid a worker's start)."""
+
+    keep: int = WORKERS_PER_SLOT
+    envs: dict[int, list[tuple]] = field(default_factory=dict)
+
+    def pick(self, free_slots: list[int], case_env: tuple) -> int:
+        return next((s for s in free_slots if case_env in self.envs.get(s, ())), free_slots[-1])
+
+    def ran(self, slot: int, case_env: tuple, record: CellRecord) -> None:
+        if record.get("isolation") != "worker":  # a fresh process: the slot's workers are as they were
+            return
+        worker = record.get("worker") or {}
+        # A worker that died or ran out of time in the cell answered nothing (no teardown); a retired one ended.
+        kept = "teardown_s" in worker and not worker.get("retired")
+        envs = [e for e in self.envs.get(slot, []) if e != case_env] + ([case_env] if kept else [])
+        self.envs[slot] = envs[-self.keep:]
 
 
 def slot_launcher(settings: RunSettings) -> Launcher:
@@ -146,15 +173,17 @@ def slot_launcher(settings: RunSettings) -> Launcher:
 
 
 def start_plan(todo: list[Task], settings: RunSettings, expected: dict[str, str | None], jobs: int,
-               timed: bool = False) -> tuple[list[Task], dict[str, set[str]]]:
+               timed: bool = False, backends: dict[str, str] | None = None) -> tuple[list[Task], dict[str, set[str]]]:
     """The order the one-GPU cells start in and which task keys each waits for: its baseline; with several slots
-    on a cold machine, its kernel family's pilot (harness/run/pilots.py), the pilots first unless the order is
-    `timed` (a history's, longest first); in a warm run, the first cell of its case expected to fail for the
-    same reason (`expected`: task key → why, or None), those first cells ahead of all."""
+    on a cold machine, its kernel family's pilot (harness/run/pilots.py; `backends`: the history's pick per cell),
+    the pilots first unless the order is `timed` (a history's, longest first); in a warm run, the first cell of
+    its case expected to fail for the same reason (`expected`: task key → why, or None), those first cells ahead
+    of all."""
     waits = baseline_gates(todo)
     if jobs > 1:
         can_pilot = {t.key for t in todo if expected[t.key] is None and not_run_reason(t, settings) is None}
-        todo, pilot_waits = pilot_gates(todo, warm_families(settings), can_pilot, pilots_first=not timed)
+        todo, pilot_waits = pilot_gates(todo, warm_families(settings), can_pilot, pilots_first=not timed,
+                                        backends=backends)
         waits = {key: waits[key] | pilot_waits[key] for key in waits}
     if settings.isolation == "worker":
         confirming = confirmation_gates(todo, expected)
@@ -248,6 +277,8 @@ def run_tasks(
     last_verdicts: dict[str, str] | None = None,
     devices: int = 0,
     ranks_env: Callable[[list[int]], dict[str, str]] | None = None,
+    last_backends: dict[str, str] | None = None,
 ) -> list[CellRecord]:
     """This machine's pool in one call (see `LocalPool` and `Pool.run`)."""
-    return LocalPool(jobs, slot_env, expected_s, last_verdicts, devices, ranks_env).run(tasks, settings, on_record)
+    return LocalPool(jobs, slot_env, expected_s, last_verdicts, devices, ranks_env, last_backends).run(
+        tasks, settings, on_record)

@@ -5,10 +5,11 @@ the H200), so attribute paths, builder dtype attribute names, error-message patt
 tables keyed by version specifiers (">=0.25", "<0.25", ">=0.20,<0.24"; "" means every version). The probe and the
 failure classifier read these tables; no module outside this package reaches into vLLM. One module a concern:
 versions.py (the version rule, the installed vLLM), sources.py (what the installed vLLM accepts), engine.py
-(attribute paths inside a running engine, probe-only arguments), modules.py (the vLLM source modules of
-resolved classes, and the source paths every cell depends on), emulation.py (another GPU class, a lower CPU
-level), records.py (renamed record fields), signatures.py (failure messages), teardown.py (one engine's end
-in a warm worker).
+(attribute paths inside a running engine, probe-only arguments), registry.py (model-class inspection before an
+engine), kernels.py (backends that compile per KV dtype), modules.py (the vLLM source modules of resolved
+classes, and the source paths every cell depends on), emulation.py (another GPU class, a lower CPU level),
+records.py (renamed record fields), signatures.py (failure messages), teardown.py (one engine's end in a warm
+worker).
 
 This package imports nothing from vLLM at import time: the classifier runs in the harness process, which may not
 have vLLM at all.
@@ -41,6 +42,7 @@ from harness.vllm_compat.engine import (  # noqa: F401
     SMALLEST_KV_BLOCK_TOKENS,
     probe_only_engine_args,
 )
+from harness.vllm_compat.kernels import JIT_PER_KV_DTYPE_BACKENDS, compiles_per_kv_dtype  # noqa: F401
 from harness.vllm_compat.modules import (  # noqa: F401
     ATTN_GROUP_MODULE_FIELDS,
     BACKEND_MODULES,
@@ -64,6 +66,7 @@ from harness.vllm_compat.records import (  # noqa: F401
     normalize_record,
     normalized_builder,
 )
+from harness.vllm_compat.registry import MODEL_INFO_CHILD_PROCESS, model_info_in_process  # noqa: F401
 from harness.vllm_compat.signatures import (  # noqa: F401
     ENGINE_DEATH_WRAPPER,
     ENVIRONMENT_SIGNATURES,
