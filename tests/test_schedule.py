@@ -247,3 +247,16 @@ def test_families_of_cells_with_several_backends_are_marked_beside_single_backen
         mark_warm(settings, family)
     assert warm_families(settings) == families
     assert len(list((tmp_path / "cache" / "pilots").iterdir())) == 3, "one file each, no folders"
+
+
+def test_last_backends_are_each_cells_latest_resolved_one(tmp_path):
+    db = history.open_db(tmp_path / "h.sqlite")
+
+    def rec(cell, run, day, backend=None):
+        layers = [{"name": "model.layers.0.self_attn.attn", "role": "target", "backend": backend}] if backend else []
+        return {"cell_id": cell, "run_id": run, "gpu_class": "H200", "verdict": "pass", "layers": layers,
+                "finished_at": f"2026-11-{day:02d}T02:00:00Z"}
+
+    history.import_records(db, [rec("x", "night-1", 1, "FLASH_ATTN"), rec("y", "night-1", 1, "FLASHINFER")])
+    history.import_records(db, [rec("x", "night-2", 2, "FLASHINFER"), rec("y", "night-2", 2)])  # y resolved nothing
+    assert history.last_backends(db, "H200") == {"x": "FLASHINFER", "y": "FLASHINFER"}

@@ -214,11 +214,11 @@ def last_backends(db: sqlite3.Connection, gpu_class: str) -> dict[str, str]:
     that resolved one (a cell that crashed after its engine started resolved it too): which cold cells compile the
     same kernels (harness/run/pilots.py)."""
     rows = db.execute("SELECT x.cell_id, x.record FROM results x JOIN runs r USING (run_id, gpu_class)"
-                      " WHERE x.gpu_class = ? ORDER BY r.finished_at, x.run_id", (gpu_class,))
-    backends = {}
-    for cell_id, record in rows:
-        if backend := facts(json.loads(record)).get("backend"):
-            backends[cell_id] = backend  # later runs' rows overwrite earlier ones
+                      " WHERE x.gpu_class = ? ORDER BY r.finished_at DESC, x.run_id DESC", (gpu_class,))
+    backends: dict[str, str] = {}
+    for cell_id, record in rows:  # newest first: a cell's older records are not parsed once it has a backend
+        if cell_id not in backends and (backend := facts(json.loads(record)).get("backend")):
+            backends[cell_id] = backend
     return backends
 
 
