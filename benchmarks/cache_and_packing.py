@@ -1,10 +1,15 @@
 """What shared compile/JIT caches and packed cells save: the same cells run up to three times, side by side in one
 invocation: (a) one at a time with fresh empty caches per cell, (b) one at a time with one cache shared by the
-arm's cells, (c) packed `--jobs` at a time with one shared cache. Prints the wall times and the ratios a/b (cache
-sharing), b/c (packing) and a/c (both: what a nightly saves).
+arm's cells, (c) packed `--jobs` at a time with one shared cache, the cores shared among its slots. Prints the
+wall times, the ratios a/b (cache sharing), b/c (packing) and a/c (both: what a nightly saves), and whether every
+arm gave every cell the same record (verdict, resolved state, greedy tokens).
 
     python benchmarks/cache_and_packing.py [-k PATTERN] [--case NAME ...] [--cell ID ...] [--arms abc]
                                            [--jobs N] [--gpu CLASS [--emulate]] [--warm-shared DIR]
+                                           [--isolation worker|process]
+
+(b) and (c) run their cells as `kvmatrix run` does (warm workers) unless `--isolation process`; (a) always runs
+one fresh process per cell, whose caches are its own.
 
 Every arm starts cold, as on a fresh CI machine: each shared arm gets its own empty cache folder, so it compiles
 what it needs once and its later cells reuse it; nothing one arm compiled serves another. `--warm-shared DIR`
@@ -27,6 +32,7 @@ from pathlib import Path
 
 from harness.cli import cell_selected, load_cells
 from harness.paths import REPO_ROOT
+from harness.run.isolation import isolation_differences
 from harness.run.pool import run_tasks
 from harness.run.session import open_session
 
@@ -39,6 +45,7 @@ ARM_TITLES = {
 
 
 def timed_run(session, cells, jobs: int) -> tuple[float, list[dict]]:
+    session.jobs = jobs  # the cores shared among this arm's slots
     started = time.monotonic()
     records = run_tasks(session.tasks(cells), session.settings, jobs=jobs, slot_env=session.slot_env)
     return time.monotonic() - started, records
@@ -55,6 +62,8 @@ def main() -> None:
     parser.add_argument("--emulate", action="store_true")
     parser.add_argument("--cache-dir", default=".cache", help="where the built models are")
     parser.add_argument("--warm-shared", help="run (b) and (c) on this existing cache folder")
+    parser.add_argument("--isolation", choices=("worker", "process"), default="worker",
+                        help="how each arm runs its cells (default: warm workers, as `kvmatrix run`)")
     args = parser.parse_args()
     arms = [arm for arm in "abc" if arm in args.arms]
     _, _, every = load_cells(argparse.Namespace(cases_dir=str(REPO_ROOT / "cases"), case=None, k=None, cell=None))
@@ -69,6 +78,8 @@ def main() -> None:
         caches = Path(args.warm_shared).resolve() if args.warm_shared and arm != "a" else scratch / f"caches-{arm}"
         s = open_session(args.gpu, args.emulate, f"arm-{arm}", scratch / "runs", caches)
         s.settings.fresh_caches = arm == "a"
+        # Fresh caches per cell need a fresh process per cell: a warm worker keeps the caches it started with.
+        s.settings.isolation = "process" if arm == "a" else args.isolation
         return s
 
     sessions = {arm: session(arm) for arm in arms}
@@ -84,20 +95,20 @@ def main() -> None:
     print(f"cells: {len(first.tasks(cells))} on {first.gpu_name}"
           + (f" (emulated on {first.emulated_from})" if first.emulated_from else "")
           + f"; caches: {'warm ' + args.warm_shared if args.warm_shared else 'cold per arm'}", flush=True)
-    walls, verdicts = {}, {}
+    walls, records = {}, {}
     for arm in arms:  # each arm's line as soon as it ends: a run stopped by a time limit keeps what it measured
-        walls[arm], records = timed_run(sessions[arm], cells, jobs if arm == "c" else 1)
-        verdicts[arm] = [(r["cell_id"], r["verdict"]) for r in records]
+        walls[arm], records[arm] = timed_run(sessions[arm], cells, jobs if arm == "c" else 1)
         print(f"({arm}) {ARM_TITLES[arm].format(jobs=jobs):40s} {walls[arm]:8.1f} s", flush=True)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} cores")
     ratios = [f"{name} ({x})/({y}): {walls[x] / walls[y]:.2f}x"
               for name, x, y in (("cache sharing", "a", "b"), ("packing", "b", "c"), ("both", "a", "c"))
               if x in walls and y in walls]
-    same = len({tuple(v) for v in verdicts.values()}) == 1
-    print("   ".join(ratios) + f"   verdicts identical: {same}")
-    if not same:
-        for arm in arms:
-            print(f"({arm}) verdicts: {verdicts[arm]}")
+    # Verdicts, resolved state and greedy tokens (harness/run/isolation.py): packing must not change a record.
+    differences = {arm: isolation_differences(records[arms[0]], records[arm]) for arm in arms[1:]}
+    print("   ".join(ratios) + "   records identical: " + str(not any(differences.values())))
+    for arm, lines in differences.items():
+        for line in lines:
+            print(f"({arms[0]}) vs ({arm}): {line}")
     shutil.rmtree(scratch, ignore_errors=True)
 
 

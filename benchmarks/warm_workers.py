@@ -98,6 +98,9 @@ def main() -> None:
     tasks = session.tasks(cells)
     session.build_models(tasks)
     settings, jobs = session.settings, args.jobs or session.slots
+    session.jobs = 1
+    whole_machine = session.slot_env(0)  # the floor's one bare process gets every core
+    session.jobs = jobs  # the arms' slots share the cores among `jobs`
     print(f"{len(tasks)} cells of {session.gpu_name}, vLLM {settings.vllm_version}, {jobs} slot(s), "
           f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}", flush=True)
     # Warm the shared caches (and the page cache) with one cell first: no arm pays a cold start the others skip.
@@ -107,7 +110,7 @@ def main() -> None:
                      "vllm": settings.vllm_version}
     records = {}
     if "floor" in arms:
-        wall, ran = run_floor(tasks, settings, scratch, session.slot_env(0))
+        wall, ran = run_floor(tasks, settings, scratch, whole_machine)
         results["floor"] = {"wall_s": wall, "cells_run": ran}
         print(f"floor: {wall:.1f} s for {ran} cells in one process", flush=True)
     for isolation in ("process", "worker"):

@@ -21,6 +21,7 @@ from harness.pr.command import add_pr_command
 from harness.record_model import CellRecord, RecordError, new_record
 from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
 from harness.repro.command import add_repro_command
+from harness.run import host_cpu
 from harness.run.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
 from harness.run.pool import LocalPool, OnRecord
 from harness.run.session import Session, open_session, session_waivers, vllm_vocabulary
@@ -72,7 +73,7 @@ def cell_selected(cell_id: str, pattern: str) -> bool:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    started = time.monotonic()
+    started = host_cpu.reading()
     cells, invalid, every = load_cells(args, tolerant=True)
     for err in invalid:
         print(f"kvmatrix: {err}", file=sys.stderr)
@@ -102,7 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # No models built up front: each cell builds what it needs as it starts (harness/run/models.py), so cells
     # of other models run while one trains.
     run = run_on_ray if args.ray else run_here
-    records = run(args, tasks, session, progress_printer(started))
+    records = run(args, tasks, session, progress_printer(started.at))
     return finish_run(args, records, invalid, every, session, started)
 
 
@@ -115,7 +116,8 @@ def run_here(args: argparse.Namespace, tasks: list[Task], session: Session, on_r
         db = history.open_db(args.db)
         expected, verdicts = history.last_timings(db, session.gpu_name), history.last_verdicts(db, session.gpu_name)
         backends = history.last_backends(db, session.gpu_name)
-    pool = LocalPool(args.jobs or session.slots, session.slot_env, expected, verdicts,
+    session.jobs = args.jobs or 0
+    pool = LocalPool(session.slots, session.slot_env, expected, verdicts,
                      session.settings.gpus_here or 0, session.ranks_env, backends)
     return pool.run(tasks, session.settings, on_record)
 
@@ -135,7 +137,7 @@ def run_on_ray(args: argparse.Namespace, tasks: list[Task], session: Session, on
 
 
 def finish_run(args: argparse.Namespace, records: list[CellRecord], invalid: list[CaseError], every: list[Cell],
-               session: Session, started: float) -> int:
+               session: Session, started: host_cpu.Reading) -> int:
     """Waivers, reports and the exit status, whichever pool ran the cells."""
     lent = shared_file(Path(args.cases_dir), WAIVERS_FILE.name) != Path(args.cases_dir) / WAIVERS_FILE.name
     records, problems = known_failure_problems(records, every, session, lent)
@@ -144,7 +146,9 @@ def finish_run(args: argparse.Namespace, records: list[CellRecord], invalid: lis
                           header="\n".join(f"- waivers: {p}" for p in problems))
     print()
     print(paths["md"].read_text())
-    print(f"reports: {paths['md']} {paths['html']} {paths['junit']}  ({time.monotonic() - started:.0f} s total)")
+    print(f"reports: {paths['md']} {paths['html']} {paths['junit']}  ({time.monotonic() - started.at:.0f} s total)")
+    if not args.ray:  # a Ray pool's cells ran on other hosts
+        print(host_cpu.summary(started, host_cpu.reading(), records))
     pages = findings_pages.write(records, session.run_dir.root / "findings")
     if pages:
         print(f"{len(pages)} unexplained failures: a findings page for each in {pages[0].parent}")
@@ -225,7 +229,8 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--run-id", help="results folder name; the same id resumes (default: date-class-version)")
     run.add_argument("--runs-dir", default=str(RUNS_DIR))
     run.add_argument("--jobs", type=int, default=0,
-                     help="cells at once (default: GPUs x the class's slots_per_device; 1 on the CPU)")
+                     help="cells at once (default: GPUs x the class's slots_per_device, within their memory and "
+                          "the host's cores)")
     run.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="built models and compile/JIT caches")
     run.add_argument("--hub", action="store_true", help="use the registry's hub ids instead of tiny models")
     run.add_argument("--timeout-scale", type=float, default=1.0)

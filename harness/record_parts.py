@@ -125,6 +125,9 @@ class Timings(TypedDict, total=False):
     accuracy_s: float
     teardown_s: float  # a warm worker's engine teardown after the cell
     total_s: float
+    # CPU seconds the cell's process and the compilers it waited for (nvcc, ptxas) used: against total_s, whether
+    # a cold cell waited on the CPU (JIT builds) or on something else.
+    cpu_s: float
 
 
 @open_to_other_keys

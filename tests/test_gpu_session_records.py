@@ -136,3 +136,21 @@ def test_cells_inspecting_models_in_process_resolve_every_cell_as_before(tmp_pat
     for run in ("cold7-h200", "warm5-h200"):
         judged = _judge_folder(tmp_path / run)
         assert Counter(r["verdict"] for r in judged.values()) == {"pass": 55, "xfail": 27, "skip": 12}
+
+
+CPU_ACCOUNTING_RUNS = FIXTURES / "runs" / "h200-cold-cpu-accounting-vllm-0.26.0-2026-12-01.tar.xz"
+
+
+def test_cold_runs_with_cpu_accounting_resolve_every_cell_as_before(tmp_path):
+    """The sixth H200 session's runs (records with `timings.cpu_s`, other hosts) resolve every cell as the third
+    session's cold4 did, and every cell that started vLLM says how much CPU it used."""
+    with tarfile.open(CPU_ACCOUNTING_RUNS) as archive:
+        archive.extractall(tmp_path, filter="data")
+    cold4 = _runs(tmp_path / "before")["cold4-h200"]
+    for run in ("cold9-h200", "cold10-h200", "warm10-h200"):
+        records = [json.loads(p.read_text()) for p in sorted((tmp_path / run).glob("*--*.json"))]
+        assert isolation_differences(cold4, records) == [], run
+        ran = [r for r in records if r["status"] != "skipped"]
+        assert ran and all(r["timings"]["cpu_s"] > 0 for r in ran), run
+        judged = _judge_folder(tmp_path / run)
+        assert Counter(r["verdict"] for r in judged.values()) == {"pass": 55, "xfail": 27, "skip": 12}, run

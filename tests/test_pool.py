@@ -78,7 +78,8 @@ def test_slots_are_sized_by_the_gpus_memory_and_the_hosts_cores():
     assert session("H200", None, 1, cores=4, memory_gib=139.8).slots == 2, "two cores per slot"
     assert session("H100", None, 1, cores=16, memory_gib=79.6).slots == min(POOL["H100"].slots_per_device, 4)
     assert session("L4", "H200", 1, cores=16, memory_gib=20.0).slots == 1, "a small card packs one"
-    assert session("cpu-avx512", None, 0, cores=2).slots == 1
+    assert session("cpu-avx512", None, 0, cores=2).slots == 2, "a CPU cell needs one core"
+    assert session("cpu-avx512", None, 0, cores=1).slots == 1
     h200 = session("H200", None, 2, cores=16, memory_gib=139.8)
     assert [h200.slot_env(s)["OMP_NUM_THREADS"] for s in range(h200.slots)] == ["2"] * 8
 
@@ -90,7 +91,7 @@ def test_cpu_slots_bind_their_own_cores():
     assert packed.slots == 2
     assert [(packed.slot_env(s)["OMP_NUM_THREADS"], packed.slot_env(s)[CPU_THREADS_BIND_ENV]) for s in (0, 1)] == [
         ("4", "0-3"), ("4", "4-7")]
-    assert CPU_THREADS_BIND_ENV not in session("cpu-avx512", None, 0, cores=8).slot_env(0), "one slot: vLLM's auto"
+    assert CPU_THREADS_BIND_ENV not in session("cpu-avx512", None, 0, cores=1).slot_env(0), "one slot: vLLM's auto"
 
 
 def _h200_record(archive: str, run: str, cell_id: str) -> dict:

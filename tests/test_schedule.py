@@ -8,12 +8,14 @@ import dataclasses
 import json
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
 from harness.nightly import history
 from harness.records import RunDir
+from harness.run import models as models_module
 from harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
 from harness.run.pool import run_tasks
 from harness.run.schedule import order_tasks
@@ -260,3 +262,24 @@ def test_last_backends_are_each_cells_latest_resolved_one(tmp_path):
     history.import_records(db, [rec("x", "night-1", 1, "FLASH_ATTN"), rec("y", "night-1", 1, "FLASHINFER")])
     history.import_records(db, [rec("x", "night-2", 2, "FLASHINFER"), rec("y", "night-2", 2)])  # y resolved nothing
     assert history.last_backends(db, "H200") == {"x": "FLASHINFER", "y": "FLASHINFER"}
+
+
+def test_a_free_slot_passes_over_cells_that_would_wait_for_a_running_build(cases_dir, tmp_path, monkeypatch):
+    """The two trained models share one training (one build of that family at a time): while the first one's
+    cell builds it, the other slot runs cells of built models instead of waiting for the training in its slot."""
+    tasks = tasks_of(cases_dir, "accuracy", {"kv_cache_dtype": ["auto"]}, model="trained-llama")
+    tasks += tasks_of(cases_dir, "clipping", {"kv_cache_dtype": ["auto"]}, model="trained-llama-fp8kv-clipping")
+    tasks += tasks_of(cases_dir, "ok", {"kv_cache_dtype": ["auto", "bfloat16", "fp8"]})
+    settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models=load_models(cases_dir), built={"llama": cases_dir},
+                           vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL)
+
+    def training(name, entry, cache_dir):  # the real builders train for a minute or more
+        time.sleep(4)
+        return cases_dir
+
+    monkeypatch.setattr(models_module, "_build", training)
+    finished: list[str] = []
+    run_tasks(tasks, settings, jobs=2, on_record=lambda r, *_: finished.append(r["cell_id"]))
+    assert sorted(finished[:3]) == ["ok[kv=auto,skip=-,spec=-]", "ok[kv=bfloat16,skip=-,spec=-]",
+                                    "ok[kv=fp8,skip=-,spec=-]"]
+    assert finished[3:] == ["accuracy[kv=auto,skip=-,spec=-]", "clipping[kv=auto,skip=-,spec=-]"]

@@ -10,6 +10,7 @@ the phase it died in. The probe runs before generation: a cell whose decode cras
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import time
 import traceback
@@ -48,6 +49,7 @@ class CellResult:
             attn_groups=[],
             probe_error=None,
         )
+        self.cpu_started = cpu_seconds()
 
     def save(self) -> None:
         write_json_atomic(self.path, check_record(self.data, str(self.path)))
@@ -66,7 +68,14 @@ class CellResult:
             return False, None
         finally:
             self.data["timings"][f"{phase}_s"] = round(time.monotonic() - started, 3)
+            self.data["timings"]["cpu_s"] = round(cpu_seconds() - self.cpu_started, 1)
             self.save()
+
+
+def cpu_seconds() -> float:
+    """User and system time of this process and of its children it has reaped (a JIT's compiler processes)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
 
 
 def describe(exc: BaseException) -> ExceptionInfo:

@@ -34,12 +34,24 @@ def ensure_models(task, models: dict[str, ModelEntry], cache_dir: Path, built: d
     """Build what `task` needs and `built` lacks (or names a folder missing here: a Ray node gets the head's
     paths), into `built`, as its cell starts: the other slots run cells of other models meanwhile (before this,
     a cold H200 run spent its first 57 s training the accuracy model while no cell ran)."""
-    for name in models_needed(task.cell):
-        if _present(built, name) or models[name].tiny is None:
-            continue
+    for name in unbuilt(task, models, built):
         with _BUILDING[name]:
             if not _present(built, name) and (path := _build(name, models[name], cache_dir)) is not None:
                 built[name] = path
+
+
+def unbuilt(task, models: dict[str, ModelEntry], built: dict[str, Path]) -> list[str]:
+    """The local models `task` needs that are not built yet (hub-only ones are never built)."""
+    return [n for n in models_needed(task.cell) if models[n].tiny is not None and not _present(built, n)]
+
+
+def trainings_waited_on(task, models: dict[str, ModelEntry], built: dict[str, Path]) -> set[str]:
+    """The training `task` would wait for as it starts, if any: the trained family's builders share one training
+    of a minute or more, one build at a time. Random-weight models build in seconds, not worth reordering a run
+    for (on a cold H200, passing over cells for a llama build started the FlashInfer pilots 30 and 56 s late)."""
+    from harness.models import trained as trained_models  # no torch at import
+
+    return {"trained family" for n in unbuilt(task, models, built) if models[n].tiny in trained_models.BUILDERS}
 
 
 def _present(built: dict[str, Path], name: str) -> bool:

@@ -21,6 +21,7 @@ from harness.run.confirmations import Confirmations, confirmation_gates
 from harness.run.gpu_check import pinned_gpus
 from harness.run.gpu_memory import gpu_baselines
 from harness.run.launch import WORKERS_PER_SLOT, FreshProcess, Launcher, WarmWorker
+from harness.run.models import trainings_waited_on
 from harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
 from harness.run.process import CellProcesses
 from harness.run.schedule import order_tasks
@@ -133,7 +134,8 @@ class LocalPool:
         todo, waits = start_plan(todo, settings, expected, jobs, timed=bool(self.expected_s),
                                  backends=self.last_backends)
         try:
-            _run_gated(todo, waits, one, processes, jobs)
+            _run_gated(todo, waits, one, processes, jobs,
+                       lambda task: trainings_waited_on(task, settings.models, settings.built))
         finally:
             for launcher in launchers:
                 launcher.close()
@@ -219,14 +221,24 @@ def add_acyclic(waits: dict[str, set[str]], more: dict[str, set[str]]) -> dict[s
 
 
 def _run_gated(tasks: list[Task], waits: dict[str, set[str]], one: Callable[[Task], None],
-               processes: CellProcesses, jobs: int) -> None:
+               processes: CellProcesses, jobs: int, builds: Callable[[Task], set[str]] = lambda task: set()) -> None:
     """`jobs` cells at a time, each free slot taking the first task in order whose `waits` (task keys: its
-    baseline, its family's pilot) have all finished; an interrupted harness kills every running cell first."""
+    baseline, its family's pilot) have all finished, passing over one that would wait for a long model build a
+    running cell is doing (`builds`: such builds a task does as it starts) while another is ready; an
+    interrupted harness kills every running cell first."""
     pending, finished = list(tasks), set()
     running: dict[Future, Task] = {}
+
+    def next_ready() -> Task | None:
+        ready = [t for t in pending if waits[t.key] <= finished]
+        building = set().union(*map(builds, running.values()))
+        # Such a cell would only wait for the build in its slot (on the 2-core CPU both slots once waited 90 s
+        # for the accuracy model's training while cells of built models were ready).
+        return next((t for t in ready if not builds(t) & building), ready[0] if ready else None)
+
     with _cell_threads(jobs, processes) as pool:
         while pending or running:
-            while len(running) < jobs and (ready := next((t for t in pending if waits[t.key] <= finished), None)):
+            while len(running) < jobs and (ready := next_ready()):
                 pending.remove(ready)
                 running[pool.submit(one, ready)] = ready
             if not running:  # only a wait on a task that is not in the list could leave work pending here

@@ -45,6 +45,7 @@ class Session:
     device_count: int = 0
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
     device_memory_gib: float | None = None
+    jobs: int = 0  # the slots asked for (`--jobs`); 0: as the machine allows
 
     @property
     def run_dir(self) -> RunDir:
@@ -60,12 +61,13 @@ class Session:
 
     @property
     def slots(self) -> int:
-        """Cells at once: every GPU packed with its class's `slots_per_device` cells, within its memory and the
-        host's cores (harness/run/slots.py)."""
-        return slot_count(self.host, self.device_count, self.cores, self.device_memory_gib)
+        """Cells at once: `jobs` if asked, else every GPU packed with its class's `slots_per_device` cells, within
+        its memory and the host's cores (harness/run/slots.py)."""
+        return self.jobs or slot_count(self.host, self.device_count, self.cores, self.device_memory_gib)
 
     def slot_env(self, slot: int) -> dict[str, str]:
-        """Each slot's cells see one GPU (engines on different GPUs never meet) and their share of the cores."""
+        """Each slot's cells see one GPU (engines on different GPUs never meet) and their share of the cores (of
+        `slots` slots: a run of fewer shares the cores among fewer)."""
         return slot_env(self.host, slot, self.slots, self.device_count, self.cores)
 
     def ranks_env(self, devices: list[int]) -> dict[str, str]:

@@ -8,9 +8,11 @@ from __future__ import annotations
 from harness.vllm_compat import CPU_THREADS_BIND_ENV
 from matrix.schema import GpuClass
 
-# An engine's scheduler and its forward pass each keep a core busy: fewer per slot and packed cells wait on
-# each other instead of running side by side.
-MIN_CORES_PER_SLOT = 2
+# Cores one slot needs, by device. A GPU engine's scheduler and its launch thread each keep a core busy: fewer
+# and packed cells wait on each other. A CPU cell with a tiny model spends its time in single-threaded Python
+# (imports, engine start, probes): two one-core slots ran the 2-core CPU matrix in 201 s against 314 s for one
+# two-core slot, every record equal (benchmarks/README.md).
+MIN_CORES_PER_SLOT = {"cuda": 2, "cpu": 1}
 # What one packed cell may hold of a GPU (CUDA context, a tiny model, the class's 1 GiB KV cache, activations
 # and compile workspaces) with room to spare: a 24 GiB card packs one, an 80 GiB card up to five.
 GPU_GIB_PER_SLOT = 16
@@ -22,7 +24,7 @@ def slot_count(host: GpuClass, devices: int, cores: int, device_memory_gib: floa
     if host.device == "cuda" and device_memory_gib:
         per_device = min(per_device, max(1, int(device_memory_gib // GPU_GIB_PER_SLOT)))
     wanted = per_device * (max(1, devices) if host.device == "cuda" else 1)
-    return max(1, min(wanted, cores // MIN_CORES_PER_SLOT))
+    return max(1, min(wanted, cores // MIN_CORES_PER_SLOT[host.device]))
 
 
 def slot_env(host: GpuClass, slot: int, slots: int, devices: int, cores: int) -> dict[str, str]:
