@@ -98,8 +98,7 @@ def main() -> None:
     tasks = session.tasks(cells)
     session.build_models(tasks)
     settings, jobs = session.settings, args.jobs or session.slots
-    session.jobs = 1
-    whole_machine = session.slot_env(0)  # the floor's one bare process gets every core
+    whole_machine = dataclasses.replace(session, jobs=1).slot_env(0)  # the floor's one bare process: every core
     session.jobs = jobs  # the arms' slots share the cores among `jobs`
     print(f"{len(tasks)} cells of {session.gpu_name}, vLLM {settings.vllm_version}, {jobs} slot(s), "
           f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}", flush=True)
