@@ -50,7 +50,7 @@ def pytest_collect_file(parent: pytest.Collector, file_path):
 class CaseFile(pytest.File):
     def collect(self):
         session = _session(self.config)
-        case = load_case(self.path, vllm_vocabulary())
+        case = load_case(self.path, vllm_vocabulary(session.settings.models))
         cells = expand_case(case, session.settings.models, session.pool, str(self.path))
         for task in session.tasks(cells):
             yield CellItem.from_parent(self, name=task.cell.cell_id, task=task)

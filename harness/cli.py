@@ -22,6 +22,7 @@ from harness.record_model import CellRecord, RecordError, new_record
 from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
 from harness.repro.command import add_repro_command
 from harness.run import host_cpu
+from harness.run.canary import EnvironmentBroken
 from harness.run.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
 from harness.run.pool import LocalPool, OnRecord
 from harness.run.session import Session, open_session, session_waivers, vllm_vocabulary
@@ -40,7 +41,8 @@ def load_cells(args: argparse.Namespace, tolerant: bool = False) -> tuple[list[C
     to load or expand is set aside as an error (the other cases still run); otherwise it stops the command."""
     cases_dir = Path(args.cases_dir)
     files = case_files(cases_dir)
-    models, pool, vocabulary = load_models(cases_dir), load_pool(cases_dir), vllm_vocabulary()
+    models, pool = load_models(cases_dir), load_pool(cases_dir)
+    vocabulary = vllm_vocabulary(models)
     cells: list[Cell] = []
     errors: list[CaseError] = []
     for path in files:
@@ -91,6 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         tasks = refusals(tasks, session.settings.vllm_version)
     settings = session.settings
     settings.isolation = args.isolation
+    settings.canary = True
     if args.cpu_ranks:
         if session.host.device != "cpu" or not 1 < args.cpu_ranks <= session.cores:
             raise PoolError(f"--cpu-ranks takes 2 to {session.cores} (this CPU's cores), on a CPU class")
@@ -311,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CaseError, PoolError, GuardError, WaiverError, RecordError) as err:
+    except (CaseError, PoolError, GuardError, WaiverError, RecordError, EnvironmentBroken) as err:
         print(f"kvmatrix: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C, or SIGINT from a CI step's time limit: running cells were killed

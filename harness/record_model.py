@@ -77,6 +77,7 @@ class CellRecord(TypedDict, total=False):
     kv_groups: list[KvGroup]
     attn_groups: list[AttnGroup]
     ranks: list[RankState]  # a cell that spans several GPUs: every rank's resolved state
+    backend_notes: list[str]  # vLLM's log lines saying it replaced a forced attention backend
     probe_error: str | None
     accuracy: AccuracyResult
     # the outcome (harness/judge/outcome.py, fingerprint.py; harness/run/gpu_check.py)

@@ -65,7 +65,7 @@ def cell_id(case: Case, axes: dict[str, Any], shown_optional: frozenset[str] = f
     return f"{case.name}[" + ",".join(f"{AXIS_ID_NAMES[a]}={show(a, axes[a])}" for a in shown) + "]"
 
 
-def _combinations(case: Case) -> list[dict[str, Any]]:
+def combinations(case: Case) -> list[dict[str, Any]]:
     m = case.matrix
     product = [dict(zip(AXES, values, strict=True)) for values in itertools.product(*(getattr(m, a) for a in AXES))]
     kept = [
@@ -99,7 +99,7 @@ def expand_case(
     gpu_classes = classes_for(case, pool)
     if not gpu_classes:
         raise CaseError(source, case.name, "gpus", f"matches no GPU class of the pool ({sorted(pool)})")
-    combos = _combinations(case)
+    combos = combinations(case)
     baseline = baseline_axes(case)
     if baseline is not None and baseline not in combos:
         combos.insert(0, baseline)  # a compared cell needs its baseline in the same run

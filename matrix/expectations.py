@@ -53,6 +53,10 @@ class CrashExpected(Strict):
     link: str | None = None
     reason: str | None = None
 
+    @property
+    def names(self) -> list[str]:
+        return [self.signature]
+
 
 class RefusalExpected(Strict):
     """vLLM must refuse this configuration with one of these signatures (a correct, clear rejection: the cell
@@ -63,8 +67,10 @@ class RefusalExpected(Strict):
     optional: bool = False
     reason: str | None = None
 
-    def allows(self, signature: str | None) -> bool:
-        return signature in ([self.signature] if isinstance(self.signature, str) else self.signature)
+    @property
+    def names(self) -> list[str]:
+        """The signatures (or families of them, harness/vllm_compat/signatures.py) any of which is the refusal."""
+        return [self.signature] if isinstance(self.signature, str) else self.signature
 
 
 class RecordCheck(Strict):

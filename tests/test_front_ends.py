@@ -18,6 +18,7 @@ from tests.conftest import CPU_CLASS, write_case
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_CELL = (sys.executable, str(REPO / "tests" / "fake_cell.py"))
+FAKE_WORKER = (sys.executable, str(REPO / "tests" / "fake_worker.py"))
 LINK = "https://example.org/known"
 # pytest's outcome for each verdict (fail and error both fail the item).
 OUTCOME = {"pass": "passed", "skip": "skipped", "xfail": "xfailed", "fail": "failed", "error": "failed"}
@@ -38,7 +39,9 @@ def fake_sessions(open_session, cases_dir: Path, tmp_path: Path):
         if len(args) < 4:  # the pytest front end names no folders: the test's
             kwargs.update(runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache")
         session = open_session(*args, **kwargs)
+        # Fake cells in fresh processes and in warm workers alike: real vLLM here would judge by this CPU's kind.
         session.settings.cell_command = FAKE_CELL
+        session.settings.worker_command = FAKE_WORKER
         session.build_models = lambda tasks: session.settings.built.update(llama=cases_dir)
         return session
 

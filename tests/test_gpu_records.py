@@ -4,6 +4,7 @@ emulated on it): tests/fixtures/records/h200-vllm-0.26.0/<class>--<cell id>.json
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -41,7 +42,13 @@ def test_captured_verdicts_hold_under_the_current_cases(path, tmp_path):
         assert record.get("not_emulable") and record["emulated_from"] == "H200"
     task = Task(CELLS[record["cell_id"]], record["gpu_class"], POOL[record["gpu_class"]], record["emulated_from"])
     again = judge_record(dict(record), task, RunDir(tmp_path))
-    assert (again["verdict"], again["reason"]) == (record["verdict"], record["reason"])
+    assert (again["verdict"], held(again["reason"])) == (record["verdict"], held(record["reason"]))
+
+
+def held(reason: str) -> str:
+    """A reason, where a pass counts its checks without the count: built-in rules added since the record was
+    judged (a forced backend is the one that runs) add checks, not verdicts."""
+    return re.sub(r"^\d+ checks hold", "checks hold", reason)
 
 
 def test_flashinfer_query_dtype_follows_class_and_group():

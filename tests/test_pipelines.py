@@ -9,7 +9,7 @@ from harness.cli import main
 from harness.nightly import pipelines
 from tests.conftest import write_case
 
-ALL_CLASSES = ["cpu-avx512", "cpu-avx2", "cpu-arm64",
+ALL_CLASSES = ["cpu-amx", "cpu-avx512", "cpu-avx2", "cpu-arm64",
                "L4", "A100", "A10", "H100", "H200", "B200", "RTX-PRO-6000", "RTX-5090"]
 
 

@@ -16,6 +16,7 @@ H200 = LocalDevice("NVIDIA H200", "9.0", 1)
 CPU = LocalDevice("cpu", None, 0, "x86_64", "avx512")
 AVX2 = LocalDevice("cpu", None, 0, "x86_64", "avx2")
 ARM = LocalDevice("cpu", None, 0, "aarch64", "neon")
+AMX = LocalDevice("cpu", None, 0, "x86_64", "amx")
 
 
 def test_detects_classes_by_driver_name():
@@ -43,6 +44,14 @@ def test_cpu_classes_by_architecture_and_instruction_set():
     with pytest.raises(PoolError, match=r"this machine's CPU \(x86_64, level None\) is in no class"):
         resolve(None, POOL, LocalDevice("cpu", None, 0, "x86_64", None))
     assert resolve(None, POOL, AVX2) == ("cpu-avx2", None)
+    assert class_of(AMX, POOL) == "cpu-amx"  # AMX tiles: vLLM runs MLA on AMX_MLA there
+
+
+def test_an_amx_cpu_emulates_every_x86_class_below_it():
+    assert resolve("cpu-avx512", POOL, AMX, emulate=True) == ("cpu-avx512", "cpu-amx")
+    assert resolve("cpu-avx2", POOL, AMX, emulate=True) == ("cpu-avx2", "cpu-amx")
+    with pytest.raises(PoolError, match="only a lower x86 level can be emulated"):
+        resolve("cpu-amx", POOL, CPU, emulate=True)
 
 
 def test_cpu_emulation_only_downwards_on_the_same_architecture():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.records import RunDir
+from harness.vllm_compat import SIGNATURE_FAMILIES
 from tests.conftest import needs_fp8_kv
 from tests.test_e2e import kvmatrix
 
@@ -46,5 +47,7 @@ def test_probe_only_resolves_what_the_full_cell_resolves(tmp_path):
         assert probe["engine_args"]["max_num_seqs"] == 1 and "num_gpu_blocks_override" in probe["engine_args"]
     assert runs["probe"][CT_FP8]["tokens"] and [len(t) for t in runs["probe"][CT_FP8]["tokens"]] == [2]
     mla = runs["probe"][MLA_FP8_SKIP]
-    assert (mla["verdict"], mla["signature"], mla["phase"]) == ("xfail", "dtype_mismatch_at_decode", "generate")
+    # This CPU's MLA backend names its missing fp8 kernel in its own words (CPU_MLA, AMX_MLA): one family.
+    assert (mla["verdict"], mla["phase"]) == ("xfail", "generate")
+    assert mla["signature"] in SIGNATURE_FAMILIES["backend_lacks_kv_dtype"]
     assert "mode probe" in (tmp_path / "runs" / "probe" / "matrix.md").read_text()

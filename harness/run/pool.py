@@ -15,6 +15,7 @@ from harness.judge.facts import facts
 from harness.record_model import CellRecord
 from harness.records import RunDir, read_json
 from harness.run.accuracy_plan import baseline_gates
+from harness.run.canary import EnvironmentBroken, canary_failure, pick_canary
 from harness.run.cell_env import run_mark
 from harness.run.cell_run import cell_record, expected_not_to_pass, not_run_reason
 from harness.run.confirmations import Confirmations, confirmation_gates
@@ -97,8 +98,11 @@ class LocalPool:
                 if on_record:
                     on_record(record, len(records), total, False)
 
+        canary = pick_canary(todo, settings, expected, list(records.values())) if settings.canary else None
+        broken: list[str] = []  # why the canary says this environment cannot be judged
+
         def one(task: Task) -> None:
-            if processes.stopping:
+            if processes.stopping or broken:
                 return
             case_env = tuple(sorted(task.cell.case.env.items()))
             with lock:
@@ -114,6 +118,9 @@ class LocalPool:
                         slot_workers.ran(slot, case_env, record)
                     free_slots.append(slot)
             if processes.stopping:
+                return
+            if canary is not None and task.key == canary.key and (why := canary_failure(task, record)):
+                broken.append(why)  # not kept: once the environment is mended, the same run starts with it again
                 return
             keep(task, record)
             if jobs > 1 and record.get("status") == "ok":  # a skip or a crash compiled nothing, or not all
@@ -133,12 +140,17 @@ class LocalPool:
 
         todo, waits = start_plan(todo, settings, expected, jobs, timed=bool(self.expected_s),
                                  backends=self.last_backends)
+        if canary is not None:  # alone first; every other cell waits for it
+            todo = [canary] + [t for t in todo if t.key != canary.key]
+            waits = {key: set() if key == canary.key else keys | {canary.key} for key, keys in waits.items()}
         try:
             _run_gated(todo, waits, one, processes, jobs,
                        lambda task: trainings_waited_on(task, settings.models, settings.built))
         finally:
             for launcher in launchers:
                 launcher.close()
+        if broken:
+            raise EnvironmentBroken(broken[0])
         _run_on_whole_gpus(wide, self.devices, one_wide, processes)
         return [records[t.key] for t in tasks if t.key in records]
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.judge.waivers import WAIVERS_FILE, Waiver, load_waivers
+from harness.models.tiny import layers_of
 from harness.paths import DEFAULT_CACHE
 from harness.records import RUNS_DIR, RunDir
 from harness.run.cell_run import not_run_reason
@@ -18,21 +19,29 @@ from harness.run.settings import RunSettings
 from harness.run.slots import ranks_env, slot_count, slot_env
 from harness.task import Task
 from harness.vllm_compat import (
+    SIGNATURE_FAMILIES,
+    SIGNATURES,
     detect_cpu_isa,
     installed_vllm_version,
     known_engine_args,
     known_env_vars,
     known_kv_cache_dtypes,
+    skip_layer_words,
 )
 from matrix.expand import Cell
 from matrix.load import CASES_DIR, load_models, load_pool, shared_file
 from matrix.pool import LocalDevice, PoolError, detect_device, resolve
-from matrix.schema import GpuClass, Vocabulary
+from matrix.schema import GpuClass, ModelEntry, Vocabulary
 
 
-def vllm_vocabulary() -> Vocabulary:
-    """Case files are checked against the installed vLLM's own dtype names and engine arguments."""
-    return Vocabulary(known_kv_cache_dtypes(), known_engine_args(), known_env_vars())
+def vllm_vocabulary(models: dict[str, ModelEntry] | None = None) -> Vocabulary:
+    """Case files are checked against the installed vLLM's own dtype names, engine arguments and skip-list words,
+    the failure names the classifier knows, and the layers of the registry's local models."""
+    layers = {name: count for name, entry in (models or {}).items() if entry.tiny
+              if (count := layers_of(entry.tiny, entry.draft.method if entry.draft else None)) is not None}
+    signatures = frozenset(name for name, _, _ in SIGNATURES) | frozenset(SIGNATURE_FAMILIES)
+    return Vocabulary(known_kv_cache_dtypes(), known_engine_args(), known_env_vars(), signatures,
+                      skip_layer_words(), layers)
 
 
 @dataclass

@@ -36,3 +36,6 @@ class RunSettings:
     waivers: list[Waiver] = field(default_factory=list)  # known failures (cases/_waivers.txt): judged xfail
     # GPUs of this machine a cell may span (0 on a CPU class); None where a scheduler places cells (Ray).
     gpus_here: int | None = None
+    # The plainest cell first, alone, and the run stopped if it does not run (harness/run/canary.py): `kvmatrix
+    # run` and the pytest front end; off where a run's cells misbehave on purpose (the fault tests).
+    canary: bool = False

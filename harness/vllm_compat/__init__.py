@@ -27,6 +27,7 @@ from harness.vllm_compat.emulation import (  # noqa: F401
 )
 from harness.vllm_compat.engine import (  # noqa: F401
     ATTN_GROUPS_PATHS,
+    BACKEND_REPLACED_LOG,
     BUILDER_DTYPE_ATTRS,
     DRAFT_LAYER_NAME_PATHS,
     FORWARD_CONTEXT_PATHS,
@@ -40,6 +41,7 @@ from harness.vllm_compat.engine import (  # noqa: F401
     PER_LAYER_SPECS_ATTR,
     PROBE_ONLY_ARG_NAMES,
     SMALLEST_KV_BLOCK_TOKENS,
+    VLLM_LOGGER,
     probe_only_engine_args,
 )
 from harness.vllm_compat.kernels import JIT_PER_KV_DTYPE_BACKENDS, compiles_per_kv_dtype  # noqa: F401
@@ -71,7 +73,9 @@ from harness.vllm_compat.signatures import (  # noqa: F401
     ENGINE_DEATH_WRAPPER,
     ENVIRONMENT_SIGNATURES,
     NOT_EMULABLE_SIGNATURES,
+    SIGNATURE_FAMILIES,
     SIGNATURES,
+    signature_matches,
 )
 from harness.vllm_compat.sources import (  # noqa: F401
     BROKEN_WHEN_EMPTY_ENV,
@@ -86,6 +90,7 @@ from harness.vllm_compat.sources import (  # noqa: F401
     known_engine_args,
     known_env_vars,
     known_kv_cache_dtypes,
+    skip_layer_words,
     vendored_pynvml,
 )
 from harness.vllm_compat.teardown import (  # noqa: F401

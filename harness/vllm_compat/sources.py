@@ -55,6 +55,15 @@ def _literal_strings(body: list[ast.stmt], name: str) -> list[str]:
     return []
 
 
+# The words `kv_cache_dtype_skip_layers` reads besides layer indices (vLLM 0.32.0 / 0.33.0,
+# config/cache.py: "sliding_window" skips every sliding-window layer; any other word is ignored without a word).
+SKIP_LAYER_WORDS = [("", frozenset({"sliding_window"}))]
+
+
+def skip_layer_words() -> frozenset[str]:
+    return frozenset().union(*for_version(SKIP_LAYER_WORDS, installed_vllm_version()))
+
+
 # Where EngineArgs (the fields `vllm.LLM(**kwargs)` accepts, and what `vllm serve` flags map to) is defined.
 ENGINE_ARGS_SOURCES = [("", "engine/arg_utils.py")]
 

@@ -1,0 +1,50 @@
+"""The canary: before a run's other cells, the plainest configuration of its first model runs alone. If that
+does not start and generate, nothing else this environment runs can be judged (a library built for another
+torch, a missing package, a broken install failed 33 of 35 cells on the H200 before this existed): the run stops
+with one error naming the exception, and records no FAIL."""
+
+from __future__ import annotations
+
+from harness.record_model import CellRecord
+from harness.run.cell_run import not_run_reason
+from harness.run.settings import RunSettings
+from harness.task import Task
+from matrix.axes import AXIS_DEFAULTS
+from matrix.conditions import when_matches
+
+
+class EnvironmentBroken(RuntimeError):
+    """The canary cell did not run: the environment, not vLLM's KV cache, is what fails."""
+
+
+def pick_canary(todo: list[Task], settings: RunSettings, expected: dict[str, str | None],
+                finished: list[CellRecord]) -> Task | None:
+    """The cell to run first: of the first model that has one, a cell with every axis at its default (no KV dtype
+    asked, nothing skipped, no draft, vLLM's backend), no accuracy run, that runs here and is expected to pass.
+    None where a finished record already shows this environment starting an engine (a resumed run), or where no
+    cell is that plain."""
+    if any(r.get("status") == "ok" for r in finished):
+        return None
+    plain = [t for t in todo if all(t.cell.axes.get(a) == v for a, v in AXIS_DEFAULTS.items())
+             and t.cell.case.accuracy is None and expected.get(t.key) is None and not _may_refuse(t, settings)
+             and not_run_reason(t, settings) is None]
+    if not plain:
+        return None
+    first_model = plain[0].cell.model
+    return next(t for t in plain if t.cell.model == first_model)
+
+
+def _may_refuse(task: Task, settings: RunSettings) -> bool:
+    """Whether a rule of the cell's case allows it not to start here (a refusal, a known crash)."""
+    context = task.context(settings.vllm_version)
+    return any((rule.refuse is not None or rule.crash not in (None, False)) and when_matches(rule.when, context)
+               for rule in task.cell.case.expect)
+
+
+def canary_failure(task: Task, record: CellRecord) -> str | None:
+    """Why the canary's record says the environment is broken; None when its engine started and generated."""
+    if record.get("status") == "ok" and record.get("verdict") not in ("error", "skip"):
+        return None
+    what = record.get("error_tail") or record.get("reason") or record.get("status")
+    return (f"environment broken: the canary cell {task.cell.cell_id} on {task.gpu_name}, the plainest "
+            f"configuration of {task.cell.model!r}, did not run: {what}")
