@@ -245,6 +245,8 @@ def judge_differential(record: CellRecord, cell: Cell, run_dir: RunDir, gpu_name
                 failures.append(f"significant accuracy drop: {describe_accuracy(paired)}")
     if failures and verdict in ("pass", "xfail"):
         return "fail", f"differential {pair}: {failures[0]}"
+    if verdict == "pass" and "tokens" in comparison:
+        return verdict, f"{reason}; as its oracle ({oracle_mode}): {comparison['tokens']['detail']}"
     return verdict, reason
 
 

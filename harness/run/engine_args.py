@@ -94,7 +94,8 @@ def workload_plan(workload: str, max_model_len: int, vllm_version: str | None
                   ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(the engine arguments a workload needs, the parameters the cell process builds its prompts from; None for
     `plain`). Preemption: a KV cache of as many blocks as a probe-only engine's for one group (one max_model_len
-    sequence in 16-token blocks, and 2), and one more sequence than blocks."""
+    sequence of the base context in 16-token blocks, and 2), and one more sequence than blocks. The parameters
+    depend on the case's context only, so an oracle of the same case generates the same prompts."""
     if workload == "plain":
         return {}, None
     names = for_version(PROBE_ONLY_ARG_NAMES, vllm_version)[0]
@@ -107,8 +108,10 @@ def workload_plan(workload: str, max_model_len: int, vllm_version: str | None
                      names["sequences"]: CHUNKED_SEQUENCES})
         params["chunk_tokens"] = CHUNK_TOKENS
     elif workload == "preemption":
-        blocks = -(-max_model_len // SMALLEST_KV_BLOCK_TOKENS) + 2
-        args.update({names["kv_blocks"]: blocks, names["sequences"]: blocks + 1})
+        # Its prompts are one block each: the base context suffices, and halves the sequences a 512 one needs.
+        length = min(max_model_len, BASE_ENGINE_ARGS["max_model_len"])
+        blocks = -(-length // SMALLEST_KV_BLOCK_TOKENS) + 2
+        args.update({"max_model_len": length, names["kv_blocks"]: blocks, names["sequences"]: blocks + 1})
         params["sequences"] = blocks + 1
     return args, params
 
