@@ -39,8 +39,8 @@ def cells_of(cases_dir: Path, data: dict, name: str = "c"):
 def test_ids_name_execution_and_workload_only_where_a_case_varies_them(cases_dir):
     plain = cells_of(cases_dir, {"model": "llama", "gpus": [{"device": "cpu"}]})
     assert [c.cell_id for c in plain] == ["c[kv=auto,skip=-,spec=-]"]
-    varied = cells_of(cases_dir, {"model": "llama", "gpus": [{"device": "cpu"}],
-                                  "matrix": {"execution": ["default", "compiled"], "workload": ["plain", "preemption"]}})
+    matrix = {"execution": ["default", "compiled"], "workload": ["plain", "preemption"]}
+    varied = cells_of(cases_dir, {"model": "llama", "gpus": [{"device": "cpu"}], "matrix": matrix})
     assert [c.cell_id for c in varied] == [
         "c[kv=auto,skip=-,spec=-,exec=default,wl=plain]", "c[kv=auto,skip=-,spec=-,exec=default,wl=preemption]",
         "c[kv=auto,skip=-,spec=-,exec=compiled,wl=plain]", "c[kv=auto,skip=-,spec=-,exec=compiled,wl=preemption]"]

@@ -73,8 +73,8 @@ def test_verdict_flips_when_vllm_misbehaves(tmp_path):
 GARBAGE_UNDER_COMPILE_PATCH = {
     "KVM_PATCH_MODULE": "vllm.v1.attention.backends.cpu_attn",
     "KVM_PATCH_OLD": "            value_cache=value_cache,",
-    "KVM_PATCH_NEW": "            value_cache=value_cache * (0.25 if __import__('vllm.compilation.counter', fromlist=['c'])"
-                     ".compilation_counter.num_models_seen else 1.0),",
+    "KVM_PATCH_NEW": "            value_cache=value_cache * (0.25 if __import__("
+                     "'vllm.compilation.counter', fromlist=['c']).compilation_counter.num_models_seen else 1.0),",
 }
 
 
