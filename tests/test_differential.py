@@ -258,3 +258,19 @@ def test_fixture_folder_is_complete():
     names = {p.name for p in RECORDS.glob("*.json")}
     assert f"{CPU}--{FP8_COMPILED}.json" in names and len(names) >= 9
     shutil.disk_usage(RECORDS)  # the folder exists
+
+
+def test_repro_script_runs_the_oracle_too(tmp_path):
+    """`kvmatrix repro` of a differential cell writes both runs: the cell's engine arguments and its oracle's."""
+    from harness.repro.command import find_cell
+    from harness.repro.generate import script_spec
+
+    cell, models, pool = find_cell(CASES_DIR, FP8_COMPILED)
+    spec = script_spec(Task(cell, CPU, pool[CPU]), models, FIXTURES.parent.parent / ".cache" / "models", False,
+                       "0.32.0")
+    assert spec["engine_args"]["enforce_eager"] is False and spec["engine_args"]["compilation_config"]["mode"] == 3
+    oracle = spec["oracle"]
+    assert oracle["cell_id"] == FP8 and oracle["mode"] == "eager/plain" and oracle["tokens_exact"] is False
+    assert oracle["engine_args"]["enforce_eager"] is True and "compilation_config" not in oracle["engine_args"]
+    assert {k: v for k, v in oracle["engine_args"].items() if k not in ("enforce_eager",)} == {
+        k: v for k, v in spec["engine_args"].items() if k not in ("enforce_eager", "compilation_config")}
