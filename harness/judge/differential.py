@@ -34,8 +34,12 @@ WORKLOAD_RULE = "the workload takes its runtime path (built in)"
 
 
 def mode_of(record: CellRecord, gpu_device: str | None) -> str:
+    """How the record's cell ran: its execution (as its class runs `default`) and workload. A record from before
+    the axes ran eager and plain, as every cell did then."""
     axes = record.get("axes") or {}
-    execution = resolved_execution(axes.get("execution", "default"), gpu_device)
+    if "execution" not in axes:
+        return "eager/plain"
+    execution = resolved_execution(axes["execution"], gpu_device)
     return f"{execution}/{axes.get('workload', 'plain')}"
 
 
@@ -195,6 +199,8 @@ def judge_differential(record: CellRecord, cell: Cell, run_dir: RunDir, gpu_name
         return verdict, reason
     mode = mode_of(record, gpu_device)
     oracle_mode = f"{rule.oracle.execution}/{rule.oracle.workload}"
+    if mode == oracle_mode:  # a record that ran as its oracle would (one from before the axes): nothing to compare
+        return verdict, reason
     pair = f"{mode} vs its oracle {oracle_id} ({oracle_mode})"
     title = f"differential: {pair}"
     comparison: DifferentialComparison = {"oracle": oracle_id, "mode": mode, "oracle_mode": oracle_mode}
