@@ -29,7 +29,7 @@ from harness.run.session import open_session
 from matrix.axes import DEFAULT_EXECUTION, resolved_execution
 
 WARM_UP = "import torch, vllm; torch.cuda.init() if torch.cuda.is_available() else None"
-DEFAULT_PATTERN = "execution-modes[kv=*,skip=-,spec=-,exec=default,wl=plain]"
+DEFAULT_PATTERN = "execution-modes[kv=*,exec=default,wl=plain*"  # no closing bracket: a glob, not a class
 
 
 def as_mode(cell, execution: str):

@@ -274,3 +274,18 @@ def test_repro_script_runs_the_oracle_too(tmp_path):
     assert oracle["engine_args"]["enforce_eager"] is True and "compilation_config" not in oracle["engine_args"]
     assert {k: v for k, v in oracle["engine_args"].items() if k not in ("enforce_eager",)} == {
         k: v for k, v in spec["engine_args"].items() if k not in ("enforce_eager", "compilation_config")}
+
+
+@pytest.mark.parametrize("block", [16, 128])
+def test_workload_prompts_reach_their_paths_for_any_block_size(block):
+    from harness.cell.workloads import workload_prompts
+
+    pool = list(range(4, 320))
+    first, second = workload_prompts({"name": "shared_prefix"}, block, pool)
+    common = next(i for i, (a, b) in enumerate(zip(first, second, strict=True)) if a != b)
+    assert common >= 2 * block and workload_prompts({"name": "shared_prefix"}, block, pool)[0] == first
+    (long,) = workload_prompts({"name": "chunked_prefill", "chunk_tokens": 64}, block, pool)
+    assert len(long) > 3 * 64
+    for max_tokens in (2, 8):  # probe-only and full: each sequence decodes into a second block
+        batch = workload_prompts({"name": "preemption", "sequences": 19}, block, pool, max_tokens)
+        assert len(batch) == 19 and all(len(p) < block < len(p) + max_tokens for p in batch)

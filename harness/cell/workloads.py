@@ -38,8 +38,10 @@ def _draw(pool: list[int], n: int, rng: random.Random) -> list[int]:
     return [rng.choice(pool) for _ in range(n)]
 
 
-def workload_prompts(params: dict[str, Any], block_size: int, pool: list[int]) -> list[list[int]]:
-    """The token-id prompts of one workload (params: the plan's, harness/run/engine_args.py)."""
+def workload_prompts(params: dict[str, Any], block_size: int, pool: list[int], max_tokens: int = 8
+                     ) -> list[list[int]]:
+    """The token-id prompts of one workload (params: the plan's, harness/run/engine_args.py) for a generation of
+    `max_tokens` tokens."""
     rng = random.Random(f"{WORKLOAD_SEED}-{params['name']}")
     name = params["name"]
     if name == "shared_prefix":
@@ -48,7 +50,8 @@ def workload_prompts(params: dict[str, Any], block_size: int, pool: list[int]) -
     if name == "chunked_prefill":
         return [_draw(pool, 3 * params["chunk_tokens"] + 7, rng)]
     if name == "preemption":
-        length = max(4, block_size - 4)  # one block; decoding `max_tokens` tokens crosses into the second
+        # One block; decoding `max_tokens` tokens (2 in probe-only mode) crosses into the second.
+        length = max(1, block_size - max(1, max_tokens // 2))
         return [_draw(pool, length, rng) for _ in range(params["sequences"])]
     raise ValueError(f"unknown workload {name!r}")
 
@@ -108,7 +111,7 @@ def run_workload(vllm: Any, llm: Any, params: dict[str, Any], record: dict, max_
     facts: dict[str, Any] = {"name": params["name"], "block_size": block}
     if block is None:
         return {}, {**facts, "reached": False, "detail": "no KV block size recorded"}
-    prompts = workload_prompts(params, block, token_pool(llm))
+    prompts = workload_prompts(params, block, token_pool(llm), max_tokens)
     facts["prompt_tokens"] = [len(p) for p in prompts]
     limit = runtime.get("max_model_len")
     if limit is not None and max(map(len, prompts)) + max_tokens > limit:
@@ -150,7 +153,7 @@ def run_reference(vllm: Any, llm: Any, params: dict[str, Any], record: dict, max
     block = block_size_of(record)
     if block is None:
         return {"missing": "no KV block size recorded"}
-    prompts = workload_prompts(params, block, token_pool(llm))
+    prompts = workload_prompts(params, block, token_pool(llm), max_tokens)
     limit = (record.get("runtime") or {}).get("max_model_len")
     if limit is not None and max(map(len, prompts)) + max_tokens > limit:
         return {"missing": f"a prompt of {max(map(len, prompts))} tokens does not fit max_model_len {limit}"}
