@@ -289,3 +289,13 @@ def test_workload_prompts_reach_their_paths_for_any_block_size(block):
     for max_tokens in (2, 8):  # probe-only and full: each sequence decodes into a second block
         batch = workload_prompts({"name": "preemption", "sequences": 19}, block, pool, max_tokens)
         assert len(batch) == 19 and all(len(p) < block < len(p) + max_tokens for p in batch)
+
+
+def test_a_cell_that_did_not_execute_as_asked_tested_nothing(tmp_path):
+    record = fixture(FP8_COMPILED)
+    assert record["runtime"]["compilation_mode"] == "DYNAMO_TRACE_ONCE" and record["runtime"]["enforce_eager"] is False
+    eager_anyway = copy.deepcopy(record)
+    eager_anyway["runtime"].update(enforce_eager=True, compilation_mode="NONE")
+    judged = rejudge(tmp_path, shipped(FP8_COMPILED), eager_anyway, fixture(FP8))
+    assert judged["verdict"] == "error"
+    assert judged["reason"] == "did not execute as asked: compiled asked, vLLM ran eager (compilation NONE)"

@@ -31,6 +31,30 @@ LAYER_STATE = ("kv_cache_dtype", "backend", "spec_dtype", "page_size_bytes", "gr
 GROUP_STATE = ("layer_names", "spec_type", "dtype", "block_size", "page_size_bytes", "kv_quant_mode",
                "cache_dtype_str")
 WORKLOAD_RULE = "the workload takes its runtime path (built in)"
+EXECUTION_RULE = "the engine executes as asked (built in)"
+
+
+def execution_problem(record: CellRecord, gpu_device: str | None) -> tuple[str, bool] | None:
+    """(what vLLM resolved against the cell's execution, whether that means the cell tested nothing), or None
+    where it executes as asked. vLLM may turn compilation or CUDA graphs off for a configuration, or downgrade a
+    CUDA-graph mode; a record without `runtime` (older harness) says nothing."""
+    runtime = record.get("runtime")
+    axes = record.get("axes") or {}
+    if not runtime or "execution" not in axes:
+        return None
+    execution = resolved_execution(axes["execution"], gpu_device)
+    compiled = not runtime.get("enforce_eager") and runtime.get("compilation_mode") not in (None, "NONE")
+    graphs = runtime.get("cudagraph_mode") not in (None, "NONE")
+    if execution == "eager":
+        return (f"eager asked, vLLM resolved compilation {runtime.get('compilation_mode')}", False) if compiled \
+            else None
+    if not compiled:
+        return f"{execution} asked, vLLM ran eager (compilation {runtime.get('compilation_mode')})", True
+    if execution.startswith("graphs") and not graphs:
+        return f"{execution} asked, vLLM captured no CUDA graphs (cudagraph_mode NONE)", True
+    if execution == "graphs_full" and "FULL" not in str(runtime.get("cudagraph_mode")):
+        return f"graphs_full asked, vLLM downgraded to {runtime.get('cudagraph_mode')}", False
+    return None
 
 
 def mode_of(record: CellRecord, gpu_device: str | None) -> str:
@@ -43,9 +67,16 @@ def mode_of(record: CellRecord, gpu_device: str | None) -> str:
     return f"{execution}/{axes.get('workload', 'plain')}"
 
 
-def judge_workload(record: CellRecord, verdict: Verdict, reason: str, results: list[RuleResult]
-                   ) -> tuple[Verdict, str]:
-    """A workload cell that ran but did not take its runtime path is an `error` (it observed nothing)."""
+def judge_workload(record: CellRecord, verdict: Verdict, reason: str, results: list[RuleResult],
+                   gpu_device: str | None = None) -> tuple[Verdict, str]:
+    """A cell that ran but not in its execution mode, or a workload cell that did not take its runtime path, is an
+    `error` (it observed nothing); a downgraded CUDA-graph mode is noted."""
+    problem = execution_problem(record, gpu_device) if record.get("status") == "ok" else None
+    if problem is not None:
+        text, tested_nothing = problem
+        results.append({"rule": EXECUTION_RULE, "ok": not tested_nothing, "detail": text})
+        if tested_nothing and verdict == "pass":
+            return "error", f"did not execute as asked: {text}"
     facts = record.get("workload_run")
     if not facts or record.get("status") != "ok":
         return verdict, reason

@@ -37,7 +37,7 @@ def judge_record(record: CellRecord, task: Task, run_dir: RunDir, waivers: Seque
         verdict, reason = judge_accuracy(record, task.cell, run_dir, task.gpu_name, context, verdict, reason,
                                          results)
     record.pop("differential", None)
-    verdict, reason = judge_workload(record, verdict, reason, results)
+    verdict, reason = judge_workload(record, verdict, reason, results, task.gpu.device)
     verdict, reason = judge_differential(record, task.cell, run_dir, task.gpu_name, task.gpu.device, context,
                                          verdict, reason, results)
     record.pop("not_emulable", None)
