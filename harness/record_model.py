@@ -24,6 +24,7 @@ from harness.record_parts import (  # noqa: F401  (the parts are part of this mo
     Axes,
     Builder,
     Crash,
+    DifferentialComparison,
     Emulation,
     ExceptionInfo,
     GpuMemoryCheck,
@@ -31,13 +32,17 @@ from harness.record_parts import (  # noqa: F401  (the parts are part of this mo
     Layer,
     Mode,
     RankState,
+    Reference,
     RuleResult,
+    Runtime,
     Status,
     Timings,
+    TokenComparison,
     Verdict,
     Waived,
     WarmAttempt,
     WorkerInfo,
+    WorkloadRun,
     open_to_other_keys,
 )
 from matrix.schema import validation_problems
@@ -73,6 +78,10 @@ class CellRecord(TypedDict, total=False):
     worker_cache_dtype: str | None
     tokens: list[list[int]]
     texts: list[str]
+    logprobs: list[list[dict[str, float]]]  # cells of a differential pair: per position, {token id: logprob}
+    runtime: Runtime
+    workload_run: WorkloadRun
+    references: dict[str, Reference]  # an oracle's plain generation of its cells' workload prompts
     layers: list[Layer]
     kv_groups: list[KvGroup]
     attn_groups: list[AttnGroup]
@@ -101,6 +110,7 @@ class CellRecord(TypedDict, total=False):
     expectations: list[RuleResult]
     tags: list[str]
     accuracy_vs_baseline: AccuracyComparison
+    differential: DifferentialComparison
     not_emulable: bool
     flaky: bool
     first_failure: str

@@ -29,6 +29,8 @@ class Axes(TypedDict, total=False):
     attention_backend: str | None
     tensor_parallel_size: int
     pipeline_parallel_size: int
+    execution: str  # matrix/axes.py EXECUTION_VALUES (`default`: the class's default, matrix/axes.py)
+    workload: str  # matrix/axes.py WORKLOAD_VALUES
 
 
 # --- what the worker resolved (harness/cell/probe.py) ------------------------------------------------------
@@ -202,6 +204,46 @@ class WarmAttempt(TypedDict, total=False):
     timings: Timings | None
 
 
+@open_to_other_keys
+class Runtime(TypedDict, total=False):
+    """What the engine resolved for the execution mode and the runtime paths (vllm_compat RUNTIME_CONFIG_PATHS)."""
+
+    enforce_eager: bool | None
+    compilation_mode: str | None
+    cudagraph_mode: str | None
+    enable_prefix_caching: bool | None
+    enable_chunked_prefill: bool | None
+    max_num_batched_tokens: int | None
+    max_num_seqs: int | None
+    max_model_len: int | None
+    num_blocks: int | None
+
+
+@open_to_other_keys
+class WorkloadRun(TypedDict, total=False):
+    """A workload cell's generation (harness/cell/workloads.py): its prompts, and whether it took its path."""
+
+    name: str
+    block_size: int | None
+    prompt_tokens: list[int]
+    cached_tokens: list[int | None]
+    preemptions: int | None
+    reached: bool
+    detail: str
+
+
+@open_to_other_keys
+class Reference(TypedDict, total=False):
+    """A workload's prompts generated plainly by an oracle cell, for the cells compared with it."""
+
+    tokens: list[list[int]]
+    texts: list[str]
+    logprobs: list[list[dict[str, float]]]
+    cached_tokens: list[int | None]
+    block_size: int
+    missing: str
+
+
 # --- what judging added (harness/judge/) -------------------------------------------------------------------
 
 
@@ -231,6 +273,33 @@ class AccuracyComparison(TypedDict, total=False):
     sequences: int
     identical_fraction: float
     first_divergence: int | None
+
+
+@open_to_other_keys
+class TokenComparison(TypedDict, total=False):
+    """A differential cell's greedy tokens against its oracle's (harness/judge/differential.py)."""
+
+    exact: bool
+    sequences: int
+    identical: int
+    per_sequence: list[dict]
+    ok: bool
+    detail: str
+
+
+@open_to_other_keys
+class DifferentialComparison(TypedDict, total=False):
+    """A cell against its oracle (harness/judge/differential.py): the pair, the modes, and what was compared."""
+
+    oracle: str
+    mode: str
+    oracle_mode: str
+    missing: str
+    crash: str
+    state: list[str]
+    tokens: TokenComparison
+    tokens_missing: str
+    accuracy: AccuracyComparison
 
 
 @open_to_other_keys

@@ -3,14 +3,14 @@ block (the values of each axis, and the `include:` / `exclude:` combinations).""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
 from matrix.schema import Strict
 
 AXES = ("kv_cache_dtype", "kv_cache_dtype_skip_layers", "speculative", "attention_backend", "tensor_parallel_size",
-        "pipeline_parallel_size")
+        "pipeline_parallel_size", "execution", "workload")
 AXIS_DEFAULTS: dict[str, Any] = {
     "kv_cache_dtype": "auto",
     "kv_cache_dtype_skip_layers": [],
@@ -18,10 +18,26 @@ AXIS_DEFAULTS: dict[str, Any] = {
     "attention_backend": None,
     "tensor_parallel_size": 1,
     "pipeline_parallel_size": 1,
+    "execution": "default",
+    "workload": "plain",
 }
+# How the engine executes the model (harness/vllm_compat/execution.py maps each to a release's engine arguments):
+# `default` is the class's own default, DEFAULT_EXECUTION (vLLM's default on a GPU class, what users serve with;
+# eager on a CPU class, whose matrix must stay within minutes on two cores).
+EXECUTION_VALUES = ("default", "eager", "compiled", "graphs", "graphs_piecewise", "graphs_full")
+DEFAULT_EXECUTION = {"cuda": "graphs", "cpu": "eager"}
+# The runtime path a cell's generation takes (harness/cell/workloads.py).
+WORKLOAD_VALUES = ("plain", "shared_prefix", "chunked_prefill", "preemption")
+# The plainest run, every differential cell's oracle by default: eager, no prefix reuse, no chunking.
+ORACLE = {"execution": "eager", "workload": "plain"}
+
+
+def resolved_execution(execution: str, device: str | None) -> str:
+    """The execution a cell runs on a class of this device: `default` as the class's default."""
+    return DEFAULT_EXECUTION.get(device or "cuda", "eager") if execution == "default" else execution
 # Axes a cell id names only where its case varies them from the default, so the ids of cases without them stay
 # as they were: `fp8-every-backend[kv=fp8,skip=-,spec=-,attn=FLASHINFER]`, `tp2-llama[kv=fp8,skip=-,spec=-,tp=2]`.
-OPTIONAL_ID_AXES = ("attention_backend", "tensor_parallel_size", "pipeline_parallel_size")
+OPTIONAL_ID_AXES = ("attention_backend", "tensor_parallel_size", "pipeline_parallel_size", "execution", "workload")
 # Short names used in cell ids: `ct-llama[kv=bfloat16,skip=-,spec=-]`.
 AXIS_ID_NAMES = {
     "kv_cache_dtype": "kv",
@@ -30,6 +46,8 @@ AXIS_ID_NAMES = {
     "attention_backend": "attn",
     "tensor_parallel_size": "tp",
     "pipeline_parallel_size": "pp",
+    "execution": "exec",
+    "workload": "wl",
 }
 
 
@@ -42,6 +60,8 @@ class Combination(Strict):
     attention_backend: str | None = None
     tensor_parallel_size: int | None = Field(default=None, ge=1)
     pipeline_parallel_size: int | None = Field(default=None, ge=1)
+    execution: Literal[EXECUTION_VALUES] | None = None  # type: ignore[valid-type]
+    workload: Literal[WORKLOAD_VALUES] | None = None  # type: ignore[valid-type]
 
     def given(self) -> dict[str, Any]:
         return {k: v for k, v in self.model_dump().items() if k in self.model_fields_set}
@@ -56,5 +76,9 @@ class MatrixAxes(Strict):
     # GPUs per cell: a cell runs on tensor_parallel_size x pipeline_parallel_size GPUs of its class.
     tensor_parallel_size: list[int] = Field(default_factory=lambda: [1], min_length=1)
     pipeline_parallel_size: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    execution: list[Literal[EXECUTION_VALUES]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: ["default"], min_length=1)
+    workload: list[Literal[WORKLOAD_VALUES]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: ["plain"], min_length=1)
     include: list[Combination] = Field(default_factory=list)
     exclude: list[Combination] = Field(default_factory=list)

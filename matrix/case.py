@@ -1,15 +1,15 @@
 """One case file: a model crossed with the matrix's axes on the pool's classes, what each cell generates, the
-engine arguments and environment it adds, and its skip rules, expectations and accuracy block."""
+engine arguments and environment it adds, and its skip rules, expectations, accuracy block and differential rule."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from matrix.axes import MatrixAxes
 from matrix.conditions import check_condition_value
-from matrix.expectations import Accuracy, Expectation, SkipRule
+from matrix.expectations import Accuracy, Differential, Expectation, SkipRule
 from matrix.schema import Strict
 
 
@@ -36,6 +36,8 @@ class Case(Strict):
     skip: list[SkipRule] = Field(default_factory=list)
     expect: list[Expectation] = Field(default_factory=list)
     accuracy: Accuracy | None = None
+    # Cells compared with the same configuration run eager and plain (`false`: none).
+    differential: Literal[False] | Differential = Field(default_factory=Differential)
 
     @field_validator("gpus")
     @classmethod

@@ -7,7 +7,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from matrix.axes import AXES, AXIS_DEFAULTS, AXIS_ID_NAMES, OPTIONAL_ID_AXES
+from matrix.axes import AXES, AXIS_DEFAULTS, AXIS_ID_NAMES, OPTIONAL_ID_AXES, resolved_execution
 from matrix.case import Case
 from matrix.conditions import gpu_matches, matches, when_matches
 from matrix.schema import CaseError, GpuClass, ModelEntry
@@ -21,6 +21,10 @@ class Cell:
     gpu_classes: tuple[str, ...]
     source: str = field(default="", compare=False)
     baseline_id: str | None = None  # the cell whose accuracy this one is compared with (accuracy cases only)
+    # The differential rule (matrix/expectations.py Differential), per GPU class: the cell this one is compared with
+    # there, and the workloads whose prompts this cell generates plainly there as the oracle of such cells.
+    oracles: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    references: tuple[tuple[str, tuple[str, ...]], ...] = field(default=(), compare=False)
 
     @property
     def model(self) -> str:
@@ -31,10 +35,22 @@ class Cell:
         """GPUs of its class one engine of this cell spans (tensor x pipeline parallel ranks)."""
         return self.axes["tensor_parallel_size"] * self.axes["pipeline_parallel_size"]
 
+    def oracle_on(self, gpu_name: str) -> str | None:
+        """The oracle this cell is compared with on that class (None: it is compared with none there)."""
+        return dict(self.oracles).get(gpu_name)
+
+    def references_on(self, gpu_name: str) -> tuple[str, ...]:
+        """The workloads whose prompts this cell generates plainly on that class, as their cells' oracle."""
+        return dict(self.references).get(gpu_name, ())
+
+    def is_oracle_on(self, gpu_name: str) -> bool:
+        return gpu_name in dict(self.references)
+
     def context(self, gpu_name: str, gpu: GpuClass, vllm_version: str | None, emulated: bool) -> dict:
-        """What `when:` clauses see for this cell on one GPU class."""
+        """What `when:` clauses see for this cell on one GPU class (its execution as it runs on that class)."""
         return {
             **self.axes,
+            "execution": resolved_execution(self.axes["execution"], gpu.device),
             "model": self.case.model,
             "gpu": {"name": gpu_name, **gpu.model_dump()},
             "vllm_version": vllm_version,
@@ -105,11 +121,67 @@ def expand_case(
         combos.insert(0, baseline)  # a compared cell needs its baseline in the same run
     shown = frozenset(a for a in OPTIONAL_ID_AXES if any(c[a] != AXIS_DEFAULTS[a] for c in combos))
     baseline_id = cell_id(case, baseline, shown) if baseline is not None else None
-    cells = [Cell(cell_id(case, c, shown), case, c, gpu_classes, source, baseline_id) for c in combos]
+    added, oracles, references = differential_plan(case, combos, gpu_classes, pool)
+    ids = [cell_id(case, c, shown) for c in combos]
+    # An oracle the case's own cells do not hold runs where some cell needs it; its id names what it varies.
+    ids += [cell_id(case, c, shown | {a for a in ("execution", "workload") if c[a] != AXIS_DEFAULTS[a]})
+            for c, _ in added]
+    classes = [gpu_classes] * len(combos) + [tuple(g for g in gpu_classes if g in needed) for _, needed in added]
+    combos = combos + [c for c, _ in added]
+    cells = [Cell(ids[i], case, c, classes[i], source, baseline_id,
+                  tuple((g, ids[o]) for g, o in oracles.get(i, {}).items()),
+                  tuple((g, tuple(sorted(w))) for g, w in references.get(i, {}).items()))
+             for i, c in enumerate(combos)]
     ids = [c.cell_id for c in cells]
     if len(set(ids)) != len(ids):
         raise CaseError(source, case.name, "matrix", "two cells have the same id")
     return cells
+
+
+def _others(combo: dict[str, Any]) -> tuple:
+    """A combination's axes other than execution and workload (what a cell and its oracle share)."""
+    return tuple(repr(combo[a]) for a in AXES if a not in ("execution", "workload"))
+
+
+def differential_plan(case: Case, combos: list[dict[str, Any]], gpu_classes: tuple[str, ...],
+                      pool: dict[str, GpuClass]) -> tuple[list[tuple[dict, set[str]]], dict, dict]:
+    """Which cell is each cell's oracle on each class (matrix/expectations.py Differential): (oracle combinations
+    to add, with the classes that need each; combination index -> {class: oracle index}; oracle index -> {class:
+    workloads it generates plainly for its cells}). A cell whose execution on a class (`default` resolved for the
+    class) and workload are the oracle's is compared with none; its oracle is the case's cell with the same other
+    axes that runs as the oracle there (an explicit execution before `default`), or one added for those classes."""
+    if case.differential is False:
+        return [], {}, {}
+    want = (case.differential.oracle.execution, case.differential.oracle.workload)
+    added: list[tuple[dict, set[str]]] = []
+    oracles: dict[int, dict[str, int]] = {}
+    references: dict[int, dict[str, set[str]]] = {}
+    for gpu_name in gpu_classes:
+        device = pool[gpu_name].device
+
+        def runs_as(combo: dict, device: str = device) -> tuple[str, str]:
+            return resolved_execution(combo["execution"], device), combo["workload"]
+
+        for i, combo in enumerate(combos):
+            if runs_as(combo) == want:
+                continue
+            same = [j for j, o in enumerate(combos) if _others(o) == _others(combo) and runs_as(o) == want]
+            same.sort(key=lambda j: combos[j]["execution"] == "default")
+            if same:
+                oracle = same[0]
+            else:
+                twin = {**combo, "execution": want[0], "workload": want[1]}
+                index = next((k for k, (c, _) in enumerate(added) if c == twin), None)
+                if index is None:
+                    added.append((twin, set()))
+                    index = len(added) - 1
+                added[index][1].add(gpu_name)
+                oracle = len(combos) + index
+            oracles.setdefault(i, {})[gpu_name] = oracle
+            workloads = references.setdefault(oracle, {}).setdefault(gpu_name, set())
+            if combo["workload"] != "plain":
+                workloads.add(combo["workload"])
+    return added, oracles, references
 
 
 def expand_all(

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from matrix.axes import AXES
+from matrix.axes import AXES, EXECUTION_VALUES, ORACLE, WORKLOAD_VALUES
 from matrix.conditions import check_condition_value
 from matrix.schema import Strict
 
@@ -107,6 +107,9 @@ class Expectation(Strict):
     groups: RecordCheck | None = None
     builders: RecordCheck | None = None
     page_size_ratio: PageSizeRatio | None = None
+    # The differential rule's token comparison with the cell's oracle (Differential below): `exact` (the same
+    # greedy tokens: where numerics cannot differ, e.g. a bf16 prefix-cache hit in eager mode) or `close`.
+    tokens: Literal["exact", "close"] | None = None
 
     @field_validator("when")
     @classmethod
@@ -115,7 +118,7 @@ class Expectation(Strict):
 
     @model_validator(mode="after")
     def _one_check_at_least(self) -> Expectation:
-        checks = ("crash", "refuse", "layers", "groups", "builders", "page_size_ratio")
+        checks = ("crash", "refuse", "layers", "groups", "builders", "page_size_ratio", "tokens")
         if all(getattr(self, c) is None for c in checks):
             raise ValueError(f"an expectation needs at least one of {list(checks)}")
         for name, fields in (("layers", LAYER_FIELDS), ("groups", GROUP_FIELDS)):
@@ -175,3 +178,25 @@ class Accuracy(Strict):
     baseline_kv_cache_dtype: str = "auto"
     pinned: PinnedScore | None = None
     expected_drops: list[ExpectedDrop] = Field(default_factory=list)
+
+
+class OracleAxes(Strict):
+    """The oracle a differential cell is compared with: its own axes, with this execution and workload."""
+
+    execution: Literal[EXECUTION_VALUES] = ORACLE["execution"]  # type: ignore[valid-type]
+    workload: Literal[WORKLOAD_VALUES] = ORACLE["workload"]  # type: ignore[valid-type]
+
+
+class Differential(Strict):
+    """Every cell whose execution or workload (as it runs on a class) differs from its oracle's is compared with
+    the oracle cell, judged once both records exist (harness/judge/differential.py): the resolved state is
+    identical, a crash in one of them only fails naming the mode that crashed, and the greedy tokens agree:
+    exactly where an `expect:` rule says `tokens: exact`, else closely. Close: equal up to the first divergent
+    token, each chosen token's logprob within `logprob_tolerance` of the oracle's, and the divergent tokens a near
+    tie (within `tie_tolerance` of each other in the oracle's or the cell's top `top_logprobs`); accuracy cells
+    also compare their samples, paired, as with the accuracy baseline. `differential: false` turns it off."""
+
+    oracle: OracleAxes = Field(default_factory=OracleAxes)
+    top_logprobs: int = Field(default=5, ge=1, le=20)
+    logprob_tolerance: float = Field(default=0.1, gt=0)
+    tie_tolerance: float = Field(default=0.1, ge=0)

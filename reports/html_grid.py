@@ -1,9 +1,9 @@
 """The HTML report's view of each case as a grid: rows are the case's KV-cache dtype × skipped layers, columns
-its GPU classes × (speculative, attention backend) where the case varies them. Each square is one record: its
-verdict's colour and a one-word mark (the failure's name, or the resolved KV dtype where it differs from the
-requested one), and given the history database's verdicts, a strip of its cell's last runs. Pure data for the
-template (reports/templates/matrix.html.j2); the square's details, shown when it is clicked, are in
-reports/html_details.py."""
+its GPU classes × (speculative, attention backend, execution, workload) where the case varies them. Each square
+is one record: its verdict's colour and a one-word mark (the failure's name, `differs` for a cell that disagrees
+with its oracle, or the resolved KV dtype where it differs from the requested one), and given the history
+database's verdicts, a strip of its cell's last runs. Pure data for the template (reports/templates/matrix.html.j2);
+the square's details, shown when it is clicked, are in reports/html_details.py."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from harness.record_model import CellRecord
 # (GPU class, cell id) → [(run id, verdict, resolved state)], oldest first (harness/nightly/history.py)
 History = dict[tuple[str, str], list[tuple[str, str, str]]]
 ROW_AXES = ("kv_cache_dtype", "kv_cache_dtype_skip_layers")
-COLUMN_AXES = ("speculative", "attention_backend")  # shown only where the case varies them
+COLUMN_AXES = ("speculative", "attention_backend", "execution", "workload")  # shown only where the case varies them
 _SHORT = {"kv_cache_dtype": "kv", "kv_cache_dtype_skip_layers": "skip", "speculative": "spec",
-          "attention_backend": "attn"}
+          "attention_backend": "attn", "execution": "exec", "workload": "wl"}
 
 
 def axis_text(value) -> str:
@@ -34,6 +34,8 @@ def mark(record: CellRecord) -> str:
     if verdict == "skip":
         return "skip"
     name = failure_name(record)
+    if verdict == "fail" and not name and (record.get("reason") or "").startswith("differential"):
+        return "differs"  # from its oracle: the pair and how are in the reason and the details
     if name and verdict != "pass":
         return record["fingerprint"][:8] if name.startswith("crash ") and record.get("fingerprint") else name
     # Only a requested dtype that no target layer got: skipped layers keep another dtype by design.

@@ -45,6 +45,27 @@ def cells_per_tag(records: list[CellRecord]) -> pd.DataFrame:
     return counted.reindex(index=order, columns=classes, fill_value=0).rename_axis(columns=None)
 
 
+def differential_lines(records: list[CellRecord]) -> list[str]:
+    """One line per compared cell: the pair, its modes, what the comparison found (harness/judge/differential.py)."""
+    out = []
+    for r in records:
+        d = r.get("differential")
+        if not d:
+            continue
+        pair = (f"`{r['cell_id']}` ({d.get('mode')}) vs `{d.get('oracle')}` ({d.get('oracle_mode')}) on "
+                f"{r.get('gpu_class')}")
+        if d.get("missing"):
+            found = f"not compared: {d['missing']}"
+        elif d.get("crash"):
+            found = d["crash"]
+        else:
+            parts = [f"state differs: {d['state'][0]}" if d.get("state") else "state identical",
+                     (d.get("tokens") or {}).get("detail") or d.get("tokens_missing") or ""]
+            found = "; ".join(p for p in parts if p)
+        out.append(f"{r['verdict'].upper()} {pair}: {found}")
+    return out
+
+
 def render(records: list[CellRecord], title: str = "kvmatrix", header: str = "", compare_to: str | None = None,
            first_seen: dict[str, str] | None = None) -> str:
     """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash."""
@@ -70,6 +91,10 @@ def render(records: list[CellRecord], title: str = "kvmatrix", header: str = "",
             note = notes.get((row.cell_id, row.gpu_class))
             lines.append(f"- **{row.verdict.upper()}** `{row.cell_id}` on {row.gpu_class}: {row.reason}"
                          + (f" ({note})" if note else ""))
+    compared = differential_lines(records)
+    if compared:
+        lines += ["", "## Differential cells (each against its oracle: the same configuration run eager and plain)", ""]
+        lines += [f"- {line}" for line in compared]
     leaked = leaks(records)
     if leaked:
         lines += ["", "## Leaks (GPU memory left behind after the cell ended)", ""]

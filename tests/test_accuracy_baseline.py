@@ -18,7 +18,8 @@ ACCURACY = {"task": "tiny_reverse", "limit": 10, "max_drop": 0.05}
 
 
 def cells_of(cases_dir, data):
-    path = write_case(cases_dir, "c", data)
+    # On the CPU classes: a GPU class runs vLLM's default execution and would add each cell's eager oracle.
+    path = write_case(cases_dir, "c", {"gpus": [{"device": "cpu"}], **data})
     return expand_case(load_case(path), load_models(cases_dir), load_pool(cases_dir), str(path))
 
 
@@ -35,7 +36,8 @@ def test_a_missing_baseline_cell_is_added_first(cases_dir):
                                  "matrix": {"kv_cache_dtype": ["fp8"], "speculative": ["llama-dflash"]}})
     assert [c.cell_id for c in cells] == ["c[kv=auto,skip=-,spec=-]", "c[kv=fp8,skip=-,spec=llama-dflash]"]
     assert cells[0].axes == {"kv_cache_dtype": "auto", "kv_cache_dtype_skip_layers": [], "speculative": None,
-                             "attention_backend": None, "tensor_parallel_size": 1, "pipeline_parallel_size": 1}
+                             "attention_backend": None, "tensor_parallel_size": 1, "pipeline_parallel_size": 1,
+                             "execution": "default", "workload": "plain"}
 
 
 def test_a_checkpoint_with_fp8_kv_names_its_own_baseline_dtype(cases_dir):

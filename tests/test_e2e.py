@@ -69,6 +69,45 @@ def test_verdict_flips_when_vllm_misbehaves(tmp_path):
     assert json.loads((tmp_path / "runs" / "patched" / record_file(record)).read_text())["verdict"] == "fail"
 
 
+# Garbage planted under compiled execution only: the CPU attention kernel reads a value cache scaled by 1/4 in a
+# process where vLLM compiled a model (torch.compile's model counter), the KV cache itself left as it was written.
+GARBAGE_UNDER_COMPILE_PATCH = {
+    "KVM_PATCH_MODULE": "vllm.v1.attention.backends.cpu_attn",
+    "KVM_PATCH_OLD": "            value_cache=value_cache,",
+    "KVM_PATCH_NEW": "            value_cache=value_cache * (0.25 if __import__("
+                     "'vllm.compilation.counter', fromlist=['c']).compilation_counter.num_models_seen else 1.0),",
+}
+
+
+def test_differential_cell_fails_on_garbage_kv_reads(tmp_path):
+    """The same configuration eager (the oracle) and compiled, with vLLM reading scaled-down values from the KV
+    cache under compiled execution only: the compiled cell fails against its oracle, naming the pair and the first
+    divergent token; the eager cell passes. One fresh process per cell: the planted condition is per process.
+    The model is the trained one, whose answers are read back from the KV cache: a random-weight model's logits
+    hardly depend on attention (values read at a quarter moved the tiny llama's logprobs by 0.016, a near tie)."""
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    for name in ("_models.yaml", "_pool.yaml"):
+        (cases / name).write_text((REPO / "cases" / name).read_text())
+    (cases / "garbage.yaml").write_text(
+        "model: trained-llama\nmatrix: {execution: [default, compiled]}\nexpect: [{crash: false}]\n"
+        "generate: {prompts: ['48213=', '9076512='], max_tokens: 6}\n")
+    env = {"PYTHONPATH": f"{REPO / 'tests' / 'patched_vllm'}{os.pathsep}{REPO}", **GARBAGE_UNDER_COMPILE_PATCH}
+    done = kvmatrix(tmp_path, "--cases-dir", str(cases), "--run-id", "garbage", "--isolation", "process",
+                    "--jobs", "1", env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    records = {r["axes"]["execution"]: r for r in RunDir(tmp_path / "runs" / "garbage").records()}
+    assert records["default"]["verdict"] == "pass", records["default"]["reason"]
+    compiled = records["compiled"]
+    assert compiled["verdict"] == "fail", compiled["reason"]
+    oracle = "garbage[kv=auto,skip=-,spec=-,exec=default]"
+    assert compiled["reason"].startswith(f"differential compiled/plain vs its oracle {oracle} (eager/plain): ")
+    assert " first diverges at token " in compiled["reason"] or "logprob differs by" in compiled["reason"]
+    assert compiled["differential"]["state"] == []  # the same resolved state: only the values read differ
+    report = (tmp_path / "runs" / "garbage" / "matrix.md").read_text()
+    assert "(compiled/plain) vs `garbage[kv=auto,skip=-,spec=-,exec=default]` (eager/plain)" in report
+
+
 def record_file(record: dict) -> str:
     return RunDir(Path(".")).record_path(record["cell_id"], record["gpu_class"]).name
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import vllm_compat
+from harness.cell import workloads
 from harness.cell.probe import probe
 from harness.cell.spec import CellSpec
 from harness.record_model import CellRecord, ExceptionInfo, check_record, new_record
@@ -193,12 +194,34 @@ def probe_engine(result: CellResult, llm: Any) -> None:
                                 for i, s in enumerate(states)]
 
 
-def generate(result: CellResult, vllm: Any, llm: Any, prompts: list[str], max_tokens: int) -> None:
+def generate(result: CellResult, vllm: Any, llm: Any, prompts: list[str], max_tokens: int,
+             logprobs: int | None = None) -> None:
     # ignore_eos: every cell emits exactly max_tokens, so greedy outputs compare position by position.
-    params = vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                                 **({"logprobs": logprobs} if logprobs else {}))
     outputs = llm.generate(prompts, params, use_tqdm=False)
     result.data["tokens"] = [list(o.outputs[0].token_ids) for o in outputs]
     result.data["texts"] = [o.outputs[0].text for o in outputs]
+    if logprobs:
+        result.data["logprobs"] = workloads.outputs_of(outputs, logprobs)["logprobs"]
+
+
+def generate_workload(result: CellResult, vllm: Any, llm: Any, spec: CellSpec) -> None:
+    """The workload's generation instead of the plain one (harness/cell/workloads.py)."""
+    got, facts = workloads.run_workload(vllm, llm, spec.workload, result.data, spec.max_tokens, spec.logprobs)
+    result.data["workload_run"] = facts
+    result.data["tokens"], result.data["texts"] = got.get("tokens", []), got.get("texts", [])
+    if "logprobs" in got:
+        result.data["logprobs"] = got["logprobs"]
+    if "cached_tokens" in got:
+        result.data["workload_run"]["cached_tokens"] = got["cached_tokens"]
+
+
+def generate_references(result: CellResult, vllm: Any, llm: Any, spec: CellSpec) -> None:
+    """As an oracle: each workload's prompts generated plainly, for the cells compared with this one."""
+    result.data["references"] = {
+        params["name"]: workloads.run_reference(vllm, llm, params, result.data, spec.max_tokens, spec.logprobs)
+        for params in spec.references}
 
 
 def measure_accuracy(result: CellResult, llm: Any, accuracy: dict[str, Any]) -> None:
@@ -217,9 +240,17 @@ def main(spec_path: str, result_path: str) -> int:
     if not ok:
         return 1
     result.run("probe", lambda: probe_engine(result, llm))
-    ok, _ = result.run("generate", lambda: generate(result, vllm, llm, spec.prompts, spec.max_tokens))
+    if spec.workload is None:
+        ok, _ = result.run("generate", lambda: generate(result, vllm, llm, spec.prompts, spec.max_tokens,
+                                                        spec.logprobs))
+    else:
+        ok, _ = result.run("generate", lambda: generate_workload(result, vllm, llm, spec))
     if not ok:
         return 1
+    if spec.references:
+        ok, _ = result.run("references", lambda: generate_references(result, vllm, llm, spec))
+        if not ok:
+            return 1
     if spec.accuracy is not None:
         ok, _ = result.run("accuracy", lambda: measure_accuracy(result, llm, dataclasses.asdict(spec.accuracy)))
         if not ok:

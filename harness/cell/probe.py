@@ -34,7 +34,15 @@ def probe(worker: Any, draft_layer_offset: int | None = None) -> CellRecord:
         "layers": [_layer(name, module, groups, draft, version) for name, module in attention.items()],
         "kv_groups": [_kv_group(i, group) for i, group in enumerate(groups)],
         "attn_groups": _attn_groups(runner, version),
+        "runtime": _runtime(runner, version),
     }
+
+
+def _runtime(runner: Any, version: str) -> dict[str, Any]:
+    """What the engine resolved for the execution mode and the workloads' runtime paths (compilation and CUDA-graph
+    mode, prefix caching, chunked prefill, batch limits, KV blocks)."""
+    paths = compat.for_version(compat.RUNTIME_CONFIG_PATHS, version)[0]
+    return {field: _plain(_path(runner, path)) for field, path in paths.items()}
 
 
 def layer_index(name: str) -> int | None:

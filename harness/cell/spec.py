@@ -35,6 +35,12 @@ class CellSpec:
     emulate_capability: list[int] | None = None  # [major, minor] of the emulated CUDA class
     emulate_cpu_isa: str | None = None  # the emulated CPU level (avx2, ...)
     accuracy: AccuracySpec | None = None
+    # The workload's parameters (harness/cell/workloads.py; None: the plain generation of `prompts`), the workloads
+    # whose prompts an oracle generates plainly after its own, and how many top logprobs each position records
+    # (cells of a differential pair only).
+    workload: dict[str, Any] | None = None
+    references: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys of a newer runner this cell does not know
 
     def write(self, path: Path) -> None:

@@ -2,7 +2,8 @@
 per-rule results. Used by both pools (this machine's and Ray's), `kvmatrix run`, `rejudge` and `audit`, and the
 pytest front end, so every front end gives a record the same verdict.
 
-In order: the case's expectations (verdict.py); accuracy against the baseline cell (accuracy.py); a failure
+In order: the case's expectations (verdict.py); accuracy against the baseline cell (accuracy.py); a workload that
+did not take its runtime path, and the comparison with the cell's oracle (differential.py); a failure
 emulation cannot reproduce is `skip`, a failure of the environment (not vLLM) is `error`; a cell that failed
 and then passed on a retry stays a (flaky) failure; a known failure (cases/_waivers.txt, waivers.py) is `xfail`
 with its link.
@@ -14,6 +15,7 @@ import datetime
 from collections.abc import Sequence
 
 from harness.judge.accuracy import judge_accuracy
+from harness.judge.differential import judge_differential, judge_workload
 from harness.judge.verdict import judge
 from harness.judge.waivers import Waiver, waive
 from harness.record_model import CellRecord
@@ -34,6 +36,10 @@ def judge_record(record: CellRecord, task: Task, run_dir: RunDir, waivers: Seque
     if task.cell.baseline_id is not None:
         verdict, reason = judge_accuracy(record, task.cell, run_dir, task.gpu_name, context, verdict, reason,
                                          results)
+    record.pop("differential", None)
+    verdict, reason = judge_workload(record, verdict, reason, results, task.gpu.device)
+    verdict, reason = judge_differential(record, task.cell, run_dir, task.gpu_name, task.gpu.device, context,
+                                         verdict, reason, results)
     record.pop("not_emulable", None)
     if task.emulated_from and record.get("signature") in NOT_EMULABLE_SIGNATURES:
         verdict, reason = "skip", f"not emulable on {task.emulated_from}: {record.get('error_tail')}"

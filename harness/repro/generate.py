@@ -5,6 +5,7 @@ cell's exact engine arguments and environment, a minimal resolved-state probe, a
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import pprint
 from pathlib import Path
@@ -126,20 +127,43 @@ def script_spec(task: Task, models: dict[str, ModelEntry], cache_dir: Path, use_
     names = [n for n in models_needed(cell) if n in built]
     local = {name: Path(f"{HERE_MARK}/{name}") for name in names}
     try:
-        args = engine_args_for(cell, gpu, models, local, use_hub)
+        args = engine_args_for(cell, gpu, models, local, use_hub, vllm_version=version)
     except KeyError as err:
         raise ReproError(f"{cell.cell_id}: {err.args[0]} (trained or hub-only models: try --hub)") from err
     draft = cell.axes["speculative"]
     offset = checkpoint.LAYERS if draft and models[draft].draft else None
     context = cell.context(task.gpu_name, gpu, version, emulated=False)
+    expect = expectations(cell, context, version)
     return {
         "cell_id": cell.cell_id, "gpu_class": task.gpu_name, "engine_args": args,
         "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **cell.case.env},
         "emulate": emulation(gpu), "models": {name: model_spec(built[name]) for name in names},
         "prompts": list(cell.case.generate.prompts), "max_tokens": cell.case.generate.max_tokens,
         "skip_layers": [str(s) for s in cell.axes["kv_cache_dtype_skip_layers"] or []],
-        "draft_layer_offset": offset, "expect": expectations(cell, context, version),
+        "draft_layer_offset": offset, "expect": expect,
+        "oracle": oracle_spec(task, models, local, use_hub, version, context, expect),
     }
+
+
+def oracle_spec(task: Task, models: dict[str, ModelEntry], local: dict[str, Path], use_hub: bool,
+                version: str | None, context: dict, expect: dict[str, Any]) -> dict[str, Any] | None:
+    """A differential cell's oracle (harness/judge/differential.py) as the script's second run: the same
+    configuration eager and plain, its greedy tokens compared with the cell's (exactly where the case says `tokens:
+    exact`, else printed: the logprob tolerance is not encoded). Workload cells: not encoded (their prompts are
+    kvmatrix's)."""
+    cell = task.cell
+    oracle_id = cell.oracle_on(task.gpu_name)
+    if oracle_id is None or cell.case.differential is False:
+        return None
+    if cell.axes["workload"] != "plain":
+        expect["not_encoded"].append(f"differential against {oracle_id}: workload {cell.axes['workload']}")
+        return None
+    oracle = cell.case.differential.oracle
+    twin = dataclasses.replace(cell, axes={**cell.axes, "execution": oracle.execution, "workload": oracle.workload})
+    rules = [r for r in cell.case.expect if r.tokens is not None and when_matches(r.when, context)]
+    return {"cell_id": oracle_id, "mode": f"{oracle.execution}/{oracle.workload}",
+            "engine_args": engine_args_for(twin, task.gpu, models, local, use_hub, vllm_version=version),
+            "tokens_exact": bool(rules) and rules[-1].tokens == "exact"}
 
 
 def _body() -> str:

@@ -131,19 +131,45 @@ def problems_of(spec: dict, layers, error) -> list:
     return out
 
 
-def run(spec: dict):
-    """(resolved layers, generated texts, error): the engine started, probed and generating, or why it failed."""
+def run(spec: dict, engine_args: dict | None = None):
+    """(resolved layers, generated texts, error, greedy token ids): the engine started, probed and generating, or
+    why it failed."""
     import vllm
 
-    args = json.loads(json.dumps(spec["engine_args"]).replace("@HERE@", str(HERE)))
+    args = json.loads(json.dumps(engine_args or spec["engine_args"]).replace("@HERE@", str(HERE)))
     try:
         llm = vllm.LLM(**args)
         layers = llm.collective_rpc(resolved_layers, args=(spec["draft_layer_offset"],))[0]
-        params = vllm.SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"])
-        texts = [o.outputs[0].text for o in llm.generate(spec["prompts"], params)]
+        params = vllm.SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True)
+        outputs = llm.generate(spec["prompts"], params)
     except Exception as err:  # noqa: BLE001 - a refusal or a crash is what this script observes
-        return None, None, f"{type(err).__name__}: {err}"
-    return layers, texts, None
+        return None, None, f"{type(err).__name__}: {err}", None
+    return layers, [o.outputs[0].text for o in outputs], None, [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def run_oracle(spec: dict, error, tokens) -> list:
+    """A differential cell's oracle: the same configuration run eager and plain, after the cell's engine is gone;
+    the problems its comparison finds (a crash in one run only; tokens that differ where they must not)."""
+    import gc
+
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    oracle = spec["oracle"]
+    gc.collect()
+    cleanup_dist_env_and_memory()
+    _, _, oracle_error, oracle_tokens = run(spec, oracle["engine_args"])
+    print(f"oracle {oracle['cell_id']} ({oracle['mode']}): error {oracle_error}; tokens {oracle_tokens}")
+    print(f"this cell: error {error}; tokens {tokens}")
+    if (error is None) != (oracle_error is None):
+        crashed = "this cell" if error is not None else f"the oracle ({oracle['mode']})"
+        return [f"crashes in {crashed} only"]
+    for s, (mine, theirs) in enumerate(zip(tokens or [], oracle_tokens or [], strict=False)):
+        index = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), None)
+        if index is not None:
+            print(f"sequence {s} first diverges at token {index}: oracle {theirs[index]}, this cell {mine[index]}")
+            if oracle["tokens_exact"]:
+                return [f"sequence {s} differs from the oracle's at token {index} (the case wants them exact)"]
+    return []
 
 
 def main(spec: dict) -> None:
@@ -151,7 +177,7 @@ def main(spec: dict) -> None:
     for name, model in spec["models"].items():
         write_model(HERE / name, model)
     emulate(spec["emulate"])
-    layers, texts, error = run(spec)
+    layers, texts, error, tokens = run(spec)
     for note in spec["expect"]["not_encoded"]:
         print(f"NOT ENCODED (check by hand): {note}", file=sys.stderr)
     print("observed error:", error)
@@ -160,5 +186,7 @@ def main(spec: dict) -> None:
               f"page_size_bytes={la['page_size_bytes']} role={la['role']}")
     print("generated:", texts)
     problems = problems_of(spec, layers, error)
+    if spec.get("oracle"):
+        problems += run_oracle(spec, error, tokens)
     assert not problems, f"{spec['cell_id']} on {spec['gpu_class']}: " + "; ".join(problems)
     print(f"OK: {spec['cell_id']} on {spec['gpu_class']} holds what the case expects")

@@ -1,6 +1,6 @@
 """What the runner needs for accuracy cases: the cell process's accuracy instructions, and the rule that every
-baseline cell has finished before a cell that is compared with it starts (as waves for the Ray pool, as each
-cell's wait for this machine's pool)."""
+baseline cell (and every differential cell's oracle) has finished before a cell that is compared with it starts
+(as waves for the Ray pool, as each cell's wait for this machine's pool)."""
 
 from __future__ import annotations
 
@@ -29,19 +29,25 @@ def accuracy_spec(cell: Cell, use_hub: bool) -> dict[str, Any] | None:
 
 
 def baselines_first(tasks: list) -> list[list]:
-    """Two waves: the cells others are compared with, then the rest (each wave may run in parallel)."""
+    """Waves (each may run in parallel): the accuracy baselines, then the oracles of differential cells
+    (harness/judge/differential.py), then the rest: every cell compared with another runs after it."""
     first = [t for t in tasks if t.cell.baseline_id == t.cell.cell_id]
-    rest = [t for t in tasks if t.cell.baseline_id != t.cell.cell_id]
-    return [wave for wave in (first, rest) if wave]
+    oracles = [t for t in tasks if t not in first and t.cell.is_oracle_on(getattr(t, "gpu_name", None))]
+    rest = [t for t in tasks if t not in first and t not in oracles]
+    return [wave for wave in (first, oracles, rest) if wave]
 
 
 def baseline_gates(tasks: list) -> dict[str, set[str]]:
-    """Which task keys each task waits for: a compared cell, its baseline's task when that runs too (the same
-    GPU class; a baseline already recorded waits for nothing)."""
+    """Which task keys each task waits for: a compared cell, its accuracy baseline's task and its differential
+    oracle's, when those run too (the same GPU class; one already recorded waits for nothing)."""
     keys = {(t.cell.cell_id, t.gpu_name): t.key for t in tasks}
-    return {t.key: {keys[(t.cell.baseline_id, t.gpu_name)]}
-            if t.cell.baseline_id not in (None, t.cell.cell_id) and (t.cell.baseline_id, t.gpu_name) in keys
-            else set() for t in tasks}
+    gates: dict[str, set[str]] = {}
+    for t in tasks:
+        others = {t.cell.oracle_on(t.gpu_name)}
+        if t.cell.baseline_id != t.cell.cell_id:
+            others.add(t.cell.baseline_id)
+        gates[t.key] = {keys[(o, t.gpu_name)] for o in others if o is not None and (o, t.gpu_name) in keys}
+    return gates
 
 
 def offline_reason(cell: Cell, models: dict[str, ModelEntry], use_hub: bool) -> str | None:

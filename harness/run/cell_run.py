@@ -19,7 +19,7 @@ from harness.records import FAILING_VERDICTS, read_result, read_tail
 from harness.run.accuracy_plan import accuracy_spec, offline_reason
 from harness.run.cell_env import cell_env
 from harness.run.confirmations import Confirmations
-from harness.run.engine_args import cell_mode, engine_args_for, generation
+from harness.run.engine_args import cell_mode, engine_args_for, generation, workload_plan
 from harness.run.gpu_check import check_gpu_memory
 from harness.run.gpu_memory import physical_index
 from harness.run.launch import CellFiles, FreshProcess, Launcher
@@ -27,7 +27,8 @@ from harness.run.models import ensure_models
 from harness.run.process import CellProcesses, cap_log
 from harness.run.settings import RunSettings
 from harness.task import Task
-from harness.vllm_compat import MULTI_RANK_ENV
+from harness.vllm_compat import GRAPH_EXECUTIONS, MULTI_RANK_ENV
+from matrix.axes import resolved_execution
 from matrix.conditions import when_matches
 from matrix.expectations import CrashExpected
 
@@ -42,7 +43,13 @@ def base_record(task: Task, run_id: str) -> CellRecord:
 def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mode: str) -> CellSpec:
     """What the runner tells the cell process (SPEC.json)."""
     accuracy = accuracy_spec(task.cell, settings.use_hub)
+    cell, version, length = task.cell, settings.vllm_version, engine_args["max_model_len"]
+    differential = cell.case.differential
+    paired = differential is not False and (cell.oracle_on(task.gpu_name) or cell.is_oracle_on(task.gpu_name))
     return CellSpec(
+        workload=workload_plan(cell.axes["workload"], length, version)[1],
+        references=[workload_plan(w, length, version)[1] for w in cell.references_on(task.gpu_name)],
+        logprobs=differential.top_logprobs if paired else None,
         cell_id=task.cell.cell_id,
         engine_args=engine_args,
         **generation(task.cell, mode),
@@ -130,7 +137,16 @@ def not_run_reason(task: Task, settings: RunSettings) -> str | None:
     cell without lm-eval); None for a task that runs."""
     return (task.cell.skip_reason(task.context(settings.vllm_version))
             or offline_reason(task.cell, settings.models, settings.use_hub)
-            or gpus_reason(task, settings.gpus_here))
+            or gpus_reason(task, settings.gpus_here)
+            or execution_reason(task))
+
+
+def execution_reason(task: Task) -> str | None:
+    """Why a cell's execution cannot run on its class: CUDA graphs on a CPU class."""
+    execution = resolved_execution(task.cell.axes["execution"], task.gpu.device)
+    if execution in GRAPH_EXECUTIONS and task.gpu.device != "cuda":
+        return f"execution {execution} captures CUDA graphs: CUDA graphs are GPU-only ({task.gpu_name} is a CPU class)"
+    return None
 
 
 def gpus_reason(task: Task, gpus_here: int | None) -> str | None:

@@ -1,8 +1,8 @@
 """From a cell to exactly the keyword arguments given to `vllm.LLM`.
 
-Layers, later ones winning: the harness's base (small, deterministic, eager: the matrix probes resolved state,
-it does not measure speed), the GPU class's engine defaults (KV cache sized in bytes), the model registry entry,
-the case's `engine_args`, then the cell's axes.
+Layers, later ones winning: the harness's base (small, deterministic, eager), the GPU class's engine defaults (KV
+cache sized in bytes), the model registry entry, the case's `engine_args`, then the cell's axes: the execution mode
+as the class runs it (harness/vllm_compat/execution.py) and the workload's runtime settings.
 """
 
 from __future__ import annotations
@@ -10,7 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.vllm_compat import probe_only_engine_args
+from harness.vllm_compat import (
+    PROBE_ONLY_ARG_NAMES,
+    SMALLEST_KV_BLOCK_TOKENS,
+    execution_engine_args,
+    for_version,
+    probe_only_engine_args,
+)
+from matrix.axes import resolved_execution
 from matrix.expand import Cell
 from matrix.schema import GpuClass, ModelEntry
 
@@ -62,9 +69,51 @@ def engine_args_for(
             "model": source["model"],
             "num_speculative_tokens": draft.draft.num_speculative_tokens,
         }
+    execution = resolved_execution(axes["execution"], gpu.device)
+    args.update(execution_engine_args(execution, vllm_version, args.get("compilation_config")))
+    if runs_workloads(cell) and "max_model_len" not in cell.case.engine_args:
+        args["max_model_len"] = max(args["max_model_len"], WORKLOAD_MAX_MODEL_LEN)
     if probe:
         args.update(probe_only_engine_args(args["max_model_len"], vllm_version))
+    args.update(workload_plan(axes["workload"], args["max_model_len"], vllm_version)[0])
     return args
+
+
+# A case that varies the workload gives all its cells (oracles included) this context: the shared prefix covers
+# 2 blocks of 128 tokens on a CPU (vLLM's CPU attention block) and 16 more, the chunked prompt 3 chunks.
+WORKLOAD_MAX_MODEL_LEN = 512
+CHUNK_TOKENS = 64  # max_num_batched_tokens of a chunked_prefill cell
+CHUNKED_SEQUENCES = 4  # vLLM wants max_num_seqs <= max_num_batched_tokens
+
+
+def runs_workloads(cell: Cell) -> bool:
+    return any(w != "plain" for w in cell.case.matrix.workload + [c.workload for c in cell.case.matrix.include])
+
+
+def workload_plan(workload: str, max_model_len: int, vllm_version: str | None
+                  ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the engine arguments a workload needs, the parameters the cell process builds its prompts from; None for
+    `plain`). Preemption: a KV cache of as many blocks as a probe-only engine's for one group (one max_model_len
+    sequence of the base context in 16-token blocks, and 2), and one more sequence than blocks. The parameters
+    depend on the case's context only, so an oracle of the same case generates the same prompts."""
+    if workload == "plain":
+        return {}, None
+    names = for_version(PROBE_ONLY_ARG_NAMES, vllm_version)[0]
+    args: dict[str, Any] = {"disable_log_stats": False}  # vLLM's counters (preemptions) are kept only with stats
+    params: dict[str, Any] = {"name": workload}
+    if workload == "shared_prefix":
+        args["enable_prefix_caching"] = True
+    elif workload == "chunked_prefill":
+        args.update({"enable_chunked_prefill": True, names["batched_tokens"]: CHUNK_TOKENS,
+                     names["sequences"]: CHUNKED_SEQUENCES})
+        params["chunk_tokens"] = CHUNK_TOKENS
+    elif workload == "preemption":
+        # Its prompts are one block each: the base context suffices, and halves the sequences a 512 one needs.
+        length = min(max_model_len, BASE_ENGINE_ARGS["max_model_len"])
+        blocks = -(-length // SMALLEST_KV_BLOCK_TOKENS) + 2
+        args.update({"max_model_len": length, names["kv_blocks"]: blocks, names["sequences"]: blocks + 1})
+        params["sequences"] = blocks + 1
+    return args, params
 
 
 def cell_mode(cell: Cell, probe_only: bool) -> tuple[str, str | None]:

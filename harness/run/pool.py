@@ -195,7 +195,9 @@ def start_plan(todo: list[Task], settings: RunSettings, expected: dict[str, str 
     of all."""
     waits = baseline_gates(todo)
     if jobs > 1:
-        can_pilot = {t.key for t in todo if expected[t.key] is None and not_run_reason(t, settings) is None}
+        # A differential cell waits for its oracle, so it cannot be the pilot its oracle waits for.
+        can_pilot = {t.key for t in todo if expected[t.key] is None and not_run_reason(t, settings) is None
+                     and t.cell.oracle_on(t.gpu_name) is None}
         todo, pilot_waits = pilot_gates(todo, warm_families(settings), can_pilot, pilots_first=not timed,
                                         backends=backends)
         waits = {key: waits[key] | pilot_waits[key] for key in waits}

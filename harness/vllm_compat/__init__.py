@@ -5,7 +5,8 @@ the H200), so attribute paths, builder dtype attribute names, error-message patt
 tables keyed by version specifiers (">=0.25", "<0.25", ">=0.20,<0.24"; "" means every version). The probe and the
 failure classifier read these tables; no module outside this package reaches into vLLM. One module a concern:
 versions.py (the version rule, the installed vLLM), sources.py (what the installed vLLM accepts), engine.py
-(attribute paths inside a running engine, probe-only arguments), registry.py (model-class inspection before an
+(attribute paths inside a running engine, probe-only arguments), execution.py (execution modes as engine
+arguments, the runtime settings an engine resolved), registry.py (model-class inspection before an
 engine), kernels.py (backends that compile per KV dtype), modules.py (the vLLM source modules of resolved
 classes, and the source paths every cell depends on), emulation.py (another GPU class, a lower CPU level),
 records.py (renamed record fields), signatures.py (failure messages), teardown.py (one engine's end in a warm
@@ -43,6 +44,15 @@ from harness.vllm_compat.engine import (  # noqa: F401
     SMALLEST_KV_BLOCK_TOKENS,
     VLLM_LOGGER,
     probe_only_engine_args,
+)
+from harness.vllm_compat.execution import (  # noqa: F401
+    COMPILATION_MODE_KEYS,
+    EXECUTIONS,
+    GRAPH_EXECUTIONS,
+    PREEMPTION_METRICS,
+    RUNTIME_CONFIG_PATHS,
+    TINY_CAPTURE_SIZES,
+    execution_engine_args,
 )
 from harness.vllm_compat.kernels import JIT_PER_KV_DTYPE_BACKENDS, compiles_per_kv_dtype  # noqa: F401
 from harness.vllm_compat.modules import (  # noqa: F401

@@ -1,0 +1,314 @@
+"""Differential cells: a cell whose execution or workload differs from its oracle's (the same configuration run
+eager and plain; matrix/expectations.py Differential, matrix/expand.py `Cell.oracle_on`) against the oracle's
+record, read from the run folder once both exist (the oracle runs first, as an accuracy baseline does).
+
+In order:
+- a crash (or refusal) in one of the two only fails, naming the mode that crashed;
+- the resolved state must be identical: every layer's KV dtype, backend, spec dtype and page size, every KV-cache
+  group, every attention builder's dtypes;
+- the greedy tokens must agree with the oracle's tokens for the same prompts (for a workload, the prompts the oracle
+  generated plainly as its `references`): exactly where an `expect:` rule says `tokens: exact`, else closely
+  (`compare_tokens`); accuracy cells also compare their samples, paired, as with the accuracy baseline.
+Before all that, a workload cell must have taken its runtime path (`workload_run.reached`): one that did not (a
+prefix that was not reused, a prompt that was not chunked, no preemption) tested nothing, and is an `error`.
+Only a cell that otherwise passes is turned into a failure by the comparison; its results are kept either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.judge.accuracy import compare as compare_accuracy
+from harness.judge.accuracy import describe as describe_accuracy
+from harness.record_model import CellRecord, DifferentialComparison, RuleResult, Verdict
+from harness.records import RunDir, read_json, run_mode
+from matrix.axes import resolved_execution
+from matrix.conditions import when_matches
+from matrix.expand import Cell
+from matrix.expectations import Differential
+
+LAYER_STATE = ("kv_cache_dtype", "backend", "spec_dtype", "page_size_bytes", "group")
+GROUP_STATE = ("layer_names", "spec_type", "dtype", "block_size", "page_size_bytes", "kv_quant_mode",
+               "cache_dtype_str")
+WORKLOAD_RULE = "the workload takes its runtime path (built in)"
+EXECUTION_RULE = "the engine executes as asked (built in)"
+
+
+def execution_problem(record: CellRecord, gpu_device: str | None) -> tuple[str, bool] | None:
+    """(what vLLM resolved against the cell's execution, whether that means the cell tested nothing), or None
+    where it executes as asked. vLLM may turn compilation or CUDA graphs off for a configuration, or downgrade a
+    CUDA-graph mode; a record without `runtime` (older harness) says nothing."""
+    runtime = record.get("runtime")
+    axes = record.get("axes") or {}
+    if not runtime or "execution" not in axes:
+        return None
+    execution = resolved_execution(axes["execution"], gpu_device)
+    compiled = not runtime.get("enforce_eager") and runtime.get("compilation_mode") not in (None, "NONE")
+    graphs = runtime.get("cudagraph_mode") not in (None, "NONE")
+    if execution == "eager":
+        return (f"eager asked, vLLM resolved compilation {runtime.get('compilation_mode')}", False) if compiled \
+            else None
+    if not compiled:
+        return f"{execution} asked, vLLM ran eager (compilation {runtime.get('compilation_mode')})", True
+    if execution.startswith("graphs") and not graphs:
+        return f"{execution} asked, vLLM captured no CUDA graphs (cudagraph_mode NONE)", True
+    if execution == "graphs_full" and "FULL" not in str(runtime.get("cudagraph_mode")):
+        return f"graphs_full asked, vLLM downgraded to {runtime.get('cudagraph_mode')}", False
+    return None
+
+
+def mode_of(record: CellRecord, gpu_device: str | None) -> str:
+    """How the record's cell ran: its execution (as its class runs `default`) and workload. A record from before
+    the axes ran eager and plain, as every cell did then."""
+    axes = record.get("axes") or {}
+    if "execution" not in axes:
+        return "eager/plain"
+    execution = resolved_execution(axes["execution"], gpu_device)
+    return f"{execution}/{axes.get('workload', 'plain')}"
+
+
+def judge_workload(record: CellRecord, verdict: Verdict, reason: str, results: list[RuleResult],
+                   gpu_device: str | None = None) -> tuple[Verdict, str]:
+    """A cell that ran but not in its execution mode, or a workload cell that did not take its runtime path, is an
+    `error` (it observed nothing); a downgraded CUDA-graph mode is noted."""
+    problem = execution_problem(record, gpu_device) if record.get("status") == "ok" else None
+    if problem is not None:
+        text, tested_nothing = problem
+        results.append({"rule": EXECUTION_RULE, "ok": not tested_nothing, "detail": text})
+        if tested_nothing and verdict == "pass":
+            return "error", f"did not execute as asked: {text}"
+    facts = record.get("workload_run")
+    if not facts or record.get("status") != "ok":
+        return verdict, reason
+    results.append({"rule": WORKLOAD_RULE, "ok": bool(facts.get("reached")), "detail": facts.get("detail", "")})
+    if facts.get("reached") or verdict != "pass":
+        return verdict, reason
+    return "error", f"workload {facts.get('name')} did not take its runtime path: {facts.get('detail')}"
+
+
+def state_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
+    """Where two records' resolved state differs (empty: identical)."""
+    out: list[str] = []
+    layers = {la.get("name"): la for la in theirs.get("layers") or []}
+    mine_layers = {la.get("name"): la for la in mine.get("layers") or []}
+    if set(layers) != set(mine_layers):
+        out.append(f"layers {sorted(mine_layers)} vs the oracle's {sorted(layers)}")
+    for name in sorted(set(layers) & set(mine_layers)):
+        for field in LAYER_STATE:
+            if mine_layers[name].get(field) != layers[name].get(field):
+                out.append(f"{name}: {field} {mine_layers[name].get(field)!r}, oracle {layers[name].get(field)!r}")
+    groups, mine_groups = theirs.get("kv_groups") or [], mine.get("kv_groups") or []
+    if len(groups) != len(mine_groups):
+        out.append(f"{len(mine_groups)} KV-cache groups, oracle {len(groups)}")
+    for g, (a, b) in enumerate(zip(mine_groups, groups, strict=False)):
+        for field in GROUP_STATE:
+            if a.get(field) != b.get(field):
+                out.append(f"kv group {g}: {field} {a.get(field)!r}, oracle {b.get(field)!r}")
+    builders = {(x.get("group"), x.get("subgroup")): x for x in theirs.get("attn_groups") or []}
+    for group in mine.get("attn_groups") or []:
+        other = builders.get((group.get("group"), group.get("subgroup")))
+        if other is None:
+            out.append(f"attention group {group.get('group')}: not in the oracle")
+            continue
+        if group.get("backend") != other.get("backend"):
+            out.append(f"attention group {group.get('group')}: backend {group.get('backend')!r}, oracle "
+                       f"{other.get('backend')!r}")
+        a, b = group.get("builder") or {}, other.get("builder") or {}
+        for field in sorted((set(a) | set(b)) - {"module"}):
+            if a.get(field) != b.get(field):
+                out.append(f"{group.get('backend')} builder (group {group.get('group')}): {field} {a.get(field)!r}, "
+                           f"oracle {b.get(field)!r}")
+    return out
+
+
+def _lp(position: dict[str, float] | None, token: int) -> float | None:
+    return None if position is None else position.get(str(token))
+
+
+def compare_sequence(mine: list[int], theirs: list[int], mine_lp: list[dict] | None, theirs_lp: list[dict] | None,
+                     exact: bool, logprob_tolerance: float, tie_tolerance: float) -> dict[str, Any]:
+    """One sequence against the oracle's: the first divergent token (index, the oracle's and this cell's), the
+    largest difference of a chosen token's logprob before it, and whether they agree (exact: the same tokens; else
+    close: logprobs within tolerance up to the divergence, and the divergence a near tie)."""
+    index = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), None)
+    if index is None and len(mine) != len(theirs):
+        index = min(len(mine), len(theirs))
+    out: dict[str, Any] = {"first_divergence": index}
+    if index is not None:
+        out["oracle_token"] = theirs[index] if index < len(theirs) else None
+        out["token"] = mine[index] if index < len(mine) else None
+    if exact:
+        out["ok"] = index is None
+        return out
+    if not mine_lp or not theirs_lp:
+        out["ok"] = index is None
+        out["note"] = "no logprobs recorded: compared exactly"
+        return out
+    upto = len(mine) if index is None else index
+    deltas = [abs(a - b) for i in range(min(upto, len(mine_lp), len(theirs_lp)))
+              if (a := _lp(mine_lp[i], mine[i])) is not None and (b := _lp(theirs_lp[i], theirs[i])) is not None]
+    out["max_logprob_delta"] = round(max(deltas), 5) if deltas else 0.0
+    ok = out["max_logprob_delta"] <= logprob_tolerance
+    if index is not None:
+        gaps = []
+        if out["token"] is not None and index < len(theirs_lp) and (
+                (mine_in_theirs := _lp(theirs_lp[index], out["token"])) is not None):
+            gaps.append(_lp(theirs_lp[index], out["oracle_token"]) - mine_in_theirs)
+        if out["oracle_token"] is not None and index < len(mine_lp) and (
+                (theirs_in_mine := _lp(mine_lp[index], out["oracle_token"])) is not None):
+            gaps.append(_lp(mine_lp[index], out["token"]) - theirs_in_mine)
+        out["tie_gap"] = round(min(abs(g) for g in gaps), 5) if gaps else None
+        ok = ok and out["tie_gap"] is not None and out["tie_gap"] <= tie_tolerance
+    out["ok"] = ok
+    return out
+
+
+def compare_tokens(mine: dict[str, Any], theirs: dict[str, Any], exact: bool, rule: Differential) -> dict[str, Any]:
+    """Every sequence of `mine` (tokens, logprobs) against `theirs`: per-sequence results, and the first that does
+    not agree."""
+    sequences = [compare_sequence(a, b, (mine.get("logprobs") or [None] * len(mine["tokens"]))[s],
+                                  (theirs.get("logprobs") or [None] * len(theirs["tokens"]))[s],
+                                  exact, rule.logprob_tolerance, rule.tie_tolerance)
+                 for s, (a, b) in enumerate(zip(mine["tokens"], theirs["tokens"], strict=False))]
+    out: dict[str, Any] = {"exact": exact, "sequences": len(sequences),
+                           "identical": sum(1 for s in sequences if s["first_divergence"] is None),
+                           "per_sequence": sequences}
+    if len(mine["tokens"]) != len(theirs["tokens"]):
+        out["ok"] = False
+        out["detail"] = f"{len(mine['tokens'])} sequences, the oracle {len(theirs['tokens'])}"
+        return out
+    bad = next((s for s, seq in enumerate(sequences) if not seq["ok"]), None)
+    out["ok"] = bad is None
+    out["detail"] = describe_tokens(sequences, bad, exact, rule)
+    return out
+
+
+def describe_tokens(sequences: list[dict], bad: int | None, exact: bool, rule: Differential) -> str:
+    identical = sum(1 for s in sequences if s["first_divergence"] is None)
+    head = f"{identical}/{len(sequences)} sequences identical" + (" (exact)" if exact else "")
+    if bad is None:
+        deltas = [s.get("max_logprob_delta") or 0.0 for s in sequences]
+        return head + (f", logprobs within {max(deltas):.3g} of the oracle's" if not exact and deltas else "")
+    seq = sequences[bad]
+    text = f"{head}; sequence {bad}"
+    if seq["first_divergence"] is not None:
+        text += (f" first diverges at token {seq['first_divergence']}: oracle {seq['oracle_token']}, this cell "
+                 f"{seq['token']}")
+        if not exact:
+            gap = seq.get("tie_gap")
+            if gap is None:
+                text += " (not a near tie: neither token is in the other run's top logprobs)"
+            elif gap > rule.tie_tolerance:
+                text += f" (not a near tie: logprob gap {gap:.3g} > {rule.tie_tolerance:g})"
+    if not exact and (seq.get("max_logprob_delta") or 0) > rule.logprob_tolerance:
+        text += (f"; a chosen token's logprob differs by {seq['max_logprob_delta']:.3g} from the oracle's "
+                 f"(tolerance {rule.logprob_tolerance:g})")
+    return text
+
+
+def _tokens_exact(cell: Cell, context: dict[str, Any]) -> bool:
+    rules = [r for r in cell.case.expect if r.tokens is not None and when_matches(r.when, context)]
+    return bool(rules) and rules[-1].tokens == "exact"
+
+
+def _crashed(record: CellRecord) -> bool:
+    return record.get("status") in ("crash", "timeout", "killed")
+
+
+def _failure(record: CellRecord) -> str:
+    return record.get("signature") or record.get("fingerprint") or record.get("status") or "?"
+
+
+def judge_differential(record: CellRecord, cell: Cell, run_dir: RunDir, gpu_name: str, gpu_device: str | None,
+                       context: dict[str, Any], verdict: Verdict, reason: str, results: list[RuleResult]
+                       ) -> tuple[Verdict, str]:
+    """(verdict, reason) after the comparison with the cell's oracle; adds `differential` to the record and its
+    rows to `results`."""
+    rule = cell.case.differential
+    oracle_id = cell.oracle_on(gpu_name)
+    if rule is False or oracle_id is None:
+        return verdict, reason
+    mode = mode_of(record, gpu_device)
+    oracle_mode = f"{rule.oracle.execution}/{rule.oracle.workload}"
+    if mode == oracle_mode:  # a record that ran as its oracle would (one from before the axes): nothing to compare
+        return verdict, reason
+    pair = f"{mode} vs its oracle {oracle_id} ({oracle_mode})"
+    title = f"differential: {pair}"
+    comparison: DifferentialComparison = {"oracle": oracle_id, "mode": mode, "oracle_mode": oracle_mode}
+    record["differential"] = comparison
+    oracle = read_json(run_dir.record_path(oracle_id, gpu_name))
+    missing = _missing(record, oracle)
+    if missing:
+        comparison["missing"] = missing
+        results.append({"rule": title, "ok": True, "detail": missing})
+        return verdict, f"{reason}; not compared with its oracle: {missing}"
+    if _crashed(record) != _crashed(oracle):
+        crashed, ran = (mode, oracle_mode) if _crashed(record) else (oracle_mode, mode)
+        name = _failure(record if _crashed(record) else oracle)
+        detail = f"crashes under {crashed} only ({name}); {ran} runs"
+        comparison["crash"] = detail
+        results.append({"rule": title, "ok": False, "detail": detail})
+        return "fail", f"differential {pair}: {detail}"
+    if _crashed(record):
+        same = _failure(record) == _failure(oracle)
+        detail = f"both crash ({_failure(record)}" + ("" if same else f", the oracle {_failure(oracle)}") + ")"
+        comparison["crash"] = detail
+        results.append({"rule": title, "ok": True, "detail": detail})
+        return verdict, reason
+    failures: list[str] = []
+    differences = state_differences(record, oracle)
+    comparison["state"] = differences
+    results.append({"rule": f"{title}: resolved state identical", "ok": not differences,
+                    "detail": differences[0] if differences else "identical"})
+    if differences:
+        failures.append(f"resolved state differs: {differences[0]}")
+    theirs = _oracle_outputs(record, oracle)
+    if isinstance(theirs, str):
+        comparison["tokens_missing"] = theirs
+        results.append({"rule": f"{title}: greedy tokens agree", "ok": True, "detail": theirs})
+    else:
+        tokens = compare_tokens(record, theirs, _tokens_exact(cell, context), rule)
+        comparison["tokens"] = tokens
+        results.append({"rule": f"{title}: greedy tokens agree", "ok": tokens["ok"], "detail": tokens["detail"]})
+        if not tokens["ok"]:
+            failures.append(tokens["detail"])
+    if cell.case.accuracy is not None and record.get("accuracy") and oracle.get("accuracy"):
+        paired = compare_accuracy(record, oracle, oracle_id, cell.case.accuracy.confidence)
+        comparison["accuracy"] = paired
+        if "missing" not in paired:
+            dropped = paired["significant"] and paired["delta"] < -cell.case.accuracy.max_drop
+            results.append({"rule": f"{title}: accuracy", "ok": not dropped, "detail": describe_accuracy(paired)})
+            if dropped:
+                failures.append(f"significant accuracy drop: {describe_accuracy(paired)}")
+    if failures and verdict in ("pass", "xfail"):
+        return "fail", f"differential {pair}: {failures[0]}"
+    if verdict == "pass" and "tokens" in comparison:
+        return verdict, f"{reason}; as its oracle ({oracle_mode}): {comparison['tokens']['detail']}"
+    return verdict, reason
+
+
+def _missing(record: CellRecord, oracle: CellRecord | None) -> str | None:
+    """Why the pair cannot be compared (None: it can)."""
+    if oracle is None:
+        return "the oracle has no record in this run"
+    if oracle.get("status") == "skipped":
+        return f"the oracle was skipped ({oracle.get('reason')})"
+    if oracle.get("status") == "error" or record.get("status") == "error":
+        return "the harness could not observe " + ("the oracle" if oracle.get("status") == "error" else "this cell")
+    if run_mode(oracle) != run_mode(record):
+        return f"the oracle ran in {run_mode(oracle)} mode, this cell in {run_mode(record)} mode"
+    return None
+
+
+def _oracle_outputs(record: CellRecord, oracle: CellRecord) -> dict[str, Any] | str:
+    """The oracle's generation of this cell's prompts (its own, or its reference run of this cell's workload), or
+    why there is none."""
+    workload = (record.get("workload_run") or {}).get("name")
+    if workload is None:
+        return {"tokens": oracle.get("tokens") or [], "logprobs": oracle.get("logprobs")}
+    reference = (oracle.get("references") or {}).get(workload)
+    if not reference:
+        return f"the oracle generated no {workload} reference"
+    if "missing" in reference:
+        return f"the oracle's {workload} reference: {reference['missing']}"
+    return reference
