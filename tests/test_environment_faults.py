@@ -89,3 +89,22 @@ def test_the_canary_stops_a_run_whose_plainest_cell_cannot_run(cases_dir, tmp_pa
     assert cli.main([*args, "--force"]) == 1  # crash[kv=bfloat16] fails: nothing expects it
     verdicts = {r["cell_id"]: r["verdict"] for r in RunDir(tmp_path / "runs" / "broken").records()}
     assert verdicts == {"ok[kv=auto,skip=-,spec=-]": "pass", "crash[kv=bfloat16,skip=-,spec=-]": "fail"}
+
+
+@pytest.mark.parametrize(("gpu", "canary"), [
+    ("H200", "ct-llama[kv=auto,skip=-,spec=-,exec=eager]"),  # the default cell waits for this eager twin
+    ("cpu-avx512", "ct-llama[kv=auto,skip=-,spec=-]"),
+    ("cpu-avx2", "deepseek-mla[kv=auto,skip=-,spec=-]"),  # ct-llama's checkpoint fp8 may be refused there
+])
+def test_the_canary_is_the_plainest_cell_that_waits_for_nothing(gpu, canary, tmp_path):
+    from harness.run.canary import pick_canary
+    from harness.run.settings import RunSettings
+    from matrix.load import load_models
+
+    pool, cells, _ = shipped_matrix()
+    settings = RunSettings(run_dir=RunDir(tmp_path), models=load_models(), built={}, vllm_version="0.32.0",
+                           cache_dir=tmp_path)
+    tasks = [Task(cell, gpu, pool[gpu]) for cell in cells.values() if gpu in cell.gpu_classes]
+    expected = dict.fromkeys((t.key for t in tasks), None)
+    assert pick_canary(tasks, settings, expected, []).cell.cell_id == canary
+    assert pick_canary(tasks, settings, expected, [{"status": "ok"}]) is None  # a resumed run already showed it

@@ -20,18 +20,26 @@ class EnvironmentBroken(RuntimeError):
 def pick_canary(todo: list[Task], settings: RunSettings, expected: dict[str, str | None],
                 finished: list[CellRecord]) -> Task | None:
     """The cell to run first: of the first model that has one, a cell with every axis at its default (no KV dtype
-    asked, nothing skipped, no draft, vLLM's backend), no accuracy run, that runs here and is expected to pass.
+    asked, nothing skipped, no draft, vLLM's backend, the plain workload), compared with no other cell, that runs
+    here and is expected to pass.
     None where a finished record already shows this environment starting an engine (a resumed run), or where no
     cell is that plain."""
     if any(r.get("status") == "ok" for r in finished):
         return None
-    plain = [t for t in todo if all(t.cell.axes.get(a) == v for a, v in AXIS_DEFAULTS.items())
-             and t.cell.case.accuracy is None and expected.get(t.key) is None and not _may_refuse(t, settings)
+    plain = [t for t in todo if _plain(t) and expected.get(t.key) is None and not _may_refuse(t, settings)
              and not_run_reason(t, settings) is None]
     if not plain:
         return None
     first_model = plain[0].cell.model
     return next(t for t in plain if t.cell.model == first_model)
+
+
+def _plain(task: Task) -> bool:
+    """Every axis at its default but the execution (a GPU class runs its default cells against their eager twin,
+    which is the one that waits for nothing), no accuracy run and no cell it is compared with."""
+    cell = task.cell
+    return (all(cell.axes.get(a) == v for a, v in AXIS_DEFAULTS.items() if a != "execution")
+            and cell.case.accuracy is None and cell.oracle_on(task.gpu_name) is None)
 
 
 def _may_refuse(task: Task, settings: RunSettings) -> bool:
