@@ -1,6 +1,6 @@
 """Records of vLLM 0.33.0 (torch 2.14.0+cu130) on the lent H200, 2026-12-02, judged again under the shipped case
 files and waivers: the whole default matrix as the real H200 (tests/fixtures/records/h200-vllm-0.33.0/) and the
-cells of L4, A100 and B200 emulated on it that the session's device time allowed
+cells of L4, A100 and B200 emulated on it that the session's GPU time allowed
 (h200-as-{l4,a100,b200}-vllm-0.33.0/). reports/examples/h200-vllm0.33.0.md is the report they come from.
 
 Every cell ran `enforce_eager=True` (harness/run/engine_args.py): none of these records says anything about
