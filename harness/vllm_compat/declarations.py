@@ -16,7 +16,7 @@ from typing import Any
 
 from harness.vllm_compat.versions import for_version
 
-REGISTRY_MODULE = "vllm.v1.attention.backends.registry"  # 0.22.0 to 0.32.0
+REGISTRY_MODULE = "vllm.v1.attention.backends.registry"  # 0.22.0 to 0.33.0 (0.33.0 read on the H200)
 # Backends that serve another platform than CUDA, by registry name prefix (the registry does not say).
 PLATFORM_PREFIXES = {"cpu": ("CPU_", "AMX_"), "rocm": ("ROCM_",), "xpu": ("XPU_",)}
 # Registry entries that are not backends to test: placeholders filled at run time, or no attention at all.
