@@ -140,6 +140,9 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
         r"Unsupported head.?(?:size|dim)",
         r"head_size must be",
     )),
+    # An unquantized KV dtype other than the model's, refused at start by the config (vLLM 0.33.0 on the H200:
+    # 'kv_cache_dtype="float16" is incompatible with dtype="bfloat16"').
+    ("kv_dtype_incompatible_with_model_dtype", "", (r"kv_cache_dtype=\W?\w+\W? is incompatible with dtype",)),
     ("unsupported_kv_cache_dtype", "", (
         r"Invalid kv cache dtype",
         r"kv_cache_dtype not supported",
