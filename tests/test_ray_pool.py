@@ -100,7 +100,7 @@ def test_cells_survive_a_node_killed_mid_run(cluster, cases_dir, tmp_path):
             assert record["verdict"] == "error" and "no live node with resource gpu_class:H100" in record["reason"]
             assert run_dir.read(cell_id, gpu) is None  # reported, left for a rerun
         else:
-            assert record["verdict"] == "pass", record
+            assert record["verdict"] == "pass", (cell_id, gpu, record["reason"])
             assert run_dir.read(cell_id, gpu) == record  # written as a local run writes it
             assert (run_dir.root / record["log"]).read_text().startswith(f"fake cell {cell_id}")
     starts = {p.name: len(p.read_text().split()) for p in markers.iterdir()}
@@ -117,7 +117,7 @@ def test_cells_survive_a_node_killed_mid_run(cluster, cases_dir, tmp_path):
 def test_placement_by_class_resource_or_accelerator_type(cases_dir):
     write_case(cases_dir, "c", {"model": "llama", "gpus": ["L4"]})
     pool = load_pool(cases_dir)
-    (cell,) = expand_all(load_cases([cases_dir / "c.yaml"]), load_models(cases_dir), pool)
+    cell, _eager_twin = expand_all(load_cases([cases_dir / "c.yaml"]), load_models(cases_dir), pool)
     emulated = Task(cell, "L4", pool["L4"], emulated_from="H200")  # runs on an H200, decides as an L4
     assert placement(emulated) == ("gpu_class:H200", {"num_cpus": 0, "resources": {"gpu_class:H200": 1}})
     assert placement(emulated, real_gpus=True, pool=pool) == (

@@ -8,6 +8,8 @@ import importlib.metadata
 import importlib.util
 from typing import TypeVar
 
+from packaging.version import InvalidVersion
+
 from matrix.conditions import release_of, version_in
 
 T = TypeVar("T")
@@ -31,12 +33,16 @@ def version_matches(version: str | None, specifier: str) -> bool:
     """Whether `version` lies in `specifier` (comma-separated clauses, all must hold), by the rule of `when:`
     ranges (matrix/conditions.py `version_in`).
 
-    An unknown version matches every range: the caller then gets the union of what any version could mean,
-    which is right for classifying messages (patterns of other versions do not match by accident).
+    An unknown version (None, or a string that is no version: a test's fake vLLM) matches every range: the caller
+    then gets the union of what any version could mean, which is right for classifying messages (patterns of other
+    versions do not match by accident) and, for tables that pick one entry, gives the first (the newest).
     """
     if version is None or not specifier.strip():
         return True
-    return version_in(version, specifier)
+    try:
+        return version_in(version, specifier)
+    except InvalidVersion:
+        return True
 
 
 def for_version(table: list[tuple[str, T]], version: str | None) -> list[T]:
