@@ -121,9 +121,10 @@ def _check_signature_names(path: Path, case: Case, vocabulary: Vocabulary) -> No
 def _check_skip_layers(path: Path, case: Case, vocabulary: Vocabulary) -> None:
     """Every skip-list entry names a layer of the cell's engine (its target's, then its draft's, numbered on) or
     a word vLLM knows: vLLM ignores anything else silently, so such a cell would test nothing it claims to."""
+    target = vocabulary.model_layers.get(case.model)
     for combo in combinations(case):
-        target = vocabulary.model_layers.get(case.model)
-        draft = vocabulary.model_layers.get(combo["speculative"], 0) if combo["speculative"] else 0
+        # A draft whose layers are not known (no local build) leaves the cell unchecked, like such a target.
+        draft = vocabulary.model_layers.get(combo["speculative"]) if combo["speculative"] else 0
         for entry in combo["kv_cache_dtype_skip_layers"] or []:
             if entry.isdigit():
                 if target is not None and draft is not None and int(entry) >= target + draft:
