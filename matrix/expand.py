@@ -120,7 +120,6 @@ def expand_case(
     if baseline is not None and baseline not in combos:
         combos.insert(0, baseline)  # a compared cell needs its baseline in the same run
     shown = frozenset(a for a in OPTIONAL_ID_AXES if any(c[a] != AXIS_DEFAULTS[a] for c in combos))
-    baseline_id = cell_id(case, baseline, shown) if baseline is not None else None
     added, oracles, references = differential_plan(case, combos, gpu_classes, pool)
     ids = [cell_id(case, c, shown) for c in combos]
     # An oracle the case's own cells do not hold runs where some cell needs it; its id names what it varies.
@@ -128,7 +127,8 @@ def expand_case(
             for c, _ in added]
     classes = [gpu_classes] * len(combos) + [tuple(g for g in gpu_classes if g in needed) for _, needed in added]
     combos = combos + [c for c, _ in added]
-    cells = [Cell(ids[i], case, c, classes[i], source, baseline_id,
+    baselines = [baseline_for(c, baseline, combos, ids) for c in combos]
+    cells = [Cell(ids[i], case, c, classes[i], source, baselines[i],
                   tuple((g, ids[o]) for g, o in oracles.get(i, {}).items()),
                   tuple((g, tuple(sorted(w))) for g, w in references.get(i, {}).items()))
              for i, c in enumerate(combos)]
@@ -136,6 +136,18 @@ def expand_case(
     if len(set(ids)) != len(ids):
         raise CaseError(source, case.name, "matrix", "two cells have the same id")
     return cells
+
+
+def baseline_for(combo: dict[str, Any], baseline: dict[str, Any] | None, combos: list[dict[str, Any]],
+                 ids: list[str]) -> str | None:
+    """The id of the accuracy baseline a combination is compared with: the baseline run in the combination's own
+    execution and workload where the case has that cell (an eager twin against the eager twin of the baseline),
+    else the baseline itself. Never the other way round: a baseline that is a differential cell waits for its
+    eager oracle, so that oracle waiting for the baseline would stop both."""
+    if baseline is None:
+        return None
+    same_mode = {**baseline, "execution": combo["execution"], "workload": combo["workload"]}
+    return ids[combos.index(same_mode)] if same_mode in combos else ids[combos.index(baseline)]
 
 
 def _others(combo: dict[str, Any]) -> tuple:

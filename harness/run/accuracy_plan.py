@@ -29,12 +29,21 @@ def accuracy_spec(cell: Cell, use_hub: bool) -> dict[str, Any] | None:
 
 
 def baselines_first(tasks: list) -> list[list]:
-    """Waves (each may run in parallel): the accuracy baselines, then the oracles of differential cells
-    (harness/judge/differential.py), then the rest: every cell compared with another runs after it."""
-    first = [t for t in tasks if t.cell.baseline_id == t.cell.cell_id]
-    oracles = [t for t in tasks if t not in first and t.cell.is_oracle_on(getattr(t, "gpu_name", None))]
-    rest = [t for t in tasks if t not in first and t not in oracles]
-    return [wave for wave in (first, oracles, rest) if wave]
+    """Waves (each may run in parallel), each task in the first wave after every task it waits for
+    (`baseline_gates`: its accuracy baseline, its differential oracle): every cell compared with another runs
+    after it. Tasks that wait for each other are an error of the plan, named before anything runs."""
+    gates = baseline_gates(tasks)
+    waves: list[list] = []
+    done: set[str] = set()
+    left = list(tasks)
+    while left:
+        wave = [t for t in left if gates[t.key] <= done]
+        if not wave:
+            raise ValueError(f"cells wait for each other: {[t.key for t in left][:5]}")
+        waves.append(wave)
+        done |= {t.key for t in wave}
+        left = [t for t in left if t.key not in done]
+    return waves
 
 
 def baseline_gates(tasks: list) -> dict[str, set[str]]:

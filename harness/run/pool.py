@@ -14,7 +14,7 @@ from typing import Protocol
 from harness.judge.facts import facts
 from harness.record_model import CellRecord
 from harness.records import RunDir, read_json
-from harness.run.accuracy_plan import baseline_gates
+from harness.run.accuracy_plan import baseline_gates, baselines_first
 from harness.run.canary import EnvironmentBroken, canary_failure, pick_canary
 from harness.run.cell_env import run_mark
 from harness.run.cell_run import cell_record, expected_not_to_pass, not_run_reason
@@ -194,6 +194,7 @@ def start_plan(todo: list[Task], settings: RunSettings, expected: dict[str, str 
     its case expected to fail for the same reason (`expected`: task key → why, or None), those first cells ahead
     of all."""
     waits = baseline_gates(todo)
+    baselines_first(todo)  # cells that would wait for each other are named before any runs, not after the rest
     if jobs > 1:
         # A differential cell waits for its oracle, so it cannot be the pilot its oracle waits for.
         can_pilot = {t.key for t in todo if expected[t.key] is None and not_run_reason(t, settings) is None
