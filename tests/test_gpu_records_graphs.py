@@ -66,7 +66,8 @@ def judged(unpacked) -> dict[str, dict[str, dict]]:
 def test_every_one_gpu_cell_but_the_accuracy_cells_ran_cold(unpacked):
     _, cells, _ = shipped_matrix()
     ran = {r["cell_id"] for r in stored(unpacked, COLD).values()}
-    missing = {c for c, cell in cells.items() if "H200" in cell.gpu_classes} - ran
+    added_since = {"execution-modes[kv=auto,skip=-,spec=-,exec=graphs_full,wl=plain]"}  # after this run's finding
+    missing = {c for c, cell in cells.items() if "H200" in cell.gpu_classes} - ran - added_since
     assert len(ran) == 197
     assert {c.split("[")[0] for c in missing} == {"trained-llama-accuracy", "trained-llama-fp8kv-clipping",
                                                  "llama-3-8b-gsm8k", "deepseek-v2-lite-gsm8k"}
