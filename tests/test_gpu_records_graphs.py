@@ -26,6 +26,7 @@ from harness.judge.judge import judge_record
 from harness.judge.outcome import reclassify
 from harness.records import RunDir
 from harness.task import Task
+from harness.vllm_compat.teardown import compilation_dropped
 from tests.conftest import FIXTURES, shipped_matrix
 
 ARCHIVE = FIXTURES / "runs" / "h200-graphs-vllm-0.33.0-2026-12-02.tar.xz"
@@ -160,3 +161,16 @@ def test_the_bisection_names_the_releases_around_the_fix(unpacked):
     steps = [json.loads(line) for line in (unpacked / "bisect" / "steps.jsonl").read_text().splitlines()]
     assert {(s["ref"], s["outcome"]) for s in steps} == {("0.26.0", "bad"), ("0.30.0", "bad"), ("0.33.0", "good")}
     assert all("No common block size for 32." in s["reason"] for s in steps if s["outcome"] == "bad")
+
+
+def test_a_warm_worker_that_ran_a_compiled_cell_without_compiling_retires(unpacked):
+    """The warm worker that ran glm-fp8's MTP cell without torch.compile (asked for it) had run its later compiled
+    cells eager too (each compiled in a fresh process): such a worker retires, so its expected failures are
+    confirmed in a fresh process instead of being taken from it."""
+    records = stored(unpacked, COLD)
+    dropped = records["H200--glm-fp8[kv=fp8,skip=0,spec=glm-fp8-mtp]"]
+    assert dropped["isolation"] == "worker" and "compilation NONE" in compilation_dropped(dropped)
+    assert compilation_dropped(records["H200--glm-fp8[kv=fp8,skip=-,spec=glm-fp8-mtp]"]) is None
+    assert compilation_dropped(records["H200--glm-fp8[kv=fp8,skip=0,spec=glm-fp8-mtp,exec=eager]"]) is None
+    fresh_again = [r for r in records.values() if "vLLM ran eager" in (r.get("warm_attempt") or {}).get("reason", "")]
+    assert len(fresh_again) == 3 and all(r["runtime"]["compilation_mode"] == "VLLM_COMPILE" for r in fresh_again)

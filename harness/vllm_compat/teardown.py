@@ -52,9 +52,20 @@ def cuda_error_in(result: dict) -> str | None:
     return f"CUDA error in the cell ({marker})" if marker else None
 
 
+def compilation_dropped(result: dict) -> str | None:
+    """Why a process whose cell asked for torch.compile and ran without it must not run another: on vLLM 0.33.0 on
+    the H200 (2026-12-02) every later compiled cell of such a warm worker ran eager too, while each ran compiled in
+    a fresh process. Process state from an earlier cell decided it, so no later cell of that worker can be trusted
+    to run in its mode."""
+    asked, runtime = result.get("engine_args") or {}, result.get("runtime")
+    if runtime and asked.get("enforce_eager") is False and runtime.get("compilation_mode") in (None, "NONE"):
+        return "torch.compile asked, vLLM ran the cell without it (compilation NONE)"
+    return None
+
+
 def retire_reason(result: dict) -> str | None:
     """Why the process that produced this cell result must not run another cell; None when it may."""
-    if reason := cuda_error_in(result):
+    if reason := cuda_error_in(result) or compilation_dropped(result):
         return reason
     left = gpu_memory_left_mib()
     if left > MEMORY_KEPT_CAP_MIB:
