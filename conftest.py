@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import pytest
 
-from harness.records import FAILING_VERDICTS
-from harness.run.guards import GuardError, cases_fingerprint, claim_run_folder
-from harness.run.pool import run_tasks
-from harness.run.session import Session, open_session, vllm_vocabulary
-from matrix.expand import expand_case
-from matrix.load import CASES_DIR, load_case
-from matrix.schema import CaseError
+from kvmatrix.harness.records import FAILING_VERDICTS
+from kvmatrix.harness.run.guards import GuardError, cases_fingerprint, claim_run_folder
+from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.session import Session, open_session, vllm_vocabulary
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import CASES_DIR, load_case
+from kvmatrix.matrix.schema import CaseError
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

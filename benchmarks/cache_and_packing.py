@@ -30,11 +30,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.cli import cell_selected, load_cells
-from harness.paths import REPO_ROOT
-from harness.run.isolation import isolation_differences
-from harness.run.pool import run_tasks
-from harness.run.session import open_session
+from kvmatrix.harness.cli import cell_selected, load_cells
+from kvmatrix.harness.paths import PACKAGE_ROOT
+from kvmatrix.harness.run.isolation import isolation_differences
+from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.session import open_session
 
 WARM_UP = "import torch, vllm; torch.cuda.init() if torch.cuda.is_available() else None"
 ARM_TITLES = {
@@ -66,7 +66,7 @@ def main() -> None:
                         help="how each arm runs its cells (default: warm workers, as `kvmatrix run`)")
     args = parser.parse_args()
     arms = [arm for arm in "abc" if arm in args.arms]
-    _, _, every = load_cells(argparse.Namespace(cases_dir=str(REPO_ROOT / "cases"), case=None, k=None, cell=None))
+    _, _, every = load_cells(argparse.Namespace(cases_dir=str(PACKAGE_ROOT / "cases"), case=None, k=None, cell=None))
     # A union, unlike `kvmatrix run` (which narrows): a benchmark mixes whole cases with single cells.
     cells = [c for c in every if (args.case and c.case.name in args.case) or (args.cell and c.cell_id in args.cell)
              or (args.k and cell_selected(c.cell_id, args.k))]
@@ -90,7 +90,7 @@ def main() -> None:
     for s in sessions.values():
         s.settings.built = builder.settings.built
     jobs = args.jobs or max(2, first.slots)
-    subprocess.run([sys.executable, "-c", WARM_UP], check=True, cwd=REPO_ROOT)
+    subprocess.run([sys.executable, "-c", WARM_UP], check=True, cwd=PACKAGE_ROOT)
 
     print(f"cells: {len(first.tasks(cells))} on {first.gpu_name}"
           + (f" (emulated on {first.emulated_from})" if first.emulated_from else "")

@@ -22,11 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.cli import cell_selected, load_cells
-from harness.paths import REPO_ROOT
-from harness.run.pool import run_tasks
-from harness.run.session import open_session
-from matrix.axes import DEFAULT_EXECUTION, resolved_execution
+from kvmatrix.harness.cli import cell_selected, load_cells
+from kvmatrix.harness.paths import PACKAGE_ROOT
+from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.session import open_session
+from kvmatrix.matrix.axes import DEFAULT_EXECUTION, resolved_execution
 
 WARM_UP = "import torch, vllm; torch.cuda.init() if torch.cuda.is_available() else None"
 DEFAULT_PATTERN = "execution-modes[kv=*,exec=default,wl=plain*"  # no closing bracket: a glob, not a class
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--emulate", action="store_true")
     parser.add_argument("--cache-dir", default=".cache", help="where the built models are")
     args = parser.parse_args()
-    _, _, every = load_cells(argparse.Namespace(cases_dir=str(REPO_ROOT / "cases"), case=None, k=None, cell=None))
+    _, _, every = load_cells(argparse.Namespace(cases_dir=str(PACKAGE_ROOT / "cases"), case=None, k=None, cell=None))
     cells = [c for c in every if cell_selected(c.cell_id, args.k)]
     if not cells:
         parser.error(f"no cell matches {args.k!r}")
@@ -61,7 +61,7 @@ def main() -> None:
     builder.build_models(session.tasks([c for pair in pairs for c in pair]))
     session.settings.built = builder.settings.built
     session.settings.isolation = "process"
-    subprocess.run([sys.executable, "-c", WARM_UP], check=True, cwd=REPO_ROOT)
+    subprocess.run([sys.executable, "-c", WARM_UP], check=True, cwd=PACKAGE_ROOT)
     print(f"{len(pairs)} cells on {session.gpu_name}, eager vs {mode}, one fresh process per cell", flush=True)
     for round_name in ("cold", "warm"):
         for i, (eager, other) in enumerate(pairs):

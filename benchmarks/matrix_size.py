@@ -20,11 +20,11 @@ from pathlib import Path
 
 import yaml
 
-from harness.judge.verdict import judge
-from harness.nightly import history
-from matrix.expand import expand_all
-from matrix.load import CASES_DIR, load_cases, load_models, load_pool
-from reports import html, html_details, junit, markdown
+from kvmatrix.harness.judge.verdict import judge
+from kvmatrix.harness.nightly import history
+from kvmatrix.matrix.expand import expand_all
+from kvmatrix.matrix.load import CASES_DIR, load_cases, load_models, load_pool
+from kvmatrix.reports import html, html_details, junit, markdown
 
 CLASSES = ("L4", "A100", "H100", "H200", "B200", "RTX-PRO-6000")
 STATUSES = ("ok", "ok", "ok", "ok", "ok", "ok", "crash", "timeout")  # mostly healthy, as a nightly is

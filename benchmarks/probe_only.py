@@ -17,12 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.cli import load_cells
-from harness.paths import REPO_ROOT
-from harness.records import RunDir
-from harness.run.pool import run_tasks
-from harness.run.session import open_session
-from reports.summary import facts
+from kvmatrix.harness.cli import load_cells
+from kvmatrix.harness.paths import PACKAGE_ROOT
+from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.session import open_session
+from kvmatrix.reports.summary import facts
 
 MODES = ("full", "probe")
 
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cache-dir", default=".cache")
     args = parser.parse_args()
-    selection = argparse.Namespace(cases_dir=str(REPO_ROOT / "cases"), case=None, k=args.k, cell=None)
+    selection = argparse.Namespace(cases_dir=str(PACKAGE_ROOT / "cases"), case=None, k=args.k, cell=None)
     cells, _, _ = load_cells(selection)
     scratch = Path(tempfile.mkdtemp(prefix="kvm-probe-only-"))
     session = open_session(run_id="probe-only", runs_dir=scratch, cache_dir=Path(args.cache_dir).resolve())

@@ -16,18 +16,18 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from harness.judge.judge import judge_record
-from harness.judge.outcome import reclassify
-from harness.judge.waivers import waive
-from harness.paths import REPO_ROOT
-from harness.record_model import CellRecord
-from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
-from harness.run.session import session_waivers, this_device
-from harness.task import Task
-from harness.vllm_compat import ENVIRONMENT_SIGNATURES, installed_vllm_version
-from matrix.expand import expand_all
-from matrix.load import CASES_DIR, case_files, load_cases, load_models, load_pool
-from matrix.pool import PoolError, resolve
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.judge.waivers import waive
+from kvmatrix.harness.paths import CELL_CWD
+from kvmatrix.harness.record_model import CellRecord
+from kvmatrix.harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
+from kvmatrix.harness.run.session import session_waivers, this_device
+from kvmatrix.harness.task import Task
+from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES, installed_vllm_version
+from kvmatrix.matrix.expand import expand_all
+from kvmatrix.matrix.load import CASES_DIR, case_files, load_cases, load_models, load_pool
+from kvmatrix.matrix.pool import PoolError, resolve
 
 VERDICTS = ("pass", "xfail", "skip", "fail", "error")
 
@@ -53,10 +53,10 @@ def run_classes(classes: list[str], runs_dir: Path, extra: list[str]) -> list[Pa
     folders = []
     for gpu in classes:
         run_id = f"audit-{gpu}-vllm{installed_vllm_version()}"
-        command = [sys.executable, "-m", "harness.cli", "run", "--gpu", gpu, "--emulate", "--run-id", run_id,
+        command = [sys.executable, "-m", "kvmatrix.harness.cli", "run", "--gpu", gpu, "--emulate", "--run-id", run_id,
                    "--runs-dir", str(runs_dir.absolute()), *extra]
         print("$ " + " ".join(command[1:]), flush=True)
-        subprocess.run(command, cwd=REPO_ROOT, check=False)  # its failures are what the audit lists
+        subprocess.run(command, cwd=CELL_CWD, check=False)  # its failures are what the audit lists
         folders.append(runs_dir / run_id)
     return folders
 

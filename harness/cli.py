@@ -8,32 +8,33 @@ import sys
 import time
 from pathlib import Path
 
-from harness.audit import add_audit_command
-from harness.bisect.command import add_bisect_command
-from harness.cli_nightly import add_nightly_commands
-from harness.cli_output import progress_printer, write_reports
-from harness.judge.judge import judge_record
-from harness.judge.outcome import reclassify
-from harness.judge.waivers import WAIVERS_FILE, WaiverError, WaiverProblem, apply_waivers, cell_keys
-from harness.nightly import history
-from harness.paths import DEFAULT_CACHE
-from harness.pr.command import add_pr_command
-from harness.record_model import CellRecord, RecordError, new_record
-from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
-from harness.repro.command import add_repro_command
-from harness.run import host_cpu
-from harness.run.canary import EnvironmentBroken
-from harness.run.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
-from harness.run.pool import LocalPool, OnRecord
-from harness.run.session import Session, open_session, session_waivers, vllm_vocabulary
-from harness.surface.command import add_surface_command
-from harness.surface.promises import promised, refusals
-from harness.task import Task
-from matrix.expand import Cell, expand_case
-from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool, shared_file
-from matrix.pool import PoolError
-from matrix.schema import CaseError
-from reports import findings_pages
+from kvmatrix.harness.audit import add_audit_command
+from kvmatrix.harness.bisect.command import add_bisect_command
+from kvmatrix.harness.cli_nightly import add_nightly_commands
+from kvmatrix.harness.cli_output import progress_printer, write_reports
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.judge.waivers import WAIVERS_FILE, WaiverError, WaiverProblem, apply_waivers, cell_keys
+from kvmatrix.harness.nightly import history
+from kvmatrix.harness.paths import DEFAULT_CACHE
+from kvmatrix.harness.pr.command import add_pr_command
+from kvmatrix.harness.record_model import CellRecord, RecordError, new_record
+from kvmatrix.harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
+from kvmatrix.harness.repro.command import add_repro_command
+from kvmatrix.harness.run import host_cpu
+from kvmatrix.harness.run.canary import EnvironmentBroken
+from kvmatrix.harness.run.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
+from kvmatrix.harness.run.pool import LocalPool, OnRecord
+from kvmatrix.harness.run.session import Session, open_session, session_waivers, vllm_vocabulary
+from kvmatrix.harness.starter import write_starter
+from kvmatrix.harness.surface.command import add_surface_command
+from kvmatrix.harness.surface.promises import promised, refusals
+from kvmatrix.harness.task import Task
+from kvmatrix.matrix.expand import Cell, expand_case
+from kvmatrix.matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool, shared_file
+from kvmatrix.matrix.pool import PoolError
+from kvmatrix.matrix.schema import CaseError
+from kvmatrix.reports import findings_pages
 
 
 def load_cells(args: argparse.Namespace, tolerant: bool = False) -> tuple[list[Cell], list[CaseError], list[Cell]]:
@@ -130,7 +131,7 @@ def run_on_ray(args: argparse.Namespace, tasks: list[Task], session: Session, on
     """An existing Ray cluster's nodes of the class (harness/run/ray_pool.py); records land here as local ones do."""
     import ray  # only a Ray pool needs Ray
 
-    from harness.run.ray_pool import RayPool
+    from kvmatrix.harness.run.ray_pool import RayPool
 
     ray.init(address=args.ray)
     try:
@@ -226,6 +227,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    written = write_starter(Path(args.folder))
+    for path in written:
+        print(f"wrote {path}")
+    print(f"next: kvmatrix list --cases-dir {args.folder}")
+    return 0
+
+
 def add_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--gpu", help="GPU class to run as (default: this machine's)")
     run.add_argument("--emulate", action="store_true", help="emulate --gpu's decisions on this machine's GPU")
@@ -270,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def selection(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--cases-dir", default=str(CASES_DIR), help="folder of case files (default: cases/)")
+        p.add_argument("--cases-dir", default=str(CASES_DIR), help="folder of case files (default: the built-in cases)")
         p.add_argument("--case", action="append", help="only this case (file stem); repeatable")
         p.add_argument("-k", help="only cells whose id contains this (or matches this glob)")
         p.add_argument("--cell", action="append", help="only this exact cell id; repeatable")
@@ -300,6 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     fin.add_argument("run_dirs", nargs="+")
     fin.add_argument("--out", default=str(findings_pages.FINDINGS_DIR / "pages"), help="folder for the pages")
     fin.set_defaults(func=cmd_findings)
+
+    init = sub.add_parser("init", help="write a starter folder of one's own cases (one case file, a README)")
+    init.add_argument("folder")
+    init.set_defaults(func=cmd_init)
 
     add_nightly_commands(sub)
     add_bisect_command(sub)

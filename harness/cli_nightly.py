@@ -8,11 +8,11 @@ import os
 import sys
 from pathlib import Path
 
-from harness.nightly import history, pipelines
-from harness.nightly.diff import Diff, diff_records
-from harness.records import RUNS_DIR
-from matrix.load import CASES_DIR
-from reports import diff_md, html
+from kvmatrix.harness.nightly import history, pipelines
+from kvmatrix.harness.nightly.diff import Diff, diff_records
+from kvmatrix.harness.records import RUNS_DIR
+from kvmatrix.matrix.load import CASES_DIR
+from kvmatrix.reports import diff_md, html
 
 
 def cmd_history_import(args: argparse.Namespace) -> int:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from harness.record_model import CellRecord
-from harness.records import RunDir
-from reports import html, junit, markdown
-from reports.summary import fresh_rerun
+from kvmatrix.harness.record_model import CellRecord
+from kvmatrix.harness.records import RunDir
+from kvmatrix.reports import html, junit, markdown
+from kvmatrix.reports.summary import fresh_rerun
 
 
 def progress_printer(started: float):

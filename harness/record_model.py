@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict, Unpack
 
-from harness.record_parts import (  # noqa: F401  (the parts are part of this module's interface)
+from kvmatrix.harness.record_parts import (  # noqa: F401  (the parts are part of this module's interface)
     VERDICTS,
     AccuracyComparison,
     AccuracyResult,
@@ -45,7 +45,7 @@ from harness.record_parts import (  # noqa: F401  (the parts are part of this mo
     WorkloadRun,
     open_to_other_keys,
 )
-from matrix.schema import validation_problems
+from kvmatrix.matrix.schema import validation_problems
 
 
 @open_to_other_keys

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from harness.record_model import VERDICTS, CellRecord, check_record
+from kvmatrix.harness.record_model import VERDICTS, CellRecord, check_record
 
 # Relative: resolved against the working directory when used (RunDir makes its root absolute).
 RUNS_DIR = Path("reports") / "runs"

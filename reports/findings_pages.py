@@ -15,10 +15,10 @@ import json
 import shlex
 from pathlib import Path
 
-from harness.judge.fingerprint import failure_name
-from harness.record_model import CellRecord
-from harness.records import record_stem
-from reports.summary import facts
+from kvmatrix.harness.judge.fingerprint import failure_name
+from kvmatrix.harness.record_model import CellRecord
+from kvmatrix.harness.records import record_stem
+from kvmatrix.reports.summary import facts
 
 FINDINGS_DIR = Path("reports") / "findings"  # the project's findings, in the working directory
 INDEX = "README.md"

@@ -13,11 +13,11 @@ from typing import Any
 
 import jinja2
 
-from harness.record_model import CellRecord
-from reports.diff_md import Comparison, detail, move
-from reports.html_details import details_json, facts_text
-from reports.html_grid import History, grids
-from reports.summary import VERDICT_ORDER, crash_counts, fresh_rerun, fresh_reruns, leaks, same_crash
+from kvmatrix.harness.record_model import CellRecord
+from kvmatrix.reports.diff_md import Comparison, detail, move
+from kvmatrix.reports.html_details import details_json, facts_text
+from kvmatrix.reports.html_grid import History, grids
+from kvmatrix.reports.summary import VERDICT_ORDER, crash_counts, fresh_rerun, fresh_reruns, leaks, same_crash
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),

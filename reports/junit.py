@@ -6,9 +6,9 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
-from harness.judge.fingerprint import failure_name
-from harness.record_model import CellRecord
-from reports.summary import fresh_rerun
+from kvmatrix.harness.judge.fingerprint import failure_name
+from kvmatrix.harness.record_model import CellRecord
+from kvmatrix.reports.summary import fresh_rerun
 
 
 def render(records: list[CellRecord]) -> str:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.record_model import CellRecord
-from reports.summary import counts, crash_counts, frame, fresh_reruns, leaks, pivot, same_crash
+from kvmatrix.harness.record_model import CellRecord
+from kvmatrix.reports.summary import counts, crash_counts, frame, fresh_reruns, leaks, pivot, same_crash
 
 
 def class_differences(records: list[CellRecord], reference: str) -> list[str]:
     """Per cell, how each other GPU class's record differs from the reference class's (verdict, backend, KV
     dtype, query dtype, page size, signature): what an emulated or other class decides differently."""
-    from harness.nightly.diff import what_changed  # reports stay importable without the history modules' deps
+    from kvmatrix.harness.nightly.diff import what_changed  # reports stay importable without the history modules' deps
 
     by_class: dict[str, dict[str, CellRecord]] = {}
     for r in records:

@@ -6,8 +6,8 @@ from collections import Counter
 
 import pandas as pd
 
-from harness.judge.facts import facts
-from harness.record_model import CellRecord
+from kvmatrix.harness.judge.facts import facts
+from kvmatrix.harness.record_model import CellRecord
 
 VERDICT_ORDER = ("fail", "error", "xfail", "pass", "skip")
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.vllm_compat import detect_cpu_isa, installed_vllm_version
-from matrix.load import CASES_DIR, load_pool
-from matrix.pool import LocalDevice, class_of
+from kvmatrix.harness.vllm_compat import detect_cpu_isa, installed_vllm_version
+from kvmatrix.matrix.load import CASES_DIR, load_pool
+from kvmatrix.matrix.pool import LocalDevice, class_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # The class of the CPU these tests run on: cells that start vLLM here run as this class.
@@ -30,9 +30,9 @@ needs_fp8_kv = pytest.mark.skipif(
 def shipped_matrix():
     """cases/: its pool, every cell by id, its waivers, read once per test process for the captured records that
     tests judge again under the shipped case files."""
-    from harness.judge.waivers import load_waivers
-    from matrix.expand import expand_all
-    from matrix.load import load_cases, load_models
+    from kvmatrix.harness.judge.waivers import load_waivers
+    from kvmatrix.matrix.expand import expand_all
+    from kvmatrix.matrix.load import load_cases, load_models
 
     pool = load_pool()
     cells = {c.cell_id: c for c in expand_all(load_cases(), load_models(), pool)}

@@ -1,4 +1,4 @@
-"""A stand-in for `python -m harness.cell` that misbehaves on purpose, chosen by the cell's case name (after an
+"""A stand-in for `python -m kvmatrix.harness.cell` that misbehaves on purpose, chosen by the cell's case name (after an
 optional ordering prefix, `3-segv`):
 ok, hang, segv, killed, crash, cudaerror, orphan (leaves a grandchild behind), escaped (a grandchild that leaves
 the cell's process group), noisy (megabytes of log), slow, envdump (records the GPUs and rank settings it was

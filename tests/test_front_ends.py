@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli
-from harness.records import RunDir
+from kvmatrix.harness import cli
+from kvmatrix.harness.records import RunDir
 from tests.conftest import CPU_CLASS, write_case
 
 REPO = Path(__file__).resolve().parent.parent

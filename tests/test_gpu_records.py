@@ -8,14 +8,14 @@ import re
 
 import pytest
 
-from harness.judge.judge import judge_record
-from harness.judge.verdict import judge
-from harness.records import RunDir
-from harness.task import Task
-from matrix.expand import expand_all
-from matrix.load import load_cases, load_models, load_pool
-from reports.markdown import class_differences
-from reports.summary import facts
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.verdict import judge
+from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.task import Task
+from kvmatrix.matrix.expand import expand_all
+from kvmatrix.matrix.load import load_cases, load_models, load_pool
+from kvmatrix.reports.markdown import class_differences
+from kvmatrix.reports.summary import facts
 from tests.conftest import FIXTURES
 
 GPU_RECORDS = FIXTURES / "records" / "h200-vllm-0.26.0"

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 
-from harness.judge.outcome import classify_outcome
-from harness.judge.verdict import judge
-from harness.nightly import history
-from harness.records import RunDir, record_stem
-from matrix.expand import expand_case
-from matrix.load import CASES_DIR, load_case, load_models, load_pool
+from kvmatrix.harness.judge.outcome import classify_outcome
+from kvmatrix.harness.judge.verdict import judge
+from kvmatrix.harness.nightly import history
+from kvmatrix.harness.records import RunDir, record_stem
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import CASES_DIR, load_case, load_models, load_pool
 from tests.conftest import FIXTURES
 
 CAPTURED = FIXTURES / "records" / "cpu-vllm-0.32.0"

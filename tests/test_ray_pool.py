@@ -12,19 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli
-from harness.records import RunDir
-from harness.run.settings import RunSettings
-from harness.task import Task
-from matrix.expand import expand_all
-from matrix.load import load_cases, load_models, load_pool
+from kvmatrix.harness import cli
+from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.harness.task import Task
+from kvmatrix.matrix.expand import expand_all
+from kvmatrix.matrix.load import load_cases, load_models, load_pool
 from tests.conftest import write_case
 
 ray = pytest.importorskip("ray", reason="ray is not importable: the Ray pool is optional (pip install ray)",
                          exc_type=ImportError)
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from harness.run.ray_pool import placement, run_tasks_on_ray  # noqa: E402
+from kvmatrix.harness.run.ray_pool import placement, run_tasks_on_ray  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_CELL = REPO / "tests" / "fake_cell.py"

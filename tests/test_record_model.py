@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.record_model import RecordError, check_record, new_record
-from harness.records import RunDir, read_json
-from harness.vllm_compat import normalize_record
+from kvmatrix.harness.record_model import RecordError, check_record, new_record
+from kvmatrix.harness.records import RunDir, read_json
+from kvmatrix.harness.vllm_compat import normalize_record
 from tests.conftest import FIXTURES
 
 REPO = Path(__file__).resolve().parent.parent

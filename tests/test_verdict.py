@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from harness.judge.outcome import classify_outcome
-from harness.judge.verdict import FORCED_BACKEND_RULE, judge
-from matrix.expand import expand_case
-from matrix.expectations import Expectation
-from matrix.load import CASES_DIR, load_case, load_models, load_pool
+from kvmatrix.harness.judge.outcome import classify_outcome
+from kvmatrix.harness.judge.verdict import FORCED_BACKEND_RULE, judge
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.expectations import Expectation
+from kvmatrix.matrix.load import CASES_DIR, load_case, load_models, load_pool
 from tests.conftest import FIXTURES
 
 CPU_RECORDS = FIXTURES / "records" / "cpu-vllm-0.32.0"

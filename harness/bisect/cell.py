@@ -1,4 +1,4 @@
-"""One bisection step's cells, run inside that step's environment: `python -m harness.bisect.cell REQUEST.json`
+"""One bisection step's cells, run inside that step's environment: `python -m kvmatrix.harness.bisect.cell REQUEST.json`
 (cells, runs_dir, run_id, cache_dir, out, gpu, isolation). Writes OUT: {"records": {cell: path}} for the cells that
 ran (each record has the matrix's verdict) and {"skips": {cell: why}} for those this vLLM cannot express at all
 (e.g. a newer case file names a dtype an older vLLM lacks). The cells run together, as one run of the matrix: in
@@ -14,14 +14,14 @@ import json
 import sys
 from pathlib import Path
 
-from harness.records import write_json_atomic
-from harness.run.engine_args import engine_args_for, models_needed
-from harness.run.pool import run_tasks
-from harness.run.session import open_session
-from harness.vllm_compat import known_engine_args, known_kv_cache_dtypes
-from matrix.expand import Cell, expand_case
-from matrix.load import CASES_DIR, load_case, load_models, load_pool
-from matrix.schema import CaseError
+from kvmatrix.harness.records import write_json_atomic
+from kvmatrix.harness.run.engine_args import engine_args_for, models_needed
+from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.session import open_session
+from kvmatrix.harness.vllm_compat import known_engine_args, known_kv_cache_dtypes
+from kvmatrix.matrix.expand import Cell, expand_case
+from kvmatrix.matrix.load import CASES_DIR, load_case, load_models, load_pool
+from kvmatrix.matrix.schema import CaseError
 
 
 def _find_cell(cell_id: str, cases_dir: Path) -> Cell | str:

@@ -28,13 +28,13 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from harness.bisect.envs import EnvBuildError, available_versions
-from harness.bisect.given import GivenEnv, between, glob_envs, parse_env_args
-from harness.bisect.report import Result, render
-from harness.bisect.step import Plan, Step, recorded_steps, run_step, run_steps
-from harness.paths import DEFAULT_CACHE, REPO_ROOT
-from harness.records import RUNS_DIR, write_json_atomic
-from harness.vllm_compat import installed_vllm_distribution
+from kvmatrix.harness.bisect.envs import EnvBuildError, available_versions
+from kvmatrix.harness.bisect.given import GivenEnv, between, glob_envs, parse_env_args
+from kvmatrix.harness.bisect.report import Result, render
+from kvmatrix.harness.bisect.step import Plan, Step, recorded_steps, run_step, run_steps
+from kvmatrix.harness.paths import DEFAULT_CACHE, import_root
+from kvmatrix.harness.records import RUNS_DIR, write_json_atomic
+from kvmatrix.harness.vllm_compat import installed_vllm_distribution
 
 
 def installed_package() -> tuple[str, str | None]:
@@ -170,9 +170,9 @@ def _bisect_in_worktree(plan: Plan, checkout: Path, good: str, bad: str, result:
     _git(checkout, "bisect", "start", bad, good)
     log = Path(plan.folder) / "git-bisect-run.log"
     with log.open("w") as out:
-        subprocess.run(["git", "-C", str(checkout), "bisect", "run", sys.executable, "-m", "harness.bisect.step",
-                        str(plan.save())], stdout=out, stderr=subprocess.STDOUT,
-                       env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        subprocess.run(["git", "-C", str(checkout), "bisect", "run", sys.executable, "-m",
+                        "kvmatrix.harness.bisect.step", str(plan.save())], stdout=out, stderr=subprocess.STDOUT,
+                       env={**os.environ, "PYTHONPATH": str(import_root())})
     said = log.read_text()
     first_bad = _git(checkout, "rev-parse", "--verify", "-q", "refs/bisect/bad", check=False)
     _git(checkout, "bisect", "reset", "-q", bad, check=False)

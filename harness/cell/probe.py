@@ -12,8 +12,8 @@ import enum
 import re
 from typing import Any
 
-from harness import vllm_compat as compat
-from harness.record_model import AttnGroup, Builder, CellRecord, KvGroup, Layer
+from kvmatrix.harness import vllm_compat as compat
+from kvmatrix.harness.record_model import AttnGroup, Builder, CellRecord, KvGroup, Layer
 
 _MISSING = object()
 

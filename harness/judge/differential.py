@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.judge.accuracy import compare as compare_accuracy
-from harness.judge.accuracy import describe as describe_accuracy
-from harness.record_model import CellRecord, DifferentialComparison, RuleResult, Verdict
-from harness.records import RunDir, read_json, run_mode
-from matrix.axes import resolved_execution
-from matrix.conditions import when_matches
-from matrix.expand import Cell
-from matrix.expectations import Differential
+from kvmatrix.harness.judge.accuracy import compare as compare_accuracy
+from kvmatrix.harness.judge.accuracy import describe as describe_accuracy
+from kvmatrix.harness.record_model import CellRecord, DifferentialComparison, RuleResult, Verdict
+from kvmatrix.harness.records import RunDir, read_json, run_mode
+from kvmatrix.matrix.axes import resolved_execution
+from kvmatrix.matrix.conditions import when_matches
+from kvmatrix.matrix.expand import Cell
+from kvmatrix.matrix.expectations import Differential
 
 LAYER_STATE = ("kv_cache_dtype", "backend", "spec_dtype", "page_size_bytes", "group")
 GROUP_STATE = ("layer_names", "spec_type", "dtype", "block_size", "page_size_bytes", "kv_quant_mode",

@@ -3,9 +3,9 @@ failure's name): what the reports show in a matrix cell, and what diffs and bise
 
 from __future__ import annotations
 
-from harness.judge.fingerprint import failure_name
-from harness.record_model import CellRecord
-from harness.vllm_compat import QUERY_DTYPE_FIELDS
+from kvmatrix.harness.judge.fingerprint import failure_name
+from kvmatrix.harness.record_model import CellRecord
+from kvmatrix.harness.vllm_compat import QUERY_DTYPE_FIELDS
 
 
 def _unique(values) -> list:

@@ -14,14 +14,14 @@ from __future__ import annotations
 import datetime
 from collections.abc import Sequence
 
-from harness.judge.accuracy import judge_accuracy
-from harness.judge.differential import judge_differential, judge_workload
-from harness.judge.verdict import judge
-from harness.judge.waivers import Waiver, waive
-from harness.record_model import CellRecord
-from harness.records import RunDir
-from harness.task import Task
-from harness.vllm_compat import ENVIRONMENT_SIGNATURES, NOT_EMULABLE_SIGNATURES, normalize_record
+from kvmatrix.harness.judge.accuracy import judge_accuracy
+from kvmatrix.harness.judge.differential import judge_differential, judge_workload
+from kvmatrix.harness.judge.verdict import judge
+from kvmatrix.harness.judge.waivers import Waiver, waive
+from kvmatrix.harness.record_model import CellRecord
+from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.task import Task
+from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES, NOT_EMULABLE_SIGNATURES, normalize_record
 
 
 def judge_record(record: CellRecord, task: Task, run_dir: RunDir, waivers: Sequence[Waiver] = (),

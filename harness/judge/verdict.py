@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.judge.fingerprint import failure_name
-from harness.record_model import CellRecord, Layer, RuleResult, Verdict
-from harness.vllm_compat import signature_matches
-from matrix.conditions import matches, when_matches
-from matrix.expectations import CrashExpected, Expectation, RecordCheck, RefusalExpected
+from kvmatrix.harness.judge.fingerprint import failure_name
+from kvmatrix.harness.record_model import CellRecord, Layer, RuleResult, Verdict
+from kvmatrix.harness.vllm_compat import signature_matches
+from kvmatrix.matrix.conditions import matches, when_matches
+from kvmatrix.matrix.expectations import CrashExpected, Expectation, RecordCheck, RefusalExpected
 
 Judgement = tuple[Verdict, str, list[RuleResult]]  # (verdict, reason, per-rule results)
 

@@ -26,11 +26,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.record_model import CellRecord
-from harness.records import FAILING_VERDICTS
-from matrix.conditions import check_condition_value, matches
-from matrix.expand import Cell
-from matrix.load import CASES_DIR
+from kvmatrix.harness.record_model import CellRecord
+from kvmatrix.harness.records import FAILING_VERDICTS
+from kvmatrix.matrix.conditions import check_condition_value, matches
+from kvmatrix.matrix.expand import Cell
+from kvmatrix.matrix.load import CASES_DIR
 
 WAIVERS_FILE = CASES_DIR / "_waivers.txt"
 # Where a waived failure is tracked: an upstream issue, or our own findings page for bugs not yet filed upstream.

@@ -7,15 +7,15 @@ import shlex
 import sys
 from pathlib import Path
 
-from harness.paths import DEFAULT_CACHE
-from harness.records import RunDir
-from harness.repro.generate import ReproError, render, script_spec
-from harness.run.session import this_device
-from harness.task import Task
-from harness.vllm_compat import installed_vllm_version
-from matrix.expand import expand_case
-from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
-from matrix.pool import class_of
+from kvmatrix.harness.paths import DEFAULT_CACHE
+from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.repro.generate import ReproError, render, script_spec
+from kvmatrix.harness.run.session import this_device
+from kvmatrix.harness.task import Task
+from kvmatrix.harness.vllm_compat import installed_vllm_version
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
+from kvmatrix.matrix.pool import class_of
 
 
 def find_cell(cases_dir: Path, cell_id: str):

@@ -11,16 +11,16 @@ import pprint
 from pathlib import Path
 from typing import Any
 
-from harness import vllm_compat
-from harness.models import checkpoint
-from harness.models.trained import BUILDERS as TRAINED_BUILDERS
-from harness.repro import standalone
-from harness.run.engine_args import engine_args_for, models_needed
-from harness.run.models import build_models
-from harness.task import Task
-from matrix.conditions import is_range, when_matches
-from matrix.expand import Cell
-from matrix.schema import X86_CPU_LEVELS, GpuClass, ModelEntry
+from kvmatrix.harness import vllm_compat
+from kvmatrix.harness.models import checkpoint
+from kvmatrix.harness.models.trained import BUILDERS as TRAINED_BUILDERS
+from kvmatrix.harness.repro import standalone
+from kvmatrix.harness.run.engine_args import engine_args_for, models_needed
+from kvmatrix.harness.run.models import build_models
+from kvmatrix.harness.task import Task
+from kvmatrix.matrix.conditions import is_range, when_matches
+from kvmatrix.matrix.expand import Cell
+from kvmatrix.matrix.schema import X86_CPU_LEVELS, GpuClass, ModelEntry
 
 HERE_MARK = "@HERE@"  # the script's own folder, replaced when it runs
 PROBED_FIELDS = ("kv_cache_dtype", "spec_dtype", "page_size_bytes", "role")  # what the script's probe reads

@@ -8,7 +8,9 @@ import json
 import shutil
 from pathlib import Path
 
-from harness.records import write_json_atomic
+from kvmatrix.harness.judge.waivers import WAIVERS_FILE
+from kvmatrix.harness.records import write_json_atomic
+from kvmatrix.matrix.load import MODELS_FILE, POOL_FILE, shared_file
 
 RUN_META = "run.json"
 
@@ -18,9 +20,13 @@ class GuardError(RuntimeError):
 
 
 def cases_fingerprint(cases_dir: Path) -> str:
-    """One hash over every file in cases/ (cases, registry, pool, shared blocks): what the verdicts depend on."""
+    """One hash over every file the verdicts depend on: the folder's cases, shared blocks, registry, pool and
+    waivers, and the default case set's registry, pool and waivers where the folder borrows them."""
+    folder = Path(cases_dir)
+    borrowed = [shared_file(folder, name) for name in (MODELS_FILE, POOL_FILE, WAIVERS_FILE.name)
+                if not (folder / name).exists()]
     digest = hashlib.sha256()
-    for path in sorted(Path(cases_dir).glob("*.yaml")) + sorted(Path(cases_dir).glob("*.txt")):
+    for path in sorted(folder.glob("*.yaml")) + sorted(folder.glob("*.txt")) + borrowed:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 

@@ -11,23 +11,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from harness.judge.facts import facts
-from harness.record_model import CellRecord
-from harness.records import RunDir, read_json
-from harness.run.accuracy_plan import baseline_gates
-from harness.run.canary import EnvironmentBroken, canary_failure, pick_canary
-from harness.run.cell_env import run_mark
-from harness.run.cell_run import cell_record, expected_not_to_pass, not_run_reason
-from harness.run.confirmations import Confirmations, confirmation_gates
-from harness.run.gpu_check import pinned_gpus
-from harness.run.gpu_memory import gpu_baselines
-from harness.run.launch import WORKERS_PER_SLOT, FreshProcess, Launcher, WarmWorker
-from harness.run.models import trainings_waited_on
-from harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
-from harness.run.process import CellProcesses
-from harness.run.schedule import order_tasks
-from harness.run.settings import RunSettings
-from harness.task import Task
+from kvmatrix.harness.judge.facts import facts
+from kvmatrix.harness.record_model import CellRecord
+from kvmatrix.harness.records import RunDir, read_json
+from kvmatrix.harness.run.accuracy_plan import baseline_gates
+from kvmatrix.harness.run.canary import EnvironmentBroken, canary_failure, pick_canary
+from kvmatrix.harness.run.cell_env import run_mark
+from kvmatrix.harness.run.cell_run import cell_record, expected_not_to_pass, not_run_reason
+from kvmatrix.harness.run.confirmations import Confirmations, confirmation_gates
+from kvmatrix.harness.run.gpu_check import pinned_gpus
+from kvmatrix.harness.run.gpu_memory import gpu_baselines
+from kvmatrix.harness.run.launch import WORKERS_PER_SLOT, FreshProcess, Launcher, WarmWorker
+from kvmatrix.harness.run.models import trainings_waited_on
+from kvmatrix.harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
+from kvmatrix.harness.run.process import CellProcesses
+from kvmatrix.harness.run.schedule import order_tasks
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.harness.task import Task
 
 OnRecord = Callable[[CellRecord, int, int, bool], None]
 

@@ -8,10 +8,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.judge.waivers import Waiver
-from harness.records import RunDir
-from harness.run.gpu_memory import GpuMemory
-from matrix.schema import ModelEntry
+from kvmatrix.harness.judge.waivers import Waiver
+from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.run.gpu_memory import GpuMemory
+from kvmatrix.matrix.schema import ModelEntry
 
 
 @dataclass
@@ -25,11 +25,11 @@ class RunSettings:
     timeout_scale: float = 1.0
     env: dict[str, str] | None = None
     fresh_caches: bool = False  # each cell its own empty caches (benchmarks: what sharing saves)
-    cell_command: tuple[str, ...] = (sys.executable, "-m", "harness.cell")
+    cell_command: tuple[str, ...] = (sys.executable, "-m", "kvmatrix.harness.cell")
     # "worker": each slot runs its cells in a warm worker (`worker_command`, harness/cell/worker.py), a failing
     # cell again in a fresh process; "process": every cell in a fresh process (`cell_command`).
     isolation: str = "process"
-    worker_command: tuple[str, ...] = (sys.executable, "-m", "harness.cell.worker")
+    worker_command: tuple[str, ...] = (sys.executable, "-m", "kvmatrix.harness.cell.worker")
     probe_only: bool = False  # cells that need only the resolved state run one short request (cell_mode)
     gpu_memory: GpuMemory | None = None  # where set, each cell's GPU is checked back at its baseline
     gpu_settle_s: float = 15.0  # how long a cell's GPU may take to free its memory before it counts as leaked

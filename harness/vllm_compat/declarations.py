@@ -14,7 +14,7 @@ import inspect
 import io
 from typing import Any
 
-from harness.vllm_compat.versions import for_version
+from kvmatrix.harness.vllm_compat.versions import for_version
 
 REGISTRY_MODULE = "vllm.v1.attention.backends.registry"  # 0.22.0 to 0.33.0 (0.33.0 read on the H200)
 # Backends that serve another platform than CUDA, by registry name prefix (the registry does not say).

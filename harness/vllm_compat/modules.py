@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from harness.vllm_compat.versions import for_version
+from kvmatrix.harness.vllm_compat.versions import for_version
 
 # From an attention layer: its quantization method (an object; the module of its class is recorded).
 LAYER_QUANT_METHOD_ATTRS = [("", ("quant_method",))]
