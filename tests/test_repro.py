@@ -5,6 +5,7 @@ fails its assert, printing what vLLM resolved, against a vLLM altered on purpose
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,7 +65,7 @@ def test_the_script_regenerates_the_cached_checkpoint_exactly(builder, fp8_weigh
     ours, theirs = tmp_path / "m" / "model.safetensors", folder / "model.safetensors"
     assert ours.read_bytes() == theirs.read_bytes()
     assert (tmp_path / "m" / "config.json").read_text() == (folder / "config.json").read_text()
-    assert "import harness" not in script and "from harness" not in script and "kvmatrix import" not in script
+    assert not re.search(r"^\s*(from|import) (kvmatrix|harness)\b", script, re.MULTILINE)  # vLLM and torch only
 
 
 def generate(tmp_path: Path, cell_id: str) -> Path:
