@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import fnmatch
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -14,7 +14,14 @@ from kvmatrix.harness.cli_nightly import add_nightly_commands
 from kvmatrix.harness.cli_output import progress_printer, write_reports
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassify
-from kvmatrix.harness.judge.waivers import WAIVERS_FILE, WaiverError, WaiverProblem, apply_waivers, cell_keys
+from kvmatrix.harness.judge.waivers import (
+    WAIVERS_FILE,
+    WaiverError,
+    WaiverProblem,
+    apply_waivers,
+    cell_keys,
+    cell_pattern,
+)
 from kvmatrix.harness.nightly import history
 from kvmatrix.harness.paths import DEFAULT_CACHE
 from kvmatrix.harness.pr.command import add_pr_command
@@ -23,7 +30,7 @@ from kvmatrix.harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
 from kvmatrix.harness.repro.command import add_repro_command
 from kvmatrix.harness.run import host_cpu
 from kvmatrix.harness.run.canary import EnvironmentBroken
-from kvmatrix.harness.run.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
+from kvmatrix.harness.run.guards import GuardError, cases_dir_for, check_free_disk, claim_run_folder
 from kvmatrix.harness.run.pool import LocalPool, OnRecord
 from kvmatrix.harness.run.session import Session, open_session, session_waivers, vllm_vocabulary
 from kvmatrix.harness.starter import write_starter
@@ -31,15 +38,20 @@ from kvmatrix.harness.surface.command import add_surface_command
 from kvmatrix.harness.surface.promises import promised, refusals
 from kvmatrix.harness.task import Task
 from kvmatrix.matrix.expand import Cell, expand_case
-from kvmatrix.matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool, shared_file
+from kvmatrix.matrix.load import case_files, load_case, load_models, load_pool, shared_file
 from kvmatrix.matrix.pool import PoolError
 from kvmatrix.matrix.schema import CaseError
 from kvmatrix.reports import findings_pages
 
 
+class SelectionError(ValueError):
+    """--case, -k or --cell selected no cell: a typo would otherwise give an empty report and exit 0."""
+
+
 def load_cells(args: argparse.Namespace, tolerant: bool = False) -> tuple[list[Cell], list[CaseError], list[Cell]]:
     """(selected cells, case files set aside, every cell of the matrix). With `tolerant`, a case file that fails
-    to load or expand is set aside as an error (the other cases still run); otherwise it stops the command."""
+    to load or expand is set aside as an error (the other cases still run); otherwise it stops the command. A
+    selection that matches no cell raises SelectionError naming it."""
     cases_dir = Path(args.cases_dir)
     files = case_files(cases_dir)
     models, pool = load_models(cases_dir), load_pool(cases_dir)
@@ -61,7 +73,15 @@ def load_cells(args: argparse.Namespace, tolerant: bool = False) -> tuple[list[C
         cells = [c for c in cells if cell_selected(c.cell_id, args.k)]
     if args.cell:
         cells = [c for c in cells if c.cell_id in args.cell]
+    if not cells and not errors:
+        raise SelectionError(f"no cell of {cases_dir} matches {_selection(args)} (`kvmatrix list` shows the ids)")
     return cells, errors, every
+
+
+def _selection(args: argparse.Namespace) -> str:
+    said = [("--case", c) for c in args.case or []] + ([("-k", args.k)] if args.k else [])
+    said += [("--cell", c) for c in args.cell or []]
+    return " ".join(f"{flag} {shlex.quote(value)}" for flag, value in said) or "(everything: it has no case files)"
 
 
 def invalid_case_record(err: CaseError, gpu_name: str) -> CellRecord:
@@ -72,11 +92,17 @@ def invalid_case_record(err: CaseError, gpu_name: str) -> CellRecord:
 
 
 def cell_selected(cell_id: str, pattern: str) -> bool:
-    return fnmatch.fnmatchcase(cell_id, pattern) if set("*?[") & set(pattern) else pattern in cell_id
+    """-k: a whole cell id (`name[...]`) matches only that cell, an id fragment every cell containing it; `*` and
+    `?` are wildcards, `[` and `]` literal (as in the waivers file), so an id from `kvmatrix list` selects itself."""
+    whole_id = "[" in pattern and pattern.endswith("]")
+    if whole_id or set("*?") & set(pattern):
+        return cell_pattern(pattern).fullmatch(cell_id) is not None
+    return pattern in cell_id
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     started = host_cpu.reading()
+    args.cases_dir = cases_dir_for(args.cases_dir, Path(args.runs_dir) / args.run_id if args.run_id else None)
     cells, invalid, every = load_cells(args, tolerant=True)
     for err in invalid:
         print(f"kvmatrix: {err}", file=sys.stderr)
@@ -86,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                            Path(args.cases_dir), args.hub, args.timeout_scale, args.probe_only,
                            on_ray=bool(args.ray))
     check_free_disk(Path(args.runs_dir), args.min_free_gb)
-    claim_run_folder(session.run_dir.root, cases_fingerprint(Path(args.cases_dir)), args.force)
+    claim_run_folder(session.run_dir.root, Path(args.cases_dir), args.force)
     tasks = session.tasks(cells)
     if args.declared_only:
         tasks = promised(tasks, session.settings.vllm_version)
@@ -153,7 +179,8 @@ def finish_run(args: argparse.Namespace, records: list[CellRecord], invalid: lis
     print(f"reports: {paths['md']} {paths['html']} {paths['junit']}  ({time.monotonic() - started.at:.0f} s total)")
     if not args.ray:  # a Ray pool's cells ran on other hosts
         print(host_cpu.summary(started, host_cpu.reading(), records))
-    pages = findings_pages.write(records, session.run_dir.root / "findings")
+    pages = findings_pages.write(records, session.run_dir.root / "findings",
+                                 {session.run_dir.root.name: Path(args.cases_dir)})
     if pages:
         print(f"{len(pages)} unexplained failures: a findings page for each in {pages[0].parent}")
     failed = any(r["verdict"] in FAILING_VERDICTS for r in records) or any(p.is_error for p in problems)
@@ -178,7 +205,9 @@ def known_failure_problems(records: list[CellRecord], every: list[Cell], session
 
 
 def cmd_rejudge(args: argparse.Namespace) -> int:
-    """Judge stored records again under the current case files and signature table, without running vLLM."""
+    """Judge stored records again under the current case files and signature table, without running vLLM: those
+    of the folder the (first) run was made with, unless --cases-dir names another."""
+    args.cases_dir = cases_dir_for(args.cases_dir, args.run_dirs[0])
     cells, _, _ = load_cells(args)
     by_id = {c.cell_id: c for c in cells}
     pool = load_pool(Path(args.cases_dir))
@@ -199,6 +228,7 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    args.cases_dir = cases_dir_for(args.cases_dir)
     cells, _, _ = load_cells(args)
     for cell in cells:
         print(f"{cell.cell_id}  [{', '.join(cell.gpu_classes)}]")
@@ -213,7 +243,7 @@ def records_in(folders: list[str]) -> list[CellRecord]:
 
 def cmd_findings(args: argparse.Namespace) -> int:
     records = records_in(args.run_dirs)
-    pages = findings_pages.write(records, Path(args.out))
+    pages = findings_pages.write(records, Path(args.out), {Path(f).name: cases_dir_for(None, f) for f in args.run_dirs})
     print(f"{len(pages)} unexplained failures" + (f": pages and an index in {args.out}" if pages else ""))
     return 0
 
@@ -279,9 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def selection(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--cases-dir", default=str(CASES_DIR), help="folder of case files (default: the built-in cases)")
+        p.add_argument("--cases-dir", help="folder of case files (default: the one the run folder was made with, "
+                                           "else the built-in cases)")
         p.add_argument("--case", action="append", help="only this case (file stem); repeatable")
-        p.add_argument("-k", help="only cells whose id contains this (or matches this glob)")
+        p.add_argument("-k", help="only cells whose id contains this, or this exact cell id; * and ? are "
+                                  "wildcards, [ and ] literal")
         p.add_argument("--cell", action="append", help="only this exact cell id; repeatable")
 
     run = sub.add_parser("run", help="run the matrix for this machine's GPU class")
@@ -327,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CaseError, PoolError, GuardError, WaiverError, RecordError, EnvironmentBroken) as err:
+    except (CaseError, SelectionError, PoolError, GuardError, WaiverError, RecordError, EnvironmentBroken) as err:
         print(f"kvmatrix: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C, or SIGINT from a CI step's time limit: running cells were killed

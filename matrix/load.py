@@ -168,6 +168,12 @@ def shared_file(cases_dir: Path, name: str) -> Path:
     return own if own.exists() else CASES_DIR / name
 
 
+def cases_option(cases_dir: Path | None) -> list[str]:
+    """`--cases-dir FOLDER` for a command line repeating a run made with a folder other than the built-in cases
+    (nothing for those: a printed command stays short, and works on any installation)."""
+    return ["--cases-dir", str(cases_dir)] if cases_dir and Path(cases_dir).resolve() != CASES_DIR.resolve() else []
+
+
 def load_models(cases_dir: Path = CASES_DIR) -> dict[str, ModelEntry]:
     return _load_named(shared_file(cases_dir, MODELS_FILE), ModelEntry, "model registry")
 

@@ -53,3 +53,21 @@ def write_case(folder: Path, name: str, data: dict | str) -> Path:
     path = folder / f"{name}.yaml"
     path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+KNOWN_LINK = "https://example.org/known"
+
+
+@pytest.fixture
+def matrix_with_waiver(cases_dir: Path) -> Path:
+    """Two cases over fake-able cells: a pass, a skip, an expected crash, a waived one and an unexplained one."""
+    write_case(cases_dir, "ok", {"model": "llama", "gpus": [CPU_CLASS],
+                                 "matrix": {"kv_cache_dtype": ["auto", "fp8"]},
+                                 "skip": [{"when": {"kv_cache_dtype": "fp8"}, "reason": "not here"}],
+                                 "expect": [{"crash": False}]})
+    write_case(cases_dir, "crash", {
+        "model": "llama", "gpus": [CPU_CLASS], "matrix": {"kv_cache_dtype": ["auto", "bfloat16", "fp8"]},
+        "expect": [{"when": {"kv_cache_dtype": "bfloat16"},
+                    "crash": {"signature": "no_common_block_size", "link": KNOWN_LINK}}]})
+    (cases_dir / "_waivers.txt").write_text(f"crash[kv=auto,*] {KNOWN_LINK}\n")
+    return cases_dir

@@ -61,7 +61,7 @@ class Waiver:
 
     def matches(self, cell_id: str, gpu_class: str, vllm_version: str | None = None) -> bool:
         """`vllm_version` None (a cell of the matrix, not a record) matches every version scope."""
-        return _cell_pattern(self.pattern).fullmatch(cell_id) is not None and (
+        return cell_pattern(self.pattern).fullmatch(cell_id) is not None and (
             not self.gpus or any(fnmatch.fnmatchcase(gpu_class, g) for g in self.gpus)) and (
             self.vllm is None or vllm_version is None or matches(self.vllm, vllm_version))
 
@@ -69,7 +69,8 @@ class Waiver:
         return self.until is not None and today > self.until
 
 
-def _cell_pattern(pattern: str) -> re.Pattern:
+def cell_pattern(pattern: str) -> re.Pattern:
+    """A cell id with `*` and `?` as wildcards, `[` and `]` literal: what a waiver and `-k` match whole ids with."""
     return re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."))
 
 
