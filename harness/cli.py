@@ -26,7 +26,8 @@ from kvmatrix.harness.nightly import history
 from kvmatrix.harness.paths import DEFAULT_CACHE
 from kvmatrix.harness.pr.command import add_pr_command
 from kvmatrix.harness.record_model import CellRecord, RecordError, new_record
-from kvmatrix.harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
+from kvmatrix.harness.record_parts import FAILING_VERDICTS
+from kvmatrix.harness.records import RUNS_DIR, RunDir
 from kvmatrix.harness.repro.command import add_repro_command
 from kvmatrix.harness.run import host_cpu
 from kvmatrix.harness.run.canary import EnvironmentBroken

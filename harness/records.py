@@ -22,8 +22,6 @@ from kvmatrix.harness.record_model import VERDICTS, CellRecord, check_record
 
 # Relative: resolved against the working directory when used (RunDir makes its root absolute).
 RUNS_DIR = Path("reports") / "runs"
-# What makes a run red (its exit status), a cell a new failure, a waiver apply, a retry happen.
-FAILING_VERDICTS = ("fail", "error")
 
 
 def run_mode(record: CellRecord) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from kvmatrix.harness.record_model import CellRecord
+from kvmatrix.harness.record_parts import LISTED_VERDICTS
 from kvmatrix.reports.summary import counts, crash_counts, frame, fresh_reruns, leaks, pivot, same_crash
 
 
@@ -82,7 +83,7 @@ def render(records: list[CellRecord], title: str = "kvmatrix", header: str = "",
     per_tag = cells_per_tag(records)
     if not per_tag.empty:
         lines += ["", "## Cells per tag (skipped cells not counted)", "", per_tag.to_markdown()]
-    problems = df[df["verdict"].isin(["fail", "error", "xfail"])]
+    problems = df[df["verdict"].isin(LISTED_VERDICTS)]
     if not problems.empty:
         lines += ["", "## Failures and expected failures", ""]
         shared = crash_counts(records)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvmatrix.harness.record_model import CellRecord
-from kvmatrix.harness.records import FAILING_VERDICTS
+from kvmatrix.harness.record_parts import FAILING_VERDICTS
 from kvmatrix.matrix.conditions import check_condition_value, matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.load import CASES_DIR

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from kvmatrix.harness.judge.facts import facts
 from kvmatrix.harness.record_model import CellRecord
-from kvmatrix.harness.records import FAILING_VERDICTS, run_mode
+from kvmatrix.harness.record_parts import FAILING_VERDICTS
+from kvmatrix.harness.records import run_mode
 
 
 @dataclass(frozen=True)

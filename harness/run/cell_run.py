@@ -15,7 +15,8 @@ from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import classify_outcome
 from kvmatrix.harness.judge.waivers import unwaived
 from kvmatrix.harness.record_model import CellRecord, check_record, finished_now, new_record
-from kvmatrix.harness.records import FAILING_VERDICTS, read_result, read_tail
+from kvmatrix.harness.record_parts import FAILING_VERDICTS
+from kvmatrix.harness.records import read_result, read_tail
 from kvmatrix.harness.run.accuracy_plan import accuracy_spec, offline_reason
 from kvmatrix.harness.run.cell_env import cell_env
 from kvmatrix.harness.run.confirmations import Confirmations

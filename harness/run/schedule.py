@@ -8,7 +8,7 @@ timings (`history.last_timings`), previous verdicts from `history.last_verdicts`
 
 from __future__ import annotations
 
-from kvmatrix.harness.records import FAILING_VERDICTS
+from kvmatrix.harness.record_parts import FAILING_VERDICTS
 from kvmatrix.harness.task import Task
 
 DEFAULT_COST_S = 60.0
