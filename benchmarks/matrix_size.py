@@ -116,8 +116,8 @@ def matrix_benchmark(scratch: Path, n_cases: int, n_classes: int) -> float:
                 if reason := cell.skip_reason(context):
                     record.update(status="skipped", verdict="skip", reason=reason, expectations=[])
                 else:
-                    verdict, reason, results = judge(record, cell.case.expect, context)
-                    record.update(verdict=verdict, reason=reason, expectations=results)
+                    judged = judge(record, cell.case.expect, context)
+                    record.update(verdict=judged.verdict, reason=judged.reason, expectations=judged.results)
                 records.append(record)
     with stage("render Markdown", times):
         markdown.render(records, "synthetic")

@@ -31,8 +31,8 @@ def captured(gpu: str, cell_id: str) -> dict:
 
 def judged_as(record: dict, gpu: str) -> tuple[str, str]:
     cell = CELLS[record["cell_id"]]
-    verdict, reason, _ = judge(record, cell.case.expect, cell.context(gpu, POOL[gpu], "0.26.0", gpu != "H200"))
-    return verdict, reason
+    judged = judge(record, cell.case.expect, cell.context(gpu, POOL[gpu], "0.26.0", gpu != "H200"))
+    return judged.verdict, judged.reason
 
 
 @pytest.mark.parametrize("path", sorted(GPU_RECORDS.glob("*.json")), ids=lambda p: p.stem)

@@ -31,8 +31,9 @@ def captured_record(cell_id: str, capture: str, gpu_class: str = "cpu-avx512", r
               "gpu_class": gpu_class, "emulated_from": None, "run_id": run_id, "signature": outcome.get("signature"),
               "log": f"logs/{record_stem(cell_id, gpu_class)}.log"}
     context = cell.context(gpu_class, POOL[gpu_class], record["vllm_version"], False)
-    verdict, reason, results = judge(record, cell.case.expect, context)
-    return {**record, "expectations": results, "verdict": verdict, "reason": reason, "finished_at": finished_at}
+    judged = judge(record, cell.case.expect, context)
+    return {**record, "expectations": judged.results, "verdict": judged.verdict, "reason": judged.reason,
+            "finished_at": finished_at}
 
 
 def write_run(root, records: list[dict]) -> RunDir:

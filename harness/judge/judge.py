@@ -32,7 +32,8 @@ def judge_record(record: CellRecord, task: Task, run_dir: RunDir, waivers: Seque
     record.pop("waived", None)
     context = task.context(record.get("vllm_version"))
     normalize_record(record)
-    verdict, reason, results = judge(record, task.cell.case.expect, context)
+    judged = judge(record, task.cell.case.expect, context)
+    verdict, reason, results = judged.verdict, judged.reason, judged.results
     if task.cell.baseline_id is not None:
         verdict, reason = judge_accuracy(record, task.cell, run_dir, task.gpu_name, context, verdict, reason,
                                          results)
