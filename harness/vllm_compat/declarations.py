@@ -84,10 +84,6 @@ def backend_kind(cls: Any) -> str:
     return "sparse-mla" if is_sparse is not None and is_sparse() else "mla"
 
 
-def declared_kv_cache_dtypes(cls: Any) -> list[str]:
-    return [str(d) for d in (getattr(cls, "supported_kv_cache_dtypes", None) or [])]
-
-
 def refusal_reasons(cls: Any, *, head_size: int, kv_cache_dtype: str, capability: tuple[int, int] | None,
                     model_dtype: str = "bfloat16") -> list[str]:
     """vLLM's reasons for refusing this backend for a decoder layer of this head size and KV dtype on a GPU of
