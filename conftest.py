@@ -43,8 +43,8 @@ def _cases_dir(config: pytest.Config) -> Path:
 def _session(config: pytest.Config) -> Session:
     if not hasattr(config, "_kvmatrix_session"):
         cases_dir = _cases_dir(config)
-        session = open_session(config.getoption("--gpu"), config.getoption("--emulate"),
-                               config.getoption("--run-id"), cases_dir=cases_dir)
+        session = open_session(gpu=config.getoption("--gpu"), emulate=config.getoption("--emulate"),
+                               run_id=config.getoption("--run-id"), cases_dir=cases_dir)
         try:
             claim_run_folder(session.run_dir.root, cases_dir, config.getoption("--force"))
         except GuardError as err:

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from kvmatrix.harness.cli import cell_selected, load_cells
@@ -76,19 +77,21 @@ def main() -> None:
 
     def session(arm: str):
         caches = Path(args.warm_shared).resolve() if args.warm_shared and arm != "a" else scratch / f"caches-{arm}"
-        s = open_session(args.gpu, args.emulate, f"arm-{arm}", scratch / "runs", caches)
-        s.settings.fresh_caches = arm == "a"
+        s = open_session(gpu=args.gpu, emulate=args.emulate, run_id=f"arm-{arm}", runs_dir=scratch / "runs",
+                         cache_dir=caches)
         # Fresh caches per cell need a fresh process per cell: a warm worker keeps the caches it started with.
-        s.settings.isolation = "process" if arm == "a" else args.isolation
+        s.settings = replace(s.settings, fresh_caches=arm == "a",
+                             isolation="process" if arm == "a" else args.isolation)
         return s
 
     sessions = {arm: session(arm) for arm in arms}
     first = sessions[arms[0]]
     # Models are built once, into the usual folder: building is not what is measured.
-    builder = open_session(args.gpu, args.emulate, "build", scratch / "runs", Path(args.cache_dir).resolve())
+    builder = open_session(gpu=args.gpu, emulate=args.emulate, run_id="build", runs_dir=scratch / "runs",
+                           cache_dir=Path(args.cache_dir).resolve())
     builder.build_models(first.tasks(cells))
     for s in sessions.values():
-        s.settings.built = builder.settings.built
+        s.settings = replace(s.settings, built=builder.settings.built)
     jobs = args.jobs or max(2, first.slots)
     subprocess.run([sys.executable, "-c", WARM_UP], check=True, cwd=PACKAGE_ROOT)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from kvmatrix.harness.cli import cell_selected, load_cells
 from kvmatrix.harness.paths import PACKAGE_ROOT
+from kvmatrix.harness.records import RunDir
 from kvmatrix.harness.run.pool import run_tasks
 from kvmatrix.harness.run.session import open_session
 from kvmatrix.matrix.axes import DEFAULT_EXECUTION, resolved_execution
@@ -52,15 +53,16 @@ def main() -> None:
     if not cells:
         parser.error(f"no cell matches {args.k!r}")
     scratch = Path(tempfile.mkdtemp(prefix="kvm-exec-bench-"))
-    session = open_session(args.gpu, args.emulate, "bench", scratch / "runs", scratch / "cache")
+    session = open_session(gpu=args.gpu, emulate=args.emulate, run_id="bench", runs_dir=scratch / "runs",
+                           cache_dir=scratch / "cache")
     device = session.gpu.device or "cuda"
     mode = args.mode or ("compiled" if device == "cpu" else DEFAULT_EXECUTION["cuda"])
     pairs = [(as_mode(c, "eager"), as_mode(c, mode)) for c in cells
              if resolved_execution(c.axes["execution"], device) in ("eager", mode)]
-    builder = open_session(args.gpu, args.emulate, "build", scratch / "runs", Path(args.cache_dir).resolve())
+    builder = open_session(gpu=args.gpu, emulate=args.emulate, run_id="build", runs_dir=scratch / "runs",
+                           cache_dir=Path(args.cache_dir).resolve())
     builder.build_models(session.tasks([c for pair in pairs for c in pair]))
-    session.settings.built = builder.settings.built
-    session.settings.isolation = "process"
+    session.settings = dataclasses.replace(session.settings, built=builder.settings.built, isolation="process")
     subprocess.run([sys.executable, "-c", WARM_UP], check=True, cwd=PACKAGE_ROOT)
     print(f"{len(pairs)} cells on {session.gpu_name}, eager vs {mode}, one fresh process per cell", flush=True)
     for round_name in ("cold", "warm"):
@@ -68,9 +70,9 @@ def main() -> None:
             order = [eager, other] if i % 2 == 0 else [other, eager]
             seconds = {}
             for cell in order:
-                session.settings.run_dir = type(session.settings.run_dir)(scratch / "runs" / f"{round_name}-{i}")
+                fresh = dataclasses.replace(session.settings, run_dir=RunDir(scratch / "runs" / f"{round_name}-{i}"))
                 started = time.monotonic()
-                (record,) = run_tasks(session.tasks([cell]), session.settings, jobs=1)
+                (record,) = run_tasks(session.tasks([cell]), fresh, jobs=1)
                 seconds[cell.axes["execution"]] = (time.monotonic() - started, record["verdict"])
             (e, ev), (m, mv) = seconds["eager"], seconds[mode]
             print(f"{round_name}  {eager.cell_id.split('@')[0]:60s} eager {e:6.1f} s ({ev})  {mode} {m:6.1f} s "

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from kvmatrix.harness.cli import load_cells
@@ -51,9 +52,9 @@ def main() -> None:
     }))
 
     def through_harness(i: int) -> float:
-        settings.run_dir = RunDir(scratch / f"harness-{i}")  # a new folder: nothing to resume
+        fresh = replace(settings, run_dir=RunDir(scratch / f"harness-{i}"))  # a new folder: nothing to resume
         started = time.monotonic()
-        (record,) = run_tasks([task], settings)
+        (record,) = run_tasks([task], fresh)
         took = time.monotonic() - started
         assert record["status"] == "ok", record.get("error_tail")
         phases["harness"].append(record["timings"])

@@ -15,6 +15,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from kvmatrix.harness.cli import load_cells
@@ -45,10 +46,10 @@ def main() -> None:
     last: dict[str, list[dict]] = {}
 
     def run(mode: str, round_: int) -> None:
-        settings.run_dir = RunDir(scratch / f"{mode}-{round_}")  # a new folder: nothing to resume
-        settings.probe_only = mode == "probe"
+        fresh = replace(settings, run_dir=RunDir(scratch / f"{mode}-{round_}"),  # a new folder: nothing to resume
+                        probe_only=mode == "probe")
         started = time.monotonic()
-        records = run_tasks(tasks, settings)
+        records = run_tasks(tasks, fresh)
         total_s[mode].append(time.monotonic() - started)
         for task, record in zip(tasks, records, strict=True):
             cell_s[mode][task.key].append((record.get("timings") or {}).get("total_s") or 0.0)

@@ -93,7 +93,7 @@ def main() -> None:
     selection = argparse.Namespace(cases_dir=str(PACKAGE_ROOT / "cases"), case=None, k=args.k, cell=None)
     cells, _, _ = load_cells(selection)
     scratch = Path(tempfile.mkdtemp(prefix="kvm-warm-"))
-    session = open_session(args.gpu, args.emulate, run_id="warm", runs_dir=scratch,
+    session = open_session(gpu=args.gpu, emulate=args.emulate, run_id="warm", runs_dir=scratch,
                            cache_dir=Path(args.cache_dir).resolve())
     tasks = session.tasks(cells)
     session.build_models(tasks)

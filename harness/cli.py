@@ -6,6 +6,7 @@ import argparse
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from kvmatrix.harness.audit import add_audit_command
@@ -109,9 +110,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"kvmatrix: {err}", file=sys.stderr)
     if args.ray and args.emulate:
         raise PoolError("--emulate with --ray: a Ray pool runs each class on nodes of that class; drop --emulate")
-    session = open_session(args.gpu, args.emulate, args.run_id, Path(args.runs_dir), Path(args.cache_dir),
-                           Path(args.cases_dir), args.hub, args.timeout_scale, args.probe_only,
-                           on_ray=bool(args.ray))
+    session = open_session(gpu=args.gpu, emulate=args.emulate, run_id=args.run_id, runs_dir=Path(args.runs_dir),
+                           cache_dir=Path(args.cache_dir), cases_dir=Path(args.cases_dir), use_hub=args.hub,
+                           timeout_scale=args.timeout_scale, probe_only=args.probe_only, on_ray=bool(args.ray))
     check_free_disk(Path(args.runs_dir), args.min_free_gb)
     claim_run_folder(session.run_dir.root, Path(args.cases_dir), args.force)
     tasks = session.tasks(cells)
@@ -119,13 +120,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         tasks = promised(tasks, session.settings.vllm_version)
     if args.refused_only:
         tasks = refusals(tasks, session.settings.vllm_version)
-    settings = session.settings
-    settings.isolation = args.isolation
-    settings.canary = True
-    if args.cpu_ranks:
-        if session.host.device != "cpu" or not 1 < args.cpu_ranks <= session.cores:
-            raise PoolError(f"--cpu-ranks takes 2 to {session.cores} (this CPU's cores), on a CPU class")
-        settings.gpus_here = args.cpu_ranks
+    if args.cpu_ranks and (session.host.device != "cpu" or not 1 < args.cpu_ranks <= session.cores):
+        raise PoolError(f"--cpu-ranks takes 2 to {session.cores} (this CPU's cores), on a CPU class")
+    session.settings = settings = replace(session.settings, isolation=args.isolation, canary=True,
+                                          gpus_here=args.cpu_ranks or session.settings.gpus_here)
     print(f"kvmatrix: {len(tasks)} cells for {session.gpu_name}"
           + (f" (emulated on {session.emulated_from})" if session.emulated_from else "")
           + (" (probe-only)" if args.probe_only else "")

@@ -5,6 +5,7 @@ carrying its words, and the canary that stops a run whose plainest cell cannot r
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,7 @@ def test_the_canary_stops_a_run_whose_plainest_cell_cannot_run(cases_dir, tmp_pa
 
     def fake(*args, **kwargs):
         session = opened(*args, **kwargs)
-        session.settings.cell_command, session.settings.worker_command = FAKE_CELL, FAKE_WORKER
+        session.settings = replace(session.settings, cell_command=FAKE_CELL, worker_command=FAKE_WORKER)
         session.build_models = lambda tasks: session.settings.built.update(llama=cases_dir)
         return session
 

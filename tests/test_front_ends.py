@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -35,12 +36,11 @@ def fake_sessions(open_session, cases_dir: Path, tmp_path: Path):
     """`open_session` with fake cells, no model build and the test's runs and cache folders."""
 
     def fake(*args, **kwargs):
-        if len(args) < 4:  # the pytest front end names no folders: the test's
+        if "runs_dir" not in kwargs:  # the pytest front end names no folders: the test's
             kwargs.update(runs_dir=tmp_path / RUNS_DIR, cache_dir=tmp_path / "cache")
         session = open_session(*args, **kwargs)
         # Fake cells in fresh processes and in warm workers alike: real vLLM here would judge by this CPU's kind.
-        session.settings.cell_command = FAKE_CELL
-        session.settings.worker_command = FAKE_WORKER
+        session.settings = replace(session.settings, cell_command=FAKE_CELL, worker_command=FAKE_WORKER)
         session.build_models = lambda tasks: session.settings.built.update(llama=cases_dir)
         return session
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -93,7 +94,7 @@ def test_wide_cells_get_whole_gpus_of_their_own_after_the_others(cases_dir, tmp_
     assert [c.endswith("tp=2]") for c in order] == [False, False, True, True]
 
     # The same matrix on a one-GPU machine: the TP=2 cells are skipped, saying why.
-    settings.run_dir, settings.gpus_here = RunDir(tmp_path / "one"), 1
+    settings = replace(settings, run_dir=RunDir(tmp_path / "one"), gpus_here=1)
     skipped = [r for r in run_tasks(tasks, settings, jobs=1, devices=1) if r["verdict"] == "skip"]
     assert [r["cell_id"] for r in skipped] == ["envdump[kv=auto,skip=-,spec=-,tp=2]",
                                               "envdump[kv=fp8,skip=-,spec=-,tp=2]"]
@@ -130,8 +131,7 @@ def test_a_real_two_rank_engine_reports_both_ranks(tmp_path):
     its case. The matrix skips TP cells on the CPU classes unless `--cpu-ranks 2` says to run them, as here."""
     pytest.importorskip("vllm")
     session = open_session(runs_dir=tmp_path, run_id="tp2")
-    settings = session.settings
-    settings.gpus_here, settings.isolation = 2, "process"
+    settings = replace(session.settings, gpus_here=2, isolation="process")
     (cell,) = [c for c in _cells("tp2-llama").values()
                if c.axes["kv_cache_dtype_skip_layers"] == ["0"] and c.axes["execution"] == "default"]
     tasks = session.tasks([cell])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -144,7 +145,7 @@ def test_cli_runs_cells_on_a_ray_cluster_and_resumes(cpu_cluster, cases_dir, tmp
 
     def fake_cell_session(*args, **kwargs):  # the CLI's session, with fake cells and no model build
         session = real_open_session(*args, **kwargs)
-        session.settings.cell_command, session.settings.env = MARKED_CELL, {"KVM_MARKERS": str(markers)}
+        session.settings = replace(session.settings, cell_command=MARKED_CELL, env={"KVM_MARKERS": str(markers)})
         session.build_models = lambda tasks: session.settings.built.update(llama=cases_dir)
         return session
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from kvmatrix.harness.records import write_json_atomic
@@ -49,7 +50,7 @@ def run(cell_ids: list[str], runs_dir: Path, run_id: str, cache_dir: Path, gpu: 
     cells = [cell for cell in found.values() if not isinstance(cell, str)]
     session = open_session(gpu=gpu, emulate=gpu is not None, run_id=run_id, runs_dir=runs_dir, cache_dir=cache_dir,
                            cases_dir=cases_dir, with_waivers=False)
-    session.settings.isolation = isolation
+    session.settings = replace(session.settings, isolation=isolation)
     tasks = session.tasks(cells)
     skips |= {c.cell_id: f"{c.cell_id} does not run on {session.gpu_name}" for c in cells
               if c.cell_id not in {t.cell.cell_id for t in tasks}}

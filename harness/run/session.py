@@ -107,6 +107,7 @@ def this_device() -> LocalDevice:
 
 
 def open_session(
+    *,
     gpu: str | None = None,
     emulate: bool = False,
     run_id: str | None = None,

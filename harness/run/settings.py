@@ -1,6 +1,7 @@
 """A run's settings as every pool and cell process sees them: the run folder, the models, the vLLM version,
 the caches, the cell and worker commands and which of them runs cells, the waivers that judging applies and
-the GPU-memory check."""
+the GPU-memory check. Frozen: a run that needs other settings makes them with `dataclasses.replace`, so no
+pool or cell sees them change under it (only `built` fills in, as models are built)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from kvmatrix.harness.run.gpu_memory import GpuMemory
 from kvmatrix.matrix.schema import ModelEntry
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunSettings:
     run_dir: RunDir
     models: dict[str, ModelEntry]
