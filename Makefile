@@ -38,7 +38,7 @@ else
 endif
 KVMATRIX := PYTHONPATH=$(CURDIR) $(RUN_PY) -m kvmatrix
 
-.PHONY: matrix test env list lint clean pipeline bisect audit pr cpu-levels-below
+.PHONY: matrix test env list lint typecheck clean pipeline bisect audit pr cpu-levels-below
 
 matrix: $(ENV_STAMP)
 	$(KVMATRIX) run $(if $(GPU),--gpu $(GPU)) $(if $(EMULATE),--emulate) $(if $(RUN_ID),--run-id $(RUN_ID)) \
@@ -82,8 +82,17 @@ pr: $(ENV_STAMP)
 pipeline: $(ENV_STAMP)
 	$(KVMATRIX) pipeline
 
-lint: $(ENV_STAMP)
+lint: typecheck
 	$(RUN_PY) -m ruff check .
+
+# mypy reads the checkout as the installed package: a kvmatrix/ whose parts link to the folders (the checkout's
+# own kvmatrix/ joins them at import time, a step a static checker does not take).
+typecheck: $(ENV_STAMP)
+	rm -rf .cache/typecheck && mkdir -p .cache/typecheck/kvmatrix
+	cp kvmatrix/*.py .cache/typecheck/kvmatrix/
+	for part in harness matrix reports; do ln -s $(CURDIR)/$$part .cache/typecheck/kvmatrix/$$part; done
+	cd .cache/typecheck && $(RUN_PY) -m mypy --config-file $(CURDIR)/pyproject.toml \
+		-p kvmatrix.harness -p kvmatrix.matrix -p kvmatrix.reports
 
 env: $(ENV_STAMP)
 

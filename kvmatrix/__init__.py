@@ -15,4 +15,4 @@ from pathlib import Path
 
 _checkout = Path(__file__).resolve().parent.parent
 if not (Path(__file__).parent / "harness").is_dir() and (_checkout / "harness" / "__init__.py").is_file():
-    __path__.append(str(_checkout))  # type: ignore[name-defined]  # a package's __path__, set by the import system
+    __path__.append(str(_checkout))
