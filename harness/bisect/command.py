@@ -92,6 +92,25 @@ class _Search:
         middle = [i for i in range(self.low + 1, self.high) if i not in self.skipped]
         return middle[len(middle) // 2] if middle else None
 
+    def narrow(self, i: int, step: Step) -> None:
+        """refs[i] ran as `step`: a skipped ref is left out, else it becomes the end it behaves as."""
+        self.result.steps.append(step)
+        if step.outcome == "skip":
+            self.skipped.add(i)
+        elif step.outcome == self.old:
+            self.low = i
+        else:
+            self.high = i
+
+    def conclude(self, refs: list[str]) -> None:
+        result, low, high = self.result, self.low, self.high
+        result.first_bad, result.last_good = refs[high], refs[low]
+        result.fixed = self.old == "bad"
+        if high - low > 1:  # only skipped refs lie between
+            result.candidates = refs[low + 1:high + 1]
+        change = "bad to good (a fix)" if result.fixed else "good to bad (a regression)"
+        result.conclusion = f"the verdict changed from {change} between {refs[low]} and {refs[high]}"
+
 
 def bisect_ordered(plan: Plan, refs: list[str], target: str) -> list[Result]:
     """Each of the plan's cells bisected over `refs` (oldest first): where its outcome changed, in either
@@ -116,22 +135,9 @@ def bisect_ordered(plan: Plan, refs: list[str], target: str) -> list[Result]:
         i, group = min(wanted.items(), key=lambda item: (-len(item[1]), item[0]))  # the ref most cells need
         steps = run_steps(plan, refs[i], [s.result.cell for s in group], "bisect")
         for search in group:
-            step = steps[search.result.cell]
-            search.result.steps.append(step)
-            if step.outcome == "skip":
-                search.skipped.add(i)
-            elif step.outcome == search.old:
-                search.low = i
-            else:
-                search.high = i
+            search.narrow(i, steps[search.result.cell])
     for search in searches:
-        result, low, high = search.result, search.low, search.high
-        result.first_bad, result.last_good = refs[high], refs[low]
-        result.fixed = search.old == "bad"
-        if high - low > 1:  # only skipped refs lie between
-            result.candidates = refs[low + 1:high + 1]
-        change = "bad to good (a fix)" if result.fixed else "good to bad (a regression)"
-        result.conclusion = f"the verdict changed from {change} between {refs[low]} and {refs[high]}"
+        search.conclude(refs)
     return list(results.values())
 
 

@@ -16,6 +16,18 @@ def _unique(values) -> list:
     return out
 
 
+def _query_dtypes(record: CellRecord) -> str:
+    """The query dtypes each attention group's builder holds (FlashInfer's), one entry per distinct group."""
+    queries = []
+    for group in record.get("attn_groups") or []:
+        builder = group.get("builder") or {}
+        q = [builder.get(k) for k in QUERY_DTYPE_FIELDS]
+        q = [x.replace("torch.", "") for x in q if x]
+        if q:
+            queries.append("/".join(_unique(q)))
+    return ",".join(_unique(queries))
+
+
 def facts(record: CellRecord) -> dict[str, str]:
     """The resolved state in a few short strings: backend, KV dtype, query dtype, page size, and the failure's
     signature (else its fingerprint)."""
@@ -27,15 +39,8 @@ def facts(record: CellRecord) -> dict[str, str]:
             continue
         out[f"{prefix}backend"] = "/".join(_unique(la.get("backend") for la in mine))
         out[f"{prefix}kv"] = "/".join(_unique(la.get("kv_cache_dtype") for la in mine))
-    queries = []
-    for group in record.get("attn_groups") or []:
-        builder = group.get("builder") or {}
-        q = [builder.get(k) for k in QUERY_DTYPE_FIELDS]
-        q = [x.replace("torch.", "") for x in q if x]
-        if q:
-            queries.append("/".join(_unique(q)))
-    if queries:
-        out["q"] = ",".join(_unique(queries))
+    if queries := _query_dtypes(record):
+        out["q"] = queries
     # Per layer: a group of mixed specs (UniformTypeKVCacheSpecs) reports the sum of its layers' pages.
     pages = _unique(la.get("page_size_bytes") for la in layers)
     if not pages:
