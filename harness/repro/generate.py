@@ -20,6 +20,7 @@ from kvmatrix.harness.run.models import build_models
 from kvmatrix.harness.task import Task
 from kvmatrix.matrix.conditions import is_range, when_matches
 from kvmatrix.matrix.expand import Cell
+from kvmatrix.matrix.expectations import RecordCheck
 from kvmatrix.matrix.schema import X86_CPU_LEVELS, GpuClass, ModelEntry
 
 HERE_MARK = "@HERE@"  # the script's own folder, replaced when it runs
@@ -75,6 +76,18 @@ def _signature_patterns(names: list[str], version: str | None) -> list[str]:
             and vllm_compat.version_matches(version, versions) for p in patterns]
 
 
+def _layer_rule(check: RecordCheck, out: dict[str, Any]) -> None:
+    """A layers check into `out`: the probed fields the script can compare exactly, the rest not encoded."""
+    wanted = {k: v for k, v in check.wanted().items() if k in PROBED_FIELDS}
+    if any(is_range(v) or (isinstance(v, str) and set("*?[") & set(v)) for v in wanted.values()):
+        out["not_encoded"].append(f"layers {check.wanted()} (ranges / globs)")
+        wanted = {}
+    if set(check.wanted()) - set(wanted):
+        out["not_encoded"].append(f"layers fields {sorted(set(check.wanted()) - set(wanted))}")
+    if wanted:
+        out["layers"].append({"select": check.select, "wanted": wanted})
+
+
 def expectations(cell: Cell, context: dict, version: str | None) -> dict[str, Any]:
     """The applicable rules, in the forms the script checks; the others listed as not encoded."""
     out: dict[str, Any] = {"refuse": None, "layers": [], "page_size_ratios": [], "not_encoded": []}
@@ -88,14 +101,7 @@ def expectations(cell: Cell, context: dict, version: str | None) -> dict[str, An
         if rule.crash not in (None, False):
             out["not_encoded"].append(f"known crash {rule.crash.signature} (the script asserts a clean run)")
         if rule.layers is not None:
-            wanted = {k: v for k, v in rule.layers.wanted().items() if k in PROBED_FIELDS}
-            if any(is_range(v) or (isinstance(v, str) and set("*?[") & set(v)) for v in wanted.values()):
-                out["not_encoded"].append(f"layers {rule.layers.wanted()} (ranges / globs)")
-                wanted = {}
-            if set(rule.layers.wanted()) - set(wanted):
-                out["not_encoded"].append(f"layers fields {sorted(set(rule.layers.wanted()) - set(wanted))}")
-            if wanted:
-                out["layers"].append({"select": rule.layers.select, "wanted": wanted})
+            _layer_rule(rule.layers, out)
         if rule.page_size_ratio is not None:
             out["page_size_ratios"].append(rule.page_size_ratio.model_dump())
         for kind in ("groups", "builders"):
