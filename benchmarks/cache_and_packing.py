@@ -31,7 +31,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from kvmatrix.harness.cli import cell_selected, load_cells
+from kvmatrix.harness.cli.selection import cell_selected, load_cells
 from kvmatrix.harness.paths import PACKAGE_ROOT
 from kvmatrix.harness.run.isolation import isolation_differences
 from kvmatrix.harness.run.pool import run_tasks

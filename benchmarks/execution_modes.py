@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvmatrix.harness.cli import cell_selected, load_cells
+from kvmatrix.harness.cli.selection import cell_selected, load_cells
 from kvmatrix.harness.paths import PACKAGE_ROOT
 from kvmatrix.harness.records import RunDir
 from kvmatrix.harness.run.pool import run_tasks

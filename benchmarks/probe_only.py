@@ -18,7 +18,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from kvmatrix.harness.cli import load_cells
+from kvmatrix.harness.cli.selection import load_cells
 from kvmatrix.harness.paths import PACKAGE_ROOT
 from kvmatrix.harness.records import RunDir
 from kvmatrix.harness.run.pool import run_tasks

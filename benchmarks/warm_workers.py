@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvmatrix.harness.cli import load_cells
+from kvmatrix.harness.cli.selection import load_cells
 from kvmatrix.harness.paths import PACKAGE_ROOT
 from kvmatrix.harness.records import RunDir
 from kvmatrix.harness.run.accuracy_plan import accuracy_spec

@@ -127,8 +127,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 1 if unexplained else 0
 
 
-def add_audit_command(sub: argparse._SubParsersAction) -> None:
-    audit = sub.add_parser("audit", help="list every FAIL / ERROR of run folders that no case or waiver explains")
+def add_arguments(audit: argparse.ArgumentParser) -> None:
+    """`kvmatrix audit`'s arguments (harness/cli/commands.py lists the command)."""
     audit.add_argument("run_dirs", nargs="*", help="run folders to audit (judged again under the current cases)")
     audit.add_argument("--run", action="store_true",
                        help="first run the matrix for this machine's class and every class it can emulate")

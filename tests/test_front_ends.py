@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness import cli
+from kvmatrix.harness.cli import run as cli_run
 from kvmatrix.harness.records import RUNS_DIR, RunDir
 from tests.conftest import CPU_CLASS, KNOWN_LINK, write_case
 
@@ -70,7 +71,7 @@ def run_pytest_front_end(cases_dir: Path, tmp_path: Path, monkeypatch, *args: st
 
 def test_pytest_and_kvmatrix_run_give_the_same_verdicts(matrix_with_waiver, tmp_path, monkeypatch):
     cases_dir = matrix_with_waiver
-    monkeypatch.setattr(cli, "open_session", fake_sessions(cli.open_session, cases_dir, tmp_path))
+    monkeypatch.setattr(cli_run, "open_session", fake_sessions(cli_run.open_session, cases_dir, tmp_path))
     code = cli.main(["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / RUNS_DIR), "--run-id", "cli",
                      "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", CPU_CLASS])
     assert code == 1  # crash[kv=fp8] fails: no rule and no waiver explains it
@@ -107,7 +108,7 @@ def test_an_interrupted_command_says_its_records_are_kept(monkeypatch, capsys):
 
     parser = argparse.ArgumentParser()
     parser.set_defaults(func=interrupted)
-    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(cli, "build_parser", lambda argv: parser)
     assert cli.main([]) == 130
     assert "interrupted; every finished cell's record is kept" in capsys.readouterr().err
 
@@ -115,7 +116,7 @@ def test_an_interrupted_command_says_its_records_are_kept(monkeypatch, capsys):
 def test_pytest_front_end_resumes_a_run_with_the_cases_it_was_made_with(matrix_with_waiver, tmp_path, monkeypatch):
     cases_dir = matrix_with_waiver
     monkeypatch.chdir(tmp_path)  # the front end's run folders are under the working directory's reports/runs/
-    monkeypatch.setattr(cli, "open_session", fake_sessions(cli.open_session, cases_dir, tmp_path))
+    monkeypatch.setattr(cli_run, "open_session", fake_sessions(cli_run.open_session, cases_dir, tmp_path))
     cli.main(["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / RUNS_DIR), "--run-id", "mine",
               "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", CPU_CLASS,
               "--case", "ok"])

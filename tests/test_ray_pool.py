@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness import cli
+from kvmatrix.harness.cli import run as cli_run
 from kvmatrix.harness.records import RunDir
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.task import Task
@@ -141,7 +142,7 @@ def test_cli_runs_cells_on_a_ray_cluster_and_resumes(cpu_cluster, cases_dir, tmp
                                  "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})
     markers = tmp_path / "markers"
     markers.mkdir()
-    real_open_session = cli.open_session
+    real_open_session = cli_run.open_session
 
     def fake_cell_session(*args, **kwargs):  # the CLI's session, with fake cells and no model build
         session = real_open_session(*args, **kwargs)
@@ -149,7 +150,7 @@ def test_cli_runs_cells_on_a_ray_cluster_and_resumes(cpu_cluster, cases_dir, tmp
         session.build_models = lambda tasks: session.settings.built.update(llama=cases_dir)
         return session
 
-    monkeypatch.setattr(cli, "open_session", fake_cell_session)
+    monkeypatch.setattr(cli_run, "open_session", fake_cell_session)
     argv = ["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / "runs"), "--run-id", "ray",
             "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", "cpu-avx512",
             "--ray", cpu_cluster.address]

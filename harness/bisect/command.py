@@ -274,8 +274,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     return 0 if all(r.found or r.conclusion.startswith("no change") for r in results) else 1
 
 
-def add_bisect_command(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bisect", help="find the vLLM release or commit that changed a cell's verdict")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`kvmatrix bisect`'s arguments (harness/cli/commands.py lists the command)."""
     p.add_argument("--cell", required=True, action="append",
                    help="an exact cell id; repeat it to bisect several cells, whose steps share environments")
     p.add_argument("--good", help="a release (e.g. 0.30.0), with --repo a commit/tag, with --env a REF "

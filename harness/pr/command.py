@@ -138,8 +138,8 @@ def cmd_pr(args: argparse.Namespace) -> int:
         return 2
 
 
-def add_pr_command(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("pr", help="run the cells a vLLM change touches at its base and head, and diff them")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`kvmatrix pr`'s arguments (harness/cli/commands.py lists the command)."""
     p.add_argument("--repo", type=Path, required=True, help="a vLLM git checkout")
     p.add_argument("--base", required=True, help="the commit the change starts from")
     p.add_argument("--head", help="the commit the change ends at")

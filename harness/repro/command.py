@@ -69,8 +69,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_repro_command(sub: argparse._SubParsersAction) -> None:
-    rep = sub.add_parser("repro", help="write a standalone Python script (vLLM and torch only) reproducing a cell")
+def add_arguments(rep: argparse.ArgumentParser) -> None:
+    """`kvmatrix repro`'s arguments (harness/cli/commands.py lists the command)."""
     rep.add_argument("cell_id", metavar="CELL", help="exact cell id, e.g. 'ct-llama[kv=bfloat16,skip=-,spec=-]'")
     rep.add_argument("--run", help="run folder whose record of the cell names the GPU class")
     rep.add_argument("--gpu", help="GPU class whose decisions the script takes (default: --run's, else this machine's)")

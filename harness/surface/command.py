@@ -113,8 +113,8 @@ def cmd_surface(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_surface_command(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("surface", help="what the installed vLLM declares each attention backend supports, per class")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`kvmatrix surface`'s arguments (harness/cli/commands.py lists the command)."""
     p.add_argument("--gpu", action="append", help="a class of the pool (repeat it; default: every class)")
     p.add_argument("--json", help="also write every point of the surface, with vLLM's reasons, to this file")
     p.add_argument("--from-json", metavar="FILE", help="a surface read elsewhere (its --json) instead of this "

@@ -1,6 +1,6 @@
 """What a run shows a person: one progress line per finished cell (verdict, elapsed time, why it did not pass,
 a leak, a warm worker's attempt that a fresh process repeated), and the run folder's reports (Markdown, HTML,
-JUnit)."""
+JUnit), and the records of run folders that commands read."""
 
 from __future__ import annotations
 
@@ -40,3 +40,8 @@ def write_reports(run_dir: RunDir, records: list[CellRecord], title: str, header
     out["html"].write_text(html.render(records, title, header))
     out["junit"].write_text(junit.render(records))
     return out
+
+
+def records_in(folders: list[str]) -> list[CellRecord]:
+    """Every record of these run folders, in folder order."""
+    return [r for folder in folders for r in RunDir(Path(folder)).records()]
