@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kvmatrix.harness.record_parts import FAILING_VERDICTS
-from kvmatrix.harness.records import RUNS_DIR
+from kvmatrix.harness.record.files import RUNS_DIR
+from kvmatrix.harness.record.parts import FAILING_VERDICTS
 from kvmatrix.harness.run.guards import GuardError, cases_dir_for, claim_run_folder
 from kvmatrix.harness.run.pool import run_tasks
 from kvmatrix.harness.run.session import Session, open_session, vllm_vocabulary

@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvmatrix.harness.cli.selection import cell_selected, load_cells
-from kvmatrix.harness.paths import PACKAGE_ROOT
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.run.isolation import isolation_differences
 from kvmatrix.harness.run.pool import run_tasks
 from kvmatrix.harness.run.session import open_session

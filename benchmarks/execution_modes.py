@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from kvmatrix.harness.cli.selection import cell_selected, load_cells
-from kvmatrix.harness.paths import PACKAGE_ROOT
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.run.pool import run_tasks
 from kvmatrix.harness.run.session import open_session
 from kvmatrix.matrix.axes import DEFAULT_EXECUTION, resolved_execution

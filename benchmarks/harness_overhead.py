@@ -22,8 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvmatrix.harness.cli.selection import load_cells
-from kvmatrix.harness.paths import PACKAGE_ROOT
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.run.cell_env import cell_env
 from kvmatrix.harness.run.engine_args import engine_args_for
 from kvmatrix.harness.run.pool import run_tasks

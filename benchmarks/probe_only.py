@@ -19,8 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvmatrix.harness.cli.selection import load_cells
-from kvmatrix.harness.paths import PACKAGE_ROOT
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.run.pool import run_tasks
 from kvmatrix.harness.run.session import open_session
 from kvmatrix.reports.summary import facts

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from kvmatrix.harness.cli.selection import load_cells
-from kvmatrix.harness.paths import PACKAGE_ROOT
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.run.accuracy_plan import accuracy_spec
 from kvmatrix.harness.run.cell_env import cell_env
 from kvmatrix.harness.run.cell_run import not_run_reason

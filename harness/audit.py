@@ -19,12 +19,12 @@ from pathlib import Path
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassify
 from kvmatrix.harness.judge.waivers import waive
-from kvmatrix.harness.paths import CELL_CWD
-from kvmatrix.harness.record_model import CellRecord
-from kvmatrix.harness.record_parts import FAILING_VERDICTS, VERDICTS
-from kvmatrix.harness.records import RUNS_DIR, RunDir
+from kvmatrix.harness.record.files import RUNS_DIR, RunDir
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.parts import FAILING_VERDICTS, VERDICTS
+from kvmatrix.harness.record.paths import CELL_CWD
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.session import session_waivers, this_device
-from kvmatrix.harness.task import Task
 from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES, installed_vllm_version
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import CASES_DIR, case_files, load_cases, load_models, load_pool

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kvmatrix.harness.judge.fingerprint import failure_name
-from kvmatrix.harness.record_model import CellRecord
-from kvmatrix.harness.records import record_stem
+from kvmatrix.harness.record.files import record_stem
+from kvmatrix.harness.record.model import CellRecord
 from kvmatrix.matrix.load import cases_option
 from kvmatrix.reports.summary import facts
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import jinja2
 
-from kvmatrix.harness.record_model import CellRecord
-from kvmatrix.harness.record_parts import VERDICTS
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.parts import VERDICTS
 from kvmatrix.reports.diff_md import Comparison, detail, move
 from kvmatrix.reports.html_details import details_json, facts_text
 from kvmatrix.reports.html_grid import History, grids

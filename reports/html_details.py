@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from urllib.parse import quote
 
-from kvmatrix.harness.record_model import CellRecord
+from kvmatrix.harness.record.model import CellRecord
 from kvmatrix.harness.vllm_compat import QUERY_DTYPE_FIELDS
 from kvmatrix.reports.findings_pages import page_name, unexplained
 from kvmatrix.reports.html_grid import changed_nights

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvmatrix.harness.record_model import CellRecord
-from kvmatrix.harness.record_parts import LISTED_VERDICTS
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.parts import LISTED_VERDICTS
 from kvmatrix.reports.summary import counts, crash_counts, frame, fresh_reruns, leaks, pivot, same_crash
 
 

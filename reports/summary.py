@@ -7,8 +7,8 @@ from collections import Counter
 import pandas as pd
 
 from kvmatrix.harness.judge.facts import facts
-from kvmatrix.harness.record_model import CellRecord
-from kvmatrix.harness.record_parts import VERDICTS
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.parts import VERDICTS
 
 
 def cell_text(record: CellRecord) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from kvmatrix.harness.cell.worker import serve
-from kvmatrix.harness.records import read_result
+from kvmatrix.harness.record.files import read_result
 from kvmatrix.harness.vllm_compat import cuda_error_in
 from tests.fake_cell import run
 

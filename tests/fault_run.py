@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.run.pool import run_tasks
 from kvmatrix.harness.run.session import Session
 from kvmatrix.harness.run.settings import RunSettings

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvmatrix.harness.judge.accuracy import judge_accuracy
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.run.accuracy_plan import baselines_first, offline_reason
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import load_case, load_models, load_pool

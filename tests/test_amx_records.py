@@ -12,8 +12,8 @@ import pytest
 
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassify
-from kvmatrix.harness.records import RunDir
-from kvmatrix.harness.task import Task
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import load_case, load_models
 from tests.conftest import FIXTURES, shipped_matrix

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from kvmatrix.harness.cli import main
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from tests.conftest import FIXTURES
 
 

@@ -23,7 +23,7 @@ from kvmatrix.harness.bisect.envs import READY, EnvBuildError, compiled_changes,
 from kvmatrix.harness.bisect.given import between, check, glob_envs, parse_env_args
 from kvmatrix.harness.bisect.report import render
 from kvmatrix.harness.bisect.step import Plan, Step
-from kvmatrix.harness.records import read_json
+from kvmatrix.harness.record.files import read_json
 from tests.bisect_history import ATTENTION, CHECKPOINT_WINS, EXPLICIT_WINS, _commit, _git, build_history, installed_vllm
 from tests.conftest import needs_fp8_kv
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from kvmatrix.harness.nightly import history
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from tests.conftest import write_case
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ import platform
 import pytest
 import torch
 
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.vllm_compat import detect_cpu_isa, emulate_cpu_isa
 from tests.conftest import CPU_CLASS
 from tests.test_e2e import kvmatrix

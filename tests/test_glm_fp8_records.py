@@ -61,8 +61,8 @@ GPU_FILES = sorted(GPU_RECORDS.glob("*.json"))
 def _judged(path, tmp_path) -> dict:
     from kvmatrix.harness.judge.judge import judge_record
     from kvmatrix.harness.judge.outcome import reclassify
-    from kvmatrix.harness.records import RunDir
-    from kvmatrix.harness.task import Task
+    from kvmatrix.harness.record.files import RunDir
+    from kvmatrix.harness.record.task import Task
 
     rec = json.loads(path.read_text())
     assert rec["vllm_version"] == path.parent.name.rsplit("vllm-", 1)[1]

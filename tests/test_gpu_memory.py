@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.run.gpu_check import GPU_LEAK_TOLERANCE_MIB, check_gpu_memory, pinned_gpus
 from kvmatrix.harness.run.gpu_memory import gpu_baselines, physical_index
 from kvmatrix.harness.run.pool import run_tasks

@@ -10,8 +10,8 @@ import pytest
 
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.verdict import judge
-from kvmatrix.harness.records import RunDir
-from kvmatrix.harness.task import Task
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import load_cases, load_models, load_pool
 from kvmatrix.reports.markdown import class_differences

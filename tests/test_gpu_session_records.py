@@ -13,9 +13,9 @@ from collections import Counter
 import pytest
 
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.isolation import isolation_differences
-from kvmatrix.harness.task import Task
 from tests.conftest import FIXTURES, shipped_matrix
 
 ACCURACY = FIXTURES / "records" / "accuracy-gpu-vllm-0.26.0"

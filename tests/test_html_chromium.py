@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness.cli import main
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from kvmatrix.reports import html
 from tests.conftest import FIXTURES
 from tests.test_diff import BF16, SKIP_AUTO, SKIP_FP8, night_1, night_2

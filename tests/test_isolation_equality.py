@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.run.isolation import isolation_differences
 
 REPO = Path(__file__).resolve().parent.parent

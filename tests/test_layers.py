@@ -11,10 +11,9 @@ REPO = Path(__file__).resolve().parent.parent
 # Lowest first; units of one layer do not import each other.
 LAYERS = [
     ("kvmatrix.matrix",),
-    ("kvmatrix.harness.paths", "kvmatrix.harness.record_parts"),
-    ("kvmatrix.harness.record_model",),
-    ("kvmatrix.harness.vllm_compat", "kvmatrix.harness.records"),
-    ("kvmatrix.harness.task", "kvmatrix.harness.models"),
+    ("kvmatrix.harness.record",),
+    ("kvmatrix.harness.vllm_compat",),
+    ("kvmatrix.harness.models",),
     ("kvmatrix.harness.judge", "kvmatrix.harness.cell"),
     ("kvmatrix.harness.run", "kvmatrix.harness.nightly"),
     ("kvmatrix.reports", "kvmatrix.harness.bisect", "kvmatrix.harness.audit", "kvmatrix.harness.repro"),

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from kvmatrix.harness.models import tiny, trained
-from kvmatrix.harness.paths import PACKAGE_ROOT
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.run import models as run_models
 from kvmatrix.matrix.schema import ModelEntry
 

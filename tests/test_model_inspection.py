@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from kvmatrix.harness.paths import PACKAGE_ROOT
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
 
 pytest.importorskip("vllm")
 
@@ -64,6 +64,7 @@ def test_in_process_inspection_equals_vllms_child_process(tmp_path):
 def test_a_vllm_without_the_child_process_function_inspects_as_it_always_did(monkeypatch):
     from kvmatrix.harness.vllm_compat import registry
 
-    monkeypatch.setattr(registry, "MODEL_INFO_CHILD_PROCESS", [("", ("kvmatrix.harness.paths", "no_such_function"))])
+    missing = ("kvmatrix.harness.record.paths", "no_such_function")
+    monkeypatch.setattr(registry, "MODEL_INFO_CHILD_PROCESS", [("", missing)])
     with registry.model_info_in_process(None) as in_process:
         assert in_process is False

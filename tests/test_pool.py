@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.run.session import Session
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.vllm_compat import CPU_THREADS_BIND_ENV

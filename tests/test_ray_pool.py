@@ -15,9 +15,9 @@ import pytest
 
 from kvmatrix.harness import cli
 from kvmatrix.harness.cli import run as cli_run
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.task import Task
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import load_cases, load_models, load_pool
 from tests.conftest import write_case

@@ -13,8 +13,8 @@ import pytest
 from packaging.version import Version
 
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.records import RunDir
-from kvmatrix.harness.task import Task
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import load_cases, load_models, load_pool
 from tests.conftest import FIXTURES

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.repro.command import find_cell
 from kvmatrix.harness.repro.generate import ReproError, expectations, model_spec, render, script_spec
-from kvmatrix.harness.task import Task
 from kvmatrix.matrix.load import CASES_DIR
 from tests.conftest import CPU_CLASS, FP8_KV_CPU_CLASSES
 from tests.test_e2e import CT_OVERRIDE_PATCH
@@ -125,8 +125,8 @@ def test_layer_fields_the_probe_reads_are_encoded_and_a_trained_model_is_refused
 def test_the_class_comes_from_gpu_else_the_runs_record(tmp_path):
     import argparse
 
-    from kvmatrix.harness.record_model import new_record
-    from kvmatrix.harness.records import RunDir
+    from kvmatrix.harness.record.files import RunDir
+    from kvmatrix.harness.record.model import new_record
     from kvmatrix.harness.repro.command import gpu_class_of
 
     RunDir(tmp_path).write(new_record(cell_id=BF16_CELL, case="ct-llama", gpu_class="cpu-avx2", status="ok",

@@ -13,7 +13,7 @@ import pytest
 
 from kvmatrix.harness import cli
 from kvmatrix.harness.cli import run as cli_run
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.run.guards import RUN_META, claim_run_folder, recorded_cases_dir
 from kvmatrix.matrix.load import CASES_DIR
 from tests.conftest import CPU_CLASS, write_case

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness.nightly import history
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run import models as models_module
 from kvmatrix.harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
 from kvmatrix.harness.run.pool import run_tasks
 from kvmatrix.harness.run.schedule import order_tasks
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.task import Task
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import load_case, load_models, load_pool
 from tests.conftest import FIXTURES, shipped_matrix, write_case

@@ -10,7 +10,7 @@ import platform
 
 import pytest
 
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.vllm_compat import detect_cpu_isa, installed_vllm_version
 from kvmatrix.matrix.schema import X86_CPU_LEVELS
 from tests.conftest import CPU_CLASS, FP8_KV_CPU_CLASSES

@@ -168,7 +168,7 @@ def test_every_crash_of_the_held_records_has_a_name():
     from pathlib import Path
 
     from kvmatrix.harness.judge.outcome import reclassify
-    from kvmatrix.harness.records import RunDir
+    from kvmatrix.harness.record.files import RunDir
 
     fixtures = Path(__file__).parent / "fixtures"
     unnamed, crashes = [], 0

@@ -12,13 +12,13 @@ import pytest
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassify
 from kvmatrix.harness.judge.signatures import classify
-from kvmatrix.harness.paths import PACKAGE_ROOT
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.surface.cases import REFUSALS, write_cases
 from kvmatrix.harness.surface.command import diff_lines, render
 from kvmatrix.harness.surface.declared import FAMILIES, Point, Surface, declared_surface
 from kvmatrix.harness.surface.promises import broken_promise, declared_supported, promise_table, promised, refusals
-from kvmatrix.harness.task import Task
 from kvmatrix.harness.vllm_compat.declarations import held_kv_dtypes, platform_of
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import case_files, load_case, load_cases, load_models, load_pool

@@ -168,7 +168,7 @@ def test_cases_waivers_lent_to_a_generated_folder_do_not_miss_cells(tmp_path):
     from types import SimpleNamespace
 
     from kvmatrix.harness.cli.run import known_failure_problems
-    from kvmatrix.harness.records import RunDir
+    from kvmatrix.harness.record.files import RunDir
 
     session = SimpleNamespace(settings=SimpleNamespace(waivers=waivers(f"ct-lama[kv=bfloat16,*] {LINK}")),
                               run_dir=RunDir(tmp_path))

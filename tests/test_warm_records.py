@@ -10,10 +10,10 @@ import json
 import pytest
 
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.record_model import check_record
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.model import check_record
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.isolation import isolation_differences
-from kvmatrix.harness.task import Task
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import load_cases, load_models, load_pool
 from kvmatrix.reports import junit, markdown

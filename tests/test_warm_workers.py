@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from kvmatrix.harness.judge.waivers import parse_waivers
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.run.pool import run_tasks
 from kvmatrix.harness.run.session import Session
 from kvmatrix.harness.run.settings import RunSettings

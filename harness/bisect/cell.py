@@ -15,7 +15,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from kvmatrix.harness.records import write_json_atomic
+from kvmatrix.harness.record.files import write_json_atomic
 from kvmatrix.harness.run.engine_args import engine_args_for, models_needed
 from kvmatrix.harness.run.pool import run_tasks
 from kvmatrix.harness.run.session import open_session

@@ -32,8 +32,8 @@ from kvmatrix.harness.bisect.envs import EnvBuildError, available_versions
 from kvmatrix.harness.bisect.given import GivenEnv, between, glob_envs, parse_env_args
 from kvmatrix.harness.bisect.report import Result, render
 from kvmatrix.harness.bisect.step import Plan, Step, recorded_steps, run_step, run_steps
-from kvmatrix.harness.paths import DEFAULT_CACHE, import_root
-from kvmatrix.harness.records import RUNS_DIR, write_json_atomic
+from kvmatrix.harness.record.files import RUNS_DIR, write_json_atomic
+from kvmatrix.harness.record.paths import DEFAULT_CACHE, import_root
 from kvmatrix.harness.vllm_compat import installed_vllm_distribution
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import tomllib
 
-from kvmatrix.harness.paths import CHECKOUT
+from kvmatrix.harness.record.paths import CHECKOUT
 
 READY = ".kvmatrix-ready"  # written last: a folder without it is a build that died and is redone
 # PyPI's torch companions are CUDA builds that break `from vllm import LLM` next to torch+cpu (vllm-facts.md).

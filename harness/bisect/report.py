@@ -9,8 +9,8 @@ from tabulate import tabulate
 
 from kvmatrix.harness.bisect.step import Step
 from kvmatrix.harness.judge.facts import facts
-from kvmatrix.harness.record_model import CellRecord
-from kvmatrix.harness.records import read_json
+from kvmatrix.harness.record.files import read_json
+from kvmatrix.harness.record.model import CellRecord
 
 
 @dataclass

@@ -25,8 +25,8 @@ from kvmatrix.harness import vllm_compat
 from kvmatrix.harness.cell import workloads
 from kvmatrix.harness.cell.probe import probe
 from kvmatrix.harness.cell.spec import CellSpec
-from kvmatrix.harness.record_model import CellRecord, ExceptionInfo, check_record, new_record
-from kvmatrix.harness.records import write_json_atomic
+from kvmatrix.harness.record.files import write_json_atomic
+from kvmatrix.harness.record.model import CellRecord, ExceptionInfo, check_record, new_record
 
 MESSAGE_CAP = 4096
 TRACEBACK_CAP = 4096

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from kvmatrix.harness import vllm_compat as compat
-from kvmatrix.harness.record_model import AttnGroup, Builder, CellRecord, KvGroup, Layer
+from kvmatrix.harness.record.model import AttnGroup, Builder, CellRecord, KvGroup, Layer
 
 _MISSING = object()
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kvmatrix.harness.records import read_result
+from kvmatrix.harness.record.files import read_result
 from kvmatrix.harness.vllm_compat import IN_PROCESS_ENGINE_ENV, gpu_memory_left_mib, retire_reason, teardown_engine
 
 RunOne = Callable[[str, str], int]

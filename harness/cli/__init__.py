@@ -14,7 +14,7 @@ from kvmatrix.harness.cli.commands import COMMANDS
 from kvmatrix.harness.cli.exit_codes import INTERRUPTED, USAGE
 from kvmatrix.harness.cli.selection import SelectionError
 from kvmatrix.harness.judge.waivers import WaiverError
-from kvmatrix.harness.record_model import RecordError
+from kvmatrix.harness.record.model import RecordError
 from kvmatrix.harness.run.canary import EnvironmentBroken
 from kvmatrix.harness.run.guards import GuardError
 from kvmatrix.matrix.pool import PoolError

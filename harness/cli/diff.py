@@ -10,7 +10,7 @@ from pathlib import Path
 from kvmatrix.harness.cli.exit_codes import FAILED, OK, USAGE
 from kvmatrix.harness.nightly import history
 from kvmatrix.harness.nightly.diff import Diff, diff_records
-from kvmatrix.harness.records import RUNS_DIR
+from kvmatrix.harness.record.files import RUNS_DIR
 from kvmatrix.reports import diff_md, html
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from kvmatrix.harness.record_model import CellRecord
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.model import CellRecord
 from kvmatrix.reports import html, junit, markdown
 from kvmatrix.reports.summary import fresh_rerun
 

@@ -10,10 +10,10 @@ from kvmatrix.harness.cli.output import write_reports
 from kvmatrix.harness.cli.selection import add_selection_options, load_cells
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassify
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.guards import cases_dir_for
 from kvmatrix.harness.run.session import session_waivers
-from kvmatrix.harness.task import Task
 from kvmatrix.matrix.load import load_pool
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kvmatrix.harness.cli.exit_codes import OK
 from kvmatrix.harness.cli.output import records_in, write_reports
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 
 
 def add_arguments(rep: argparse.ArgumentParser) -> None:

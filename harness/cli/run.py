@@ -14,16 +14,16 @@ from kvmatrix.harness.cli.output import progress_printer, write_reports
 from kvmatrix.harness.cli.selection import add_selection_options, load_cells
 from kvmatrix.harness.judge.waivers import WAIVERS_FILE, WaiverProblem, apply_waivers, cell_keys
 from kvmatrix.harness.nightly import history
-from kvmatrix.harness.paths import DEFAULT_CACHE
-from kvmatrix.harness.record_model import CellRecord, new_record
-from kvmatrix.harness.record_parts import FAILING_VERDICTS
-from kvmatrix.harness.records import RUNS_DIR
+from kvmatrix.harness.record.files import RUNS_DIR
+from kvmatrix.harness.record.model import CellRecord, new_record
+from kvmatrix.harness.record.parts import FAILING_VERDICTS
+from kvmatrix.harness.record.paths import DEFAULT_CACHE
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run import host_cpu
 from kvmatrix.harness.run.guards import cases_dir_for, check_free_disk, claim_run_folder
 from kvmatrix.harness.run.pool import LocalPool, OnRecord
 from kvmatrix.harness.run.session import Session, open_session
 from kvmatrix.harness.surface.promises import promised, refusals
-from kvmatrix.harness.task import Task
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.load import shared_file
 from kvmatrix.matrix.pool import PoolError

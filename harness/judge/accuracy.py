@@ -12,8 +12,8 @@ import math
 from typing import Any
 
 from kvmatrix.harness.judge.paired_stats import divergence, paired_delta
-from kvmatrix.harness.record_model import AccuracyComparison, CellRecord, RuleResult, Verdict
-from kvmatrix.harness.records import RunDir, read_json, run_mode
+from kvmatrix.harness.record.files import RunDir, read_json, run_mode
+from kvmatrix.harness.record.model import AccuracyComparison, CellRecord, RuleResult, Verdict
 from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.expectations import Accuracy

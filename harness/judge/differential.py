@@ -20,8 +20,8 @@ from typing import Any
 
 from kvmatrix.harness.judge.accuracy import compare as compare_accuracy
 from kvmatrix.harness.judge.accuracy import describe as describe_accuracy
-from kvmatrix.harness.record_model import CellRecord, DifferentialComparison, RuleResult, Verdict
-from kvmatrix.harness.records import RunDir, read_json, run_mode
+from kvmatrix.harness.record.files import RunDir, read_json, run_mode
+from kvmatrix.harness.record.model import CellRecord, DifferentialComparison, RuleResult, Verdict
 from kvmatrix.matrix.axes import resolved_execution
 from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expand import Cell

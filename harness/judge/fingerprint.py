@@ -13,7 +13,7 @@ import hashlib
 import re
 from dataclasses import asdict, dataclass
 
-from kvmatrix.harness.record_model import CellRecord, ExceptionInfo
+from kvmatrix.harness.record.model import CellRecord, ExceptionInfo
 from kvmatrix.harness.vllm_compat import ENGINE_DEATH_WRAPPER
 
 ID_LENGTH = 8

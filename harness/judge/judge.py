@@ -18,9 +18,9 @@ from kvmatrix.harness.judge.accuracy import judge_accuracy
 from kvmatrix.harness.judge.differential import judge_differential, judge_workload
 from kvmatrix.harness.judge.verdict import judge
 from kvmatrix.harness.judge.waivers import Waiver, waive
-from kvmatrix.harness.record_model import CellRecord
-from kvmatrix.harness.records import RunDir
-from kvmatrix.harness.task import Task
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES, NOT_EMULABLE_SIGNATURES, normalize_record
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvmatrix.harness.judge.fingerprint import failure_name
-from kvmatrix.harness.record_model import CellRecord, Layer, RuleResult, Verdict
+from kvmatrix.harness.record.model import CellRecord, Layer, RuleResult, Verdict
 from kvmatrix.harness.vllm_compat import signature_matches
 from kvmatrix.matrix.conditions import matches, when_matches
 from kvmatrix.matrix.expectations import CrashExpected, Expectation, RecordCheck, RefusalExpected

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvmatrix.harness.record_model import CellRecord
-from kvmatrix.harness.record_parts import FAILING_VERDICTS
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.parts import FAILING_VERDICTS
 from kvmatrix.matrix.conditions import check_condition_value, matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.load import CASES_DIR

@@ -16,9 +16,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from kvmatrix.harness.judge.facts import facts
-from kvmatrix.harness.record_model import CellRecord
-from kvmatrix.harness.record_parts import FAILING_VERDICTS
-from kvmatrix.harness.records import run_mode
+from kvmatrix.harness.record.files import run_mode
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.parts import FAILING_VERDICTS
 
 
 @dataclass(frozen=True)

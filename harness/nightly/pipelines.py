@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from kvmatrix.harness.paths import CHECKOUT
+from kvmatrix.harness.record.paths import CHECKOUT
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
 

@@ -10,8 +10,8 @@ from tabulate import tabulate
 
 from kvmatrix.harness.bisect.step import Step
 from kvmatrix.harness.nightly.diff import Diff, diff_records, what_changed
-from kvmatrix.harness.record_model import CellRecord
-from kvmatrix.harness.records import read_json
+from kvmatrix.harness.record.files import read_json
+from kvmatrix.harness.record.model import CellRecord
 from kvmatrix.reports import diff_md
 
 

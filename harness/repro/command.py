@@ -7,12 +7,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from kvmatrix.harness.paths import DEFAULT_CACHE
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.paths import DEFAULT_CACHE
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.repro.generate import ReproError, render, script_spec
 from kvmatrix.harness.run.guards import cases_dir_for
 from kvmatrix.harness.run.session import this_device
-from kvmatrix.harness.task import Task
 from kvmatrix.harness.vllm_compat import installed_vllm_version
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import case_files, cases_option, load_case, load_models, load_pool

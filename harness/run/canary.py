@@ -5,10 +5,10 @@ with one error naming the exception, and records no FAIL."""
 
 from __future__ import annotations
 
-from kvmatrix.harness.record_model import CellRecord
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.cell_run import not_run_reason
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.task import Task
 from kvmatrix.matrix.axes import AXIS_DEFAULTS
 from kvmatrix.matrix.conditions import when_matches
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvmatrix.harness.paths import import_root
+from kvmatrix.harness.record.paths import import_root
 from kvmatrix.harness.run.process import RUN_MARK_ENV
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.vllm_compat import BROKEN_WHEN_EMPTY_ENV, IN_PROCESS_ENGINE_ENV, VLLM_CACHE_ENV

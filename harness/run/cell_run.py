@@ -14,9 +14,10 @@ from kvmatrix.harness.cell.spec import AccuracySpec, CellSpec
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import classify_outcome
 from kvmatrix.harness.judge.waivers import unwaived
-from kvmatrix.harness.record_model import CellRecord, check_record, finished_now, new_record
-from kvmatrix.harness.record_parts import FAILING_VERDICTS
-from kvmatrix.harness.records import read_result, read_tail
+from kvmatrix.harness.record.files import read_result, read_tail
+from kvmatrix.harness.record.model import CellRecord, check_record, finished_now, new_record
+from kvmatrix.harness.record.parts import FAILING_VERDICTS
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.accuracy_plan import accuracy_spec, offline_reason
 from kvmatrix.harness.run.cell_env import cell_env
 from kvmatrix.harness.run.confirmations import Confirmations
@@ -27,7 +28,6 @@ from kvmatrix.harness.run.launch import CellFiles, FreshProcess, Launcher
 from kvmatrix.harness.run.models import ensure_models
 from kvmatrix.harness.run.process import CellProcesses, cap_log
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.task import Task
 from kvmatrix.harness.vllm_compat import GRAPH_EXECUTIONS, MULTI_RANK_ENV
 from kvmatrix.matrix.axes import resolved_execution
 from kvmatrix.matrix.conditions import when_matches

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from kvmatrix.harness.record_model import CellRecord
+from kvmatrix.harness.record.model import CellRecord
 from kvmatrix.harness.run.gpu_memory import GpuMemory, physical_index
 from kvmatrix.harness.run.process import CellProcesses, pgid_of, run_mark_of
 

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from kvmatrix.harness.judge.waivers import WAIVERS_FILE
-from kvmatrix.harness.records import write_json_atomic
+from kvmatrix.harness.record.files import write_json_atomic
 from kvmatrix.matrix.load import CASES_DIR, MODELS_FILE, POOL_FILE, shared_file
 
 RUN_META = "run.json"

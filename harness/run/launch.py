@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvmatrix.harness.paths import CELL_CWD
+from kvmatrix.harness.record.paths import CELL_CWD
 from kvmatrix.harness.run.process import CellProcesses, die_with_parent, killpg
 
 WORKER_EXIT_GRACE_S = 30.0  # a retiring worker's own exit; then it is killed

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from urllib.parse import quote, unquote
 
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.task import Task
 from kvmatrix.harness.vllm_compat import compiles_per_kv_dtype
 
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvmatrix.harness.judge.facts import facts
-from kvmatrix.harness.record_model import CellRecord
-from kvmatrix.harness.records import RunDir, read_json
+from kvmatrix.harness.record.files import RunDir, read_json
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.accuracy_plan import baseline_gates
 from kvmatrix.harness.run.canary import EnvironmentBroken, canary_failure, pick_canary
 from kvmatrix.harness.run.cell_env import run_mark
@@ -27,7 +28,6 @@ from kvmatrix.harness.run.pilots import kernel_family, mark_warm, pilot_gates, w
 from kvmatrix.harness.run.process import CellProcesses
 from kvmatrix.harness.run.schedule import order_tasks
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.task import Task
 
 OnRecord = Callable[[CellRecord, int, int, bool], None]
 

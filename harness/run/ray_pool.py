@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.record_model import CellRecord, finished_now, new_record
-from kvmatrix.harness.records import RunDir, record_stem
+from kvmatrix.harness.record.files import RunDir, record_stem
+from kvmatrix.harness.record.model import CellRecord, finished_now, new_record
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.accuracy_plan import baselines_first
 from kvmatrix.harness.run.cell_run import cell_record, skip_record
 from kvmatrix.harness.run.pool import OnRecord, finished_records
 from kvmatrix.harness.run.process import CellProcesses
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.task import Task
 from kvmatrix.matrix.schema import GpuClass
 
 

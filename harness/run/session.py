@@ -10,14 +10,14 @@ from pathlib import Path
 
 from kvmatrix.harness.judge.waivers import WAIVERS_FILE, Waiver, load_waivers
 from kvmatrix.harness.models.tiny import layers_of
-from kvmatrix.harness.paths import DEFAULT_CACHE
-from kvmatrix.harness.records import RUNS_DIR, RunDir
+from kvmatrix.harness.record.files import RUNS_DIR, RunDir
+from kvmatrix.harness.record.paths import DEFAULT_CACHE
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.cell_run import not_run_reason
 from kvmatrix.harness.run.gpu_memory import open_gpu_memory
 from kvmatrix.harness.run.models import build_models
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.run.slots import ranks_env, slot_count, slot_env
-from kvmatrix.harness.task import Task
 from kvmatrix.harness.vllm_compat import (
     SIGNATURE_FAMILIES,
     SIGNATURES,

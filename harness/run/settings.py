@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvmatrix.harness.judge.waivers import Waiver
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.run.gpu_memory import GpuMemory
 from kvmatrix.matrix.schema import ModelEntry
 

@@ -16,8 +16,8 @@ from tabulate import tabulate
 
 from kvmatrix.harness.bisect.envs import EnvBuildError
 from kvmatrix.harness.bisect.given import GivenEnv, check, parse_env_args
-from kvmatrix.harness.paths import CELL_CWD, import_root
-from kvmatrix.harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.paths import CELL_CWD, import_root
 from kvmatrix.harness.surface.cases import write_cases
 from kvmatrix.harness.surface.declared import Surface, declared_surface, summary_rows
 from kvmatrix.harness.surface.promises import HEADERS, promise_table

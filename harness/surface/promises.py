@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kvmatrix.harness.record_model import CellRecord
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.surface.cases import REFUSALS
-from kvmatrix.harness.task import Task
 from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.schema import GpuClass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
-from kvmatrix.harness.record_model import Builder, CellRecord
+from kvmatrix.harness.record.model import Builder, CellRecord
 from kvmatrix.harness.vllm_compat.versions import for_version
 
 # ---------------------------------------------------------------------------------------------------------------

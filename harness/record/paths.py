@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 # The folder holding harness/, matrix/, reports/ and cases/: the repository root, or the installed package.
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 # The repository this kvmatrix runs from (its pyproject.toml beside those folders); None when installed.
 CHECKOUT: Path | None = PACKAGE_ROOT if (PACKAGE_ROOT / "pyproject.toml").is_file() else None
 # Where cell processes run: the checkout (relative paths in its cases and tests resolve there), else the caller's

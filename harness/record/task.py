@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvmatrix.harness.records import record_stem
+from kvmatrix.harness.record.files import record_stem
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.schema import GpuClass
 
