@@ -18,7 +18,6 @@ LAYERS = [
     ("kvmatrix.harness.run", "kvmatrix.harness.nightly"),
     ("kvmatrix.reports", "kvmatrix.harness.bisect", "kvmatrix.harness.audit", "kvmatrix.harness.repro"),
     ("kvmatrix.harness.pr", "kvmatrix.harness.surface"),
-    ("kvmatrix.harness.starter",),
     ("kvmatrix.harness.cli",),
 ]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
