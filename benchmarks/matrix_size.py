@@ -20,11 +20,11 @@ from pathlib import Path
 
 import yaml
 
-from harness.judge.verdict import judge
-from harness.nightly import history
-from matrix.expand import expand_all
-from matrix.load import CASES_DIR, load_cases, load_models, load_pool
-from reports import html, html_details, junit, markdown
+from kvmatrix.harness.judge.verdict import judge
+from kvmatrix.harness.nightly import history
+from kvmatrix.matrix.expand import expand_all
+from kvmatrix.matrix.load import CASES_DIR, load_cases, load_models, load_pool
+from kvmatrix.reports import html, html_details, junit, markdown
 
 CLASSES = ("L4", "A100", "H100", "H200", "B200", "RTX-PRO-6000")
 STATUSES = ("ok", "ok", "ok", "ok", "ok", "ok", "crash", "timeout")  # mostly healthy, as a nightly is
@@ -116,8 +116,8 @@ def matrix_benchmark(scratch: Path, n_cases: int, n_classes: int) -> float:
                 if reason := cell.skip_reason(context):
                     record.update(status="skipped", verdict="skip", reason=reason, expectations=[])
                 else:
-                    verdict, reason, results = judge(record, cell.case.expect, context)
-                    record.update(verdict=verdict, reason=reason, expectations=results)
+                    judged = judge(record, cell.case.expect, context)
+                    record.update(verdict=judged.verdict, reason=judged.reason, expectations=judged.results)
                 records.append(record)
     with stage("render Markdown", times):
         markdown.render(records, "synthetic")

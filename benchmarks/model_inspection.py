@@ -31,7 +31,7 @@ def main() -> None:
     os.environ["VLLM_CACHE_ROOT"] = cache = tempfile.mkdtemp(prefix="kvmatrix-modelinfo-")
     from vllm.model_executor.models.registry import ModelRegistry
 
-    from harness import vllm_compat
+    from kvmatrix.harness import vllm_compat
 
     def inspect(arch: str, in_process: bool) -> tuple[float, dict]:
         shutil.rmtree(os.path.join(cache, "modelinfos"), ignore_errors=True)

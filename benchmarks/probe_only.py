@@ -15,14 +15,15 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from harness.cli import load_cells
-from harness.paths import REPO_ROOT
-from harness.records import RunDir
-from harness.run.pool import run_tasks
-from harness.run.session import open_session
-from reports.summary import facts
+from kvmatrix.harness.cli.selection import load_cells
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
+from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.session import open_session
+from kvmatrix.reports.summary import facts
 
 MODES = ("full", "probe")
 
@@ -33,7 +34,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cache-dir", default=".cache")
     args = parser.parse_args()
-    selection = argparse.Namespace(cases_dir=str(REPO_ROOT / "cases"), case=None, k=args.k, cell=None)
+    selection = argparse.Namespace(cases_dir=str(PACKAGE_ROOT / "cases"), case=None, k=args.k, cell=None)
     cells, _, _ = load_cells(selection)
     scratch = Path(tempfile.mkdtemp(prefix="kvm-probe-only-"))
     session = open_session(run_id="probe-only", runs_dir=scratch, cache_dir=Path(args.cache_dir).resolve())
@@ -45,10 +46,10 @@ def main() -> None:
     last: dict[str, list[dict]] = {}
 
     def run(mode: str, round_: int) -> None:
-        settings.run_dir = RunDir(scratch / f"{mode}-{round_}")  # a new folder: nothing to resume
-        settings.probe_only = mode == "probe"
+        fresh = replace(settings, run_dir=RunDir(scratch / f"{mode}-{round_}"),  # a new folder: nothing to resume
+                        probe_only=mode == "probe")
         started = time.monotonic()
-        records = run_tasks(tasks, settings)
+        records = run_tasks(tasks, fresh)
         total_s[mode].append(time.monotonic() - started)
         for task, record in zip(tasks, records, strict=True):
             cell_s[mode][task.key].append((record.get("timings") or {}).get("total_s") or 0.0)

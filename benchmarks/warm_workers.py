@@ -27,16 +27,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.cli import load_cells
-from harness.paths import REPO_ROOT
-from harness.records import RunDir
-from harness.run.accuracy_plan import accuracy_spec
-from harness.run.cell_env import cell_env
-from harness.run.cell_run import not_run_reason
-from harness.run.engine_args import engine_args_for, generation
-from harness.run.isolation import isolation_differences
-from harness.run.pool import LocalPool
-from harness.run.session import open_session
+from kvmatrix.harness.cli.selection import load_cells
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
+from kvmatrix.harness.run.accuracy_plan import accuracy_spec
+from kvmatrix.harness.run.cell_env import cell_env
+from kvmatrix.harness.run.cell_run import not_run_reason
+from kvmatrix.harness.run.engine_args import engine_args_for, generation
+from kvmatrix.harness.run.isolation import isolation_differences
+from kvmatrix.harness.run.pool import LocalPool
+from kvmatrix.harness.run.session import open_session
 
 BARE = Path(__file__).with_name("bare_cell.py")
 
@@ -61,7 +61,7 @@ def run_floor(tasks, settings, scratch: Path, env_extra: dict) -> tuple[float, i
     with log.open("wb") as out:
         code = subprocess.call([sys.executable, str(BARE), str(spec), str(timings)], stdout=out,
                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               env=cell_env(settings, env_extra), cwd=REPO_ROOT)
+                               env=cell_env(settings, env_extra), cwd=PACKAGE_ROOT)
     wall = time.monotonic() - started
     assert code == 0, log.read_text()[-3000:]
     return wall, len(json.loads(timings.read_text())["cells"])
@@ -90,10 +90,10 @@ def main() -> None:
     parser.add_argument("--out", help="also write the results as JSON here")
     args = parser.parse_args()
     arms = args.arms.split(",")
-    selection = argparse.Namespace(cases_dir=str(REPO_ROOT / "cases"), case=None, k=args.k, cell=None)
+    selection = argparse.Namespace(cases_dir=str(PACKAGE_ROOT / "cases"), case=None, k=args.k, cell=None)
     cells, _, _ = load_cells(selection)
     scratch = Path(tempfile.mkdtemp(prefix="kvm-warm-"))
-    session = open_session(args.gpu, args.emulate, run_id="warm", runs_dir=scratch,
+    session = open_session(gpu=args.gpu, emulate=args.emulate, run_id="warm", runs_dir=scratch,
                            cache_dir=Path(args.cache_dir).resolve())
     tasks = session.tasks(cells)
     session.build_models(tasks)

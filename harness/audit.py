@@ -16,20 +16,19 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from harness.judge.judge import judge_record
-from harness.judge.outcome import reclassify
-from harness.judge.waivers import waive
-from harness.paths import REPO_ROOT
-from harness.record_model import CellRecord
-from harness.records import FAILING_VERDICTS, RUNS_DIR, RunDir
-from harness.run.session import session_waivers, this_device
-from harness.task import Task
-from harness.vllm_compat import ENVIRONMENT_SIGNATURES, installed_vllm_version
-from matrix.expand import expand_all
-from matrix.load import CASES_DIR, case_files, load_cases, load_models, load_pool
-from matrix.pool import PoolError, resolve
-
-VERDICTS = ("pass", "xfail", "skip", "fail", "error")
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.judge.waivers import waive
+from kvmatrix.harness.record.files import RUNS_DIR, RunDir
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.parts import FAILING_VERDICTS, VERDICTS
+from kvmatrix.harness.record.paths import CELL_CWD
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.session import session_waivers, this_device
+from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES, installed_vllm_version
+from kvmatrix.matrix.expand import expand_all
+from kvmatrix.matrix.load import CASES_DIR, case_files, load_cases, load_models, load_pool
+from kvmatrix.matrix.pool import PoolError, resolve
 
 
 def runnable_classes(cases_dir: Path) -> list[str]:
@@ -53,10 +52,10 @@ def run_classes(classes: list[str], runs_dir: Path, extra: list[str]) -> list[Pa
     folders = []
     for gpu in classes:
         run_id = f"audit-{gpu}-vllm{installed_vllm_version()}"
-        command = [sys.executable, "-m", "harness.cli", "run", "--gpu", gpu, "--emulate", "--run-id", run_id,
+        command = [sys.executable, "-m", "kvmatrix.harness.cli", "run", "--gpu", gpu, "--emulate", "--run-id", run_id,
                    "--runs-dir", str(runs_dir.absolute()), *extra]
         print("$ " + " ".join(command[1:]), flush=True)
-        subprocess.run(command, cwd=REPO_ROOT, check=False)  # its failures are what the audit lists
+        subprocess.run(command, cwd=CELL_CWD, check=False)  # its failures are what the audit lists
         folders.append(runs_dir / run_id)
     return folders
 
@@ -128,8 +127,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 1 if unexplained else 0
 
 
-def add_audit_command(sub: argparse._SubParsersAction) -> None:
-    audit = sub.add_parser("audit", help="list every FAIL / ERROR of run folders that no case or waiver explains")
+def add_arguments(audit: argparse.ArgumentParser) -> None:
+    """`kvmatrix audit`'s arguments (harness/cli/commands.py lists the command)."""
     audit.add_argument("run_dirs", nargs="*", help="run folders to audit (judged again under the current cases)")
     audit.add_argument("--run", action="store_true",
                        help="first run the matrix for this machine's class and every class it can emulate")

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from matrix.schema import Strict
+from kvmatrix.matrix.schema import Strict
 
 AXES = ("kv_cache_dtype", "kv_cache_dtype_skip_layers", "speculative", "attention_backend", "tensor_parallel_size",
         "pipeline_parallel_size", "execution", "workload")

@@ -7,10 +7,10 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from matrix.axes import MatrixAxes
-from matrix.conditions import check_condition_value
-from matrix.expectations import Accuracy, Differential, Expectation, SkipRule
-from matrix.schema import Strict
+from kvmatrix.matrix.axes import MatrixAxes
+from kvmatrix.matrix.conditions import check_condition_value
+from kvmatrix.matrix.expectations import Accuracy, Differential, Expectation, SkipRule
+from kvmatrix.matrix.schema import Strict
 
 
 class Generation(Strict):

@@ -7,10 +7,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from matrix.axes import AXES, AXIS_DEFAULTS, AXIS_ID_NAMES, OPTIONAL_ID_AXES, resolved_execution
-from matrix.case import Case
-from matrix.conditions import gpu_matches, matches, when_matches
-from matrix.schema import CaseError, GpuClass, ModelEntry
+from kvmatrix.matrix.axes import AXES, AXIS_DEFAULTS, AXIS_ID_NAMES, OPTIONAL_ID_AXES, resolved_execution
+from kvmatrix.matrix.case import Case
+from kvmatrix.matrix.conditions import gpu_matches, matches, when_matches
+from kvmatrix.matrix.schema import CaseError, GpuClass, ModelEntry
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What a case expects of its cells' records, and when a cell is skipped: the `when:` clauses and layer
 selectors every rule uses, the `expect:` rules (a crash or refusal, checks of layers, KV groups and attention
 builders, page-size ratios), the `skip:` rules and the `accuracy:` block (baseline comparison, pinned score,
-expected drops). Record fields named here are the ones harness/record_model.py gives layers and KV groups.
+expected drops). Record fields named here are the ones harness/record/model.py gives layers and KV groups.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from matrix.axes import AXES, EXECUTION_VALUES, ORACLE, WORKLOAD_VALUES
-from matrix.conditions import check_condition_value
-from matrix.schema import Strict
+from kvmatrix.matrix.axes import AXES, EXECUTION_VALUES, ORACLE, WORKLOAD_VALUES
+from kvmatrix.matrix.conditions import check_condition_value
+from kvmatrix.matrix.schema import Strict
 
 # What a layer / KV group / attention builder record holds that an expectation may name.
 LAYER_FIELDS = {"kv_cache_dtype", "backend", "spec_dtype", "page_size_bytes", "group", "role", "k_scale", "v_scale"}

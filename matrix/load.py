@@ -8,17 +8,19 @@ YAML is read with `yaml.safe_load` only: case files are data, nothing in them is
 from __future__ import annotations
 
 from collections.abc import Iterable
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from matrix.case import Case
-from matrix.expand import combinations
-from matrix.schema import CaseError, GpuClass, ModelEntry, Vocabulary, wrap_validation_error
+from kvmatrix.matrix.case import Case
+from kvmatrix.matrix.expand import combinations
+from kvmatrix.matrix.schema import CaseError, GpuClass, ModelEntry, Vocabulary, wrap_validation_error
 
-CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
+# The default case set: cases/ of the checkout, package data of an installed kvmatrix (wherever it was installed).
+CASES_DIR = Path(str(resources.files("kvmatrix.cases")))
 MODELS_FILE = "_models.yaml"
 POOL_FILE = "_pool.yaml"
 
@@ -35,6 +37,8 @@ def read_yaml(path: Path) -> Any:
 
 
 def case_files(cases_dir: Path = CASES_DIR) -> list[Path]:
+    if not Path(cases_dir).is_dir():
+        raise CaseError(str(cases_dir), None, None, "no such folder of case files")
     return sorted(p for p in cases_dir.glob("*.yaml") if not p.name.startswith("_"))
 
 
@@ -158,11 +162,16 @@ def _load_named(path: Path, cls: type, what: str) -> dict[str, Any]:
 
 
 def shared_file(cases_dir: Path, name: str) -> Path:
-    """A case folder's model registry, pool or waivers file. A folder inside cases/ without its own (cases/surface/,
-    whose case files are generated) uses those of cases/; any other folder has only its own."""
-    own = cases_dir / name
-    inside_cases = Path(cases_dir).resolve().parent == CASES_DIR.resolve()
-    return CASES_DIR / name if inside_cases and not own.exists() else own
+    """A case folder's model registry, pool or waivers file: its own, or the default case set's where it has none
+    (a folder of only case files runs with the built-in registry, pool and known failures)."""
+    own = Path(cases_dir) / name
+    return own if own.exists() else CASES_DIR / name
+
+
+def cases_option(cases_dir: Path | None) -> list[str]:
+    """`--cases-dir FOLDER` for a command line repeating a run made with a folder other than the built-in cases
+    (nothing for those: a printed command stays short, and works on any installation)."""
+    return ["--cases-dir", str(cases_dir)] if cases_dir and Path(cases_dir).resolve() != CASES_DIR.resolve() else []
 
 
 def load_models(cases_dir: Path = CASES_DIR) -> dict[str, ModelEntry]:

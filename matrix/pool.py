@@ -13,7 +13,7 @@ import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from matrix.schema import X86_CPU_LEVELS, GpuClass
+from kvmatrix.matrix.schema import X86_CPU_LEVELS, GpuClass
 
 
 class PoolError(RuntimeError):

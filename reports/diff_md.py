@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.nightly.diff import Change, Diff
-from reports.summary import same_crash_text
+from kvmatrix.harness.nightly.diff import Change, Diff
+from kvmatrix.reports.summary import same_crash_text
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 
-from harness.judge.fingerprint import failure_name
-from harness.record_model import CellRecord
-from harness.records import record_stem
-from reports.summary import facts
+from kvmatrix.harness.judge.fingerprint import failure_name
+from kvmatrix.harness.record.files import record_stem
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.matrix.load import cases_option
+from kvmatrix.reports.summary import facts
 
 FINDINGS_DIR = Path("reports") / "findings"  # the project's findings, in the working directory
 INDEX = "README.md"
@@ -30,9 +32,9 @@ def unexplained(records: list[CellRecord]) -> list[CellRecord]:
     return [r for r in records if r.get("verdict") == "fail"]
 
 
-def reproducer(record: CellRecord) -> str:
-    """The `kvmatrix run` command for this one cell on the class it ran as."""
-    parts = ["kvmatrix", "run", "--gpu", record["gpu_class"]]
+def reproducer(record: CellRecord, cases_dir: Path | None = None) -> str:
+    """The `kvmatrix run` command for this one cell on the class it ran as, with the cases it ran with."""
+    parts = ["kvmatrix", "run", *cases_option(cases_dir), "--gpu", record["gpu_class"]]
     if record.get("emulated_from"):
         parts.append("--emulate")
     if record.get("mode") == "probe":
@@ -41,9 +43,10 @@ def reproducer(record: CellRecord) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def standalone_reproducer(record: CellRecord) -> str:
+def standalone_reproducer(record: CellRecord, cases_dir: Path | None = None) -> str:
     """The `kvmatrix repro` command writing a script that reproduces this cell with vLLM and torch alone."""
-    parts = ["kvmatrix", "repro", record["cell_id"], "--gpu", record["gpu_class"], "--out", "repro.py"]
+    parts = ["kvmatrix", "repro", record["cell_id"], *cases_option(cases_dir), "--gpu", record["gpu_class"],
+             "--out", "repro.py"]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -81,8 +84,9 @@ def page_name(record: CellRecord) -> str:
     return f"{record_stem(record['cell_id'], record['gpu_class'])}--vllm{record.get('vllm_version')}.md"
 
 
-def page(record: CellRecord, same_crash: tuple[CellRecord, ...] = ()) -> str:
-    """The page of one failure; `same_crash`: the other failures with its fingerprint, linked."""
+def page(record: CellRecord, same_crash: tuple[CellRecord, ...] = (), cases_dir: Path | None = None) -> str:
+    """The page of one failure; `same_crash`: the other failures with its fingerprint, linked; `cases_dir`: the
+    folder its run was made with (None: the built-in cases)."""
     shown = " · ".join(f"{k} {v}" for k, v in facts(record).items())
     unmet = [e for e in record.get("expectations") or [] if not e.get("ok")]
     own_args = {k: v for k, v in (record.get("engine_args") or {}).items() if k not in HARNESS_ARGS}
@@ -98,11 +102,11 @@ def page(record: CellRecord, same_crash: tuple[CellRecord, ...] = ()) -> str:
         "",
         "## Reproduce",
         "```",
-        reproducer(record),
+        reproducer(record, cases_dir),
         "```",
         "Without kvmatrix (a script that needs only vLLM and torch, ending in one assert on the expectation):",
         "```",
-        standalone_reproducer(record),
+        standalone_reproducer(record, cases_dir),
         "python repro.py",
         "```",
         f"Engine arguments beyond the harness's base: `{json.dumps(own_args, sort_keys=True)}`",
@@ -128,9 +132,9 @@ def page(record: CellRecord, same_crash: tuple[CellRecord, ...] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(records: list[CellRecord], out_dir: Path) -> list[Path]:
+def write(records: list[CellRecord], out_dir: Path, cases_dirs: Mapping[str, Path] | None = None) -> list[Path]:
     """A page per unexplained failure, and an index that lists failures with one crash together; returns the
-    pages written (none: no index either)."""
+    pages written (none: no index either). `cases_dirs`: the cases folder of each run id, for the reproducers."""
     failures = unexplained(records)
     if not failures:
         return []
@@ -143,7 +147,8 @@ def write(records: list[CellRecord], out_dir: Path) -> list[Path]:
     for group in groups.values():
         for record in group:
             name = page_name(record)
-            (out_dir / name).write_text(page(record, tuple(r for r in group if r is not record)))
+            others = tuple(r for r in group if r is not record)
+            (out_dir / name).write_text(page(record, others, (cases_dirs or {}).get(record.get("run_id") or "")))
             written.append(out_dir / name)
             index.append(f"| `{record['cell_id']}` | {record['gpu_class']} | {record.get('vllm_version')} | "
                          f"{failure_name(record) or '-'} | {record.get('fingerprint') or '-'} | "

@@ -13,11 +13,12 @@ from typing import Any
 
 import jinja2
 
-from harness.record_model import CellRecord
-from reports.diff_md import Comparison, detail, move
-from reports.html_details import details_json, facts_text
-from reports.html_grid import History, grids
-from reports.summary import VERDICT_ORDER, crash_counts, fresh_rerun, fresh_reruns, leaks, same_crash
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.parts import VERDICTS
+from kvmatrix.reports.diff_md import Comparison, detail, move
+from kvmatrix.reports.html_details import details_json, facts_text
+from kvmatrix.reports.html_grid import History, grids
+from kvmatrix.reports.summary import crash_counts, fresh_rerun, fresh_reruns, leaks, same_crash
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
@@ -35,7 +36,7 @@ def render(records: list[CellRecord], title: str = "kvmatrix", header: str = "",
     got = Counter(r["verdict"] for r in records)
     return _ENV.get_template("matrix.html.j2").render(
         title=title, header=header, gpus=gpus, rows=_list_rows(records, shown, gpus, log_prefix, first_seen),
-        n_cells=len(records), counts={v: got[v] for v in VERDICT_ORDER if got[v]}, verdicts=VERDICT_ORDER,
+        n_cells=len(records), counts={v: got[v] for v in VERDICTS if got[v]}, verdicts=VERDICTS,
         diff=_diff_view(diff or []), leaks=leaks(records), reruns=fresh_reruns(records),
         grids=[g.view(records, history) for g in grids(records, gpus)],
         details=details_json(records, log_prefix, shown, history),

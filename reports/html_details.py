@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 from urllib.parse import quote
 
-from harness.record_model import CellRecord
-from harness.vllm_compat import QUERY_DTYPE_FIELDS
-from reports.findings_pages import page_name, unexplained
-from reports.html_grid import changed_nights
-from reports.summary import facts
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.vllm_compat import QUERY_DTYPE_FIELDS
+from kvmatrix.reports.findings_pages import page_name, unexplained
+from kvmatrix.reports.html_grid import changed_nights
+from kvmatrix.reports.summary import facts
 
 LAYER_COLUMNS = ("name", "role", "backend", "kv_cache_dtype", "spec_dtype", "page_size_bytes", "k_scale", "v_scale")
 GROUP_COLUMNS = ("group", "spec_type", "dtype", "block_size", "page_size_bytes", "layers")

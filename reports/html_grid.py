@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.judge.fingerprint import failure_name
-from harness.record_model import CellRecord
+from kvmatrix.harness.judge.fingerprint import failure_name
+from kvmatrix.harness.record.model import CellRecord
 
 # (GPU class, cell id) → [(run id, verdict, resolved state)], oldest first (harness/nightly/history.py)
 History = dict[tuple[str, str], list[tuple[str, str, str]]]

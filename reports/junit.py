@@ -6,9 +6,9 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
-from harness.judge.fingerprint import failure_name
-from harness.record_model import CellRecord
-from reports.summary import fresh_rerun
+from kvmatrix.harness.judge.fingerprint import failure_name
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.reports.summary import fresh_rerun
 
 
 def render(records: list[CellRecord]) -> str:
@@ -22,25 +22,29 @@ def render(records: list[CellRecord]) -> str:
                               errors=str(sum(r["verdict"] == "error" for r in recs)),
                               skipped=str(sum(r["verdict"] in ("skip", "xfail") for r in recs)))
         for r in recs:
-            case = ET.SubElement(suite, "testcase", classname=f"kvmatrix.{gpu}.{r.get('case')}",
-                                 name=r["cell_id"], time=str((r.get("timings") or {}).get("total_s", 0)))
-            reason = r.get("reason", "")
-            if r["verdict"] == "fail":
-                ET.SubElement(case, "failure", message=reason, type=failure_name(r) or "expectation")
-            elif r["verdict"] == "error":
-                ET.SubElement(case, "error", message=reason)
-            elif r["verdict"] == "skip":
-                ET.SubElement(case, "skipped", message=reason)
-            elif r["verdict"] == "xfail":
-                ET.SubElement(case, "skipped", type="pytest.xfail", message=reason)
-            out = [f"log: {r['log']}"] if r.get("log") else []
-            if r.get("leak"):  # not a failure (the cell's results stand), but shown where CI shows a case
-                properties = ET.SubElement(case, "properties")
-                ET.SubElement(properties, "property", name="gpu_leak", value=r["leak"])
-                out.append(f"LEAK: {r['leak']}")
-            if r.get("warm_attempt"):
-                out.append(f"run again in a fresh process: {fresh_rerun(r)}")
-            if out:
-                ET.SubElement(case, "system-out").text = "\n".join(out)
+            _testcase(suite, gpu, r)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _testcase(suite: ET.Element, gpu: str, r: CellRecord) -> None:
+    case = ET.SubElement(suite, "testcase", classname=f"kvmatrix.{gpu}.{r.get('case')}",
+                         name=r["cell_id"], time=str((r.get("timings") or {}).get("total_s", 0)))
+    reason = r.get("reason", "")
+    if r["verdict"] == "fail":
+        ET.SubElement(case, "failure", message=reason, type=failure_name(r) or "expectation")
+    elif r["verdict"] == "error":
+        ET.SubElement(case, "error", message=reason)
+    elif r["verdict"] == "skip":
+        ET.SubElement(case, "skipped", message=reason)
+    elif r["verdict"] == "xfail":
+        ET.SubElement(case, "skipped", type="pytest.xfail", message=reason)
+    out = [f"log: {r['log']}"] if r.get("log") else []
+    if r.get("leak"):  # not a failure (the cell's results stand), but shown where CI shows a case
+        properties = ET.SubElement(case, "properties")
+        ET.SubElement(properties, "property", name="gpu_leak", value=r["leak"])
+        out.append(f"LEAK: {r['leak']}")
+    if r.get("warm_attempt"):
+        out.append(f"run again in a fresh process: {fresh_rerun(r)}")
+    if out:
+        ET.SubElement(case, "system-out").text = "\n".join(out)

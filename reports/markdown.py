@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.record_model import CellRecord
-from reports.summary import counts, crash_counts, frame, fresh_reruns, leaks, pivot, same_crash
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.parts import LISTED_VERDICTS
+from kvmatrix.reports.summary import counts, crash_counts, frame, fresh_reruns, leaks, pivot, same_crash
 
 
 def class_differences(records: list[CellRecord], reference: str) -> list[str]:
     """Per cell, how each other GPU class's record differs from the reference class's (verdict, backend, KV
     dtype, query dtype, page size, signature): what an emulated or other class decides differently."""
-    from harness.nightly.diff import what_changed  # reports stay importable without the history modules' deps
+    from kvmatrix.harness.nightly.diff import what_changed  # reports stay importable without the history modules' deps
 
     by_class: dict[str, dict[str, CellRecord]] = {}
     for r in records:
@@ -82,35 +83,36 @@ def render(records: list[CellRecord], title: str = "kvmatrix", header: str = "",
     per_tag = cells_per_tag(records)
     if not per_tag.empty:
         lines += ["", "## Cells per tag (skipped cells not counted)", "", per_tag.to_markdown()]
-    problems = df[df["verdict"].isin(["fail", "error", "xfail"])]
-    if not problems.empty:
-        lines += ["", "## Failures and expected failures", ""]
-        shared = crash_counts(records)
-        notes = {(r["cell_id"], r.get("gpu_class", "?")): same_crash(r, shared, first_seen) for r in records}
-        for row in problems.itertuples():
-            note = notes.get((row.cell_id, row.gpu_class))
-            lines.append(f"- **{row.verdict.upper()}** `{row.cell_id}` on {row.gpu_class}: {row.reason}"
-                         + (f" ({note})" if note else ""))
-    compared = differential_lines(records)
-    if compared:
-        lines += ["", "## Differential cells (each against its oracle: the same configuration run eager and plain)", ""]
-        lines += [f"- {line}" for line in compared]
-    leaked = leaks(records)
-    if leaked:
-        lines += ["", "## Leaks (GPU memory left behind after the cell ended)", ""]
-        lines += [f"- {line}" for line in leaked]
-    rerun = fresh_reruns(records)
-    if rerun:
-        lines += ["", "## Run again in a fresh process (a warm worker's run did not pass; the fresh run is the record)",
-                  ""]
-        lines += [f"- {line}" for line in rerun]
+    lines += _section("Failures and expected failures", _problems(df, records, first_seen))
+    lines += _section("Differential cells (each against its oracle: the same configuration run eager and plain)",
+                      [f"- {line}" for line in differential_lines(records)])
+    lines += _section("Leaks (GPU memory left behind after the cell ended)", [f"- {line}" for line in leaks(records)])
+    lines += _section("Run again in a fresh process (a warm worker's run did not pass; the fresh run is the record)",
+                      [f"- {line}" for line in fresh_reruns(records)])
     if compare_to:
-        differences = class_differences(records, compare_to)
-        lines += ["", f"## Differences from the {compare_to} column", ""]
-        lines += differences or ["- none"]
+        lines += _section(f"Differences from the {compare_to} column", class_differences(records, compare_to)
+                          or ["- none"])
     skipped = df[df["verdict"] == "skip"]
-    if not skipped.empty:
-        lines += ["", "## Skipped", ""]
-        for (reason, gpu), group in skipped.groupby(["reason", "gpu_class"], sort=False):
-            lines.append(f"- {len(group)} on {gpu}: {reason}")
+    lines += _section("Skipped", [f"- {len(group)} on {gpu}: {reason}" for (reason, gpu), group
+                                  in skipped.groupby(["reason", "gpu_class"], sort=False)])
     return "\n".join(lines) + "\n"
+
+
+def _section(heading: str, items: list[str]) -> list[str]:
+    """A `##` section of the report, or nothing where it has no items."""
+    return ["", f"## {heading}", "", *items] if items else []
+
+
+def _problems(df: pd.DataFrame, records: list[CellRecord], first_seen: dict[str, str] | None) -> list[str]:
+    """A line per failure and expected failure, with the other cells its crash was seen in."""
+    problems = df[df["verdict"].isin(LISTED_VERDICTS)]
+    if problems.empty:
+        return []
+    shared = crash_counts(records)
+    notes = {(r["cell_id"], r.get("gpu_class", "?")): same_crash(r, shared, first_seen) for r in records}
+    lines = []
+    for row in problems.itertuples():
+        note = notes.get((row.cell_id, row.gpu_class))
+        lines.append(f"- **{row.verdict.upper()}** `{row.cell_id}` on {row.gpu_class}: {row.reason}"
+                     + (f" ({note})" if note else ""))
+    return lines

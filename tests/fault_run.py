@@ -7,12 +7,12 @@ import signal
 import sys
 from pathlib import Path
 
-from harness.records import RunDir
-from harness.run.pool import run_tasks
-from harness.run.session import Session
-from harness.run.settings import RunSettings
-from matrix.expand import expand_all
-from matrix.load import load_cases, load_models, load_pool
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.session import Session
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.matrix.expand import expand_all
+from kvmatrix.matrix.load import load_cases, load_models, load_pool
 
 FAKE_CELL = (sys.executable, str(Path(__file__).with_name("fake_cell.py")))
 FAKE_WORKER = (sys.executable, str(Path(__file__).with_name("fake_worker.py")))

@@ -6,13 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.judge.accuracy import judge_accuracy
-from harness.records import RunDir
-from harness.run.accuracy_plan import baselines_first, offline_reason
-from harness.task import Task
-from matrix.expand import expand_case
-from matrix.load import load_case, load_models, load_pool
-from matrix.schema import CaseError
+from kvmatrix.harness.judge.accuracy import judge_accuracy
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.accuracy_plan import baselines_first, offline_reason
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import load_case, load_models, load_pool
+from kvmatrix.matrix.schema import CaseError
 from tests.conftest import shipped_matrix, write_case
 
 ACCURACY = {"task": "tiny_reverse", "limit": 10, "max_drop": 0.05}

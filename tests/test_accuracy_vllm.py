@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from tests.conftest import needs_fp8_kv
 from tests.test_e2e import kvmatrix
 

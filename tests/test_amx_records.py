@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge.judge import judge_record
-from harness.judge.outcome import reclassify
-from harness.records import RunDir
-from harness.task import Task
-from matrix.expand import expand_case
-from matrix.load import load_case, load_models
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import load_case, load_models
 from tests.conftest import FIXTURES, shipped_matrix
 
 AMX_RECORDS = FIXTURES / "records" / "cpu-amx-vllm-0.32.0"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from harness.cli import main
-from harness.records import RunDir
+from kvmatrix.harness.cli import main
+from kvmatrix.harness.record.files import RunDir
 from tests.conftest import FIXTURES
 
 

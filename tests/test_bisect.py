@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.bisect import command as bisect_mod
-from harness.bisect.command import bisect, bisect_releases, releases_between
-from harness.bisect.envs import READY, EnvBuildError, compiled_changes, sync_overlay, wheel_env
-from harness.bisect.given import between, check, glob_envs, parse_env_args
-from harness.bisect.report import render
-from harness.bisect.step import Plan, Step
-from harness.records import read_json
+from kvmatrix.harness.bisect import command as bisect_mod
+from kvmatrix.harness.bisect.command import bisect, bisect_releases, releases_between
+from kvmatrix.harness.bisect.envs import READY, EnvBuildError, compiled_changes, sync_overlay, wheel_env
+from kvmatrix.harness.bisect.given import between, check, glob_envs, parse_env_args
+from kvmatrix.harness.bisect.report import render
+from kvmatrix.harness.bisect.step import Plan, Step
+from kvmatrix.harness.record.files import read_json
 from tests.bisect_history import ATTENTION, CHECKPOINT_WINS, EXPLICIT_WINS, _commit, _git, build_history, installed_vllm
 from tests.conftest import needs_fp8_kv
 

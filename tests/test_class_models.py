@@ -15,8 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.models import tiny as tm  # noqa: E402
-from harness.models.tiny_llama import llama_config  # noqa: E402
+from kvmatrix.harness.models import tiny as tm  # noqa: E402
+from kvmatrix.harness.models.tiny_llama import llama_config  # noqa: E402
 
 
 def _config(name: str, cache: Path) -> dict:
@@ -78,8 +78,8 @@ def test_glm_fp8_is_a_compressed_tensors_fp8_checkpoint_with_kv_scales_and_mtp(t
     import torch
     from safetensors import safe_open
 
-    from harness.models.checkpoint import weights
-    from harness.models.tiny_glm_fp8 import GLM_FP8_K_SCALE, MTP_LAYER, _glm_fp8_shapes, glm_fp8_config
+    from kvmatrix.harness.models.checkpoint import weights
+    from kvmatrix.harness.models.tiny_glm_fp8 import GLM_FP8_K_SCALE, MTP_LAYER, _glm_fp8_shapes, glm_fp8_config
 
     cfg = _config("glm_fp8", tmp_path)
     scheme = cfg["quantization_config"]

@@ -3,8 +3,8 @@ gates that make a case's expected failures wait for its first (harness/run/pool.
 
 from __future__ import annotations
 
-from harness.run.confirmations import Confirmations, confirmation_gates
-from harness.run.pool import add_acyclic
+from kvmatrix.harness.run.confirmations import Confirmations, confirmation_gates
+from kvmatrix.harness.run.pool import add_acyclic
 
 
 def record(cell_id: str, isolation: str = "process", verdict: str = "xfail", status: str = "crash",

@@ -9,8 +9,8 @@ import platform
 import pytest
 import torch
 
-from harness.records import RunDir
-from harness.vllm_compat import detect_cpu_isa, emulate_cpu_isa
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.vllm_compat import detect_cpu_isa, emulate_cpu_isa
 from tests.conftest import CPU_CLASS
 from tests.test_e2e import kvmatrix
 

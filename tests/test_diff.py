@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import copy
 
-from harness.cli import main
-from harness.nightly import history
-from harness.nightly.diff import diff_records
-from reports import diff_md
-from reports.html_grid import changed_nights
+from kvmatrix.harness.cli import main
+from kvmatrix.harness.nightly import history
+from kvmatrix.harness.nightly.diff import diff_records
+from kvmatrix.reports import diff_md
+from kvmatrix.reports.html_grid import changed_nights
 from tests.test_history import CPU, captured_record, write_run
 
 AUTO = "ct-llama[kv=auto,skip=-,spec=-]"

@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge.differential import compare_sequence, state_differences
-from harness.judge.judge import judge_record
-from harness.records import RunDir
-from harness.run.cell_run import execution_reason
-from harness.run.engine_args import engine_args_for, workload_plan
-from harness.task import Task
-from harness.vllm_compat import execution_engine_args
-from matrix.expand import expand_case
-from matrix.load import CASES_DIR, load_case, load_models, load_pool
-from matrix.schema import CaseError
+from kvmatrix.harness.judge.differential import compare_sequence, state_differences
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.cell_run import execution_reason
+from kvmatrix.harness.run.engine_args import engine_args_for, workload_plan
+from kvmatrix.harness.vllm_compat import execution_engine_args
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import CASES_DIR, load_case, load_models, load_pool
+from kvmatrix.matrix.schema import CaseError
 from tests.conftest import FIXTURES, write_case
 
 RECORDS = FIXTURES / "records" / "execution-cpu-amx-vllm-0.32.0"
@@ -238,8 +238,8 @@ def test_a_missing_oracle_or_unreached_workload_is_said(tmp_path):
 
 
 def test_reports_show_the_pair_and_the_mode(tmp_path):
-    from reports.html_grid import grids, mark
-    from reports.markdown import differential_lines
+    from kvmatrix.reports.html_grid import grids, mark
+    from kvmatrix.reports.markdown import differential_lines
 
     record, oracle = fixture(FP8_COMPILED), fixture(FP8)
     bad = copy.deepcopy(record)
@@ -262,8 +262,8 @@ def test_fixture_folder_is_complete():
 
 def test_repro_script_runs_the_oracle_too(tmp_path):
     """`kvmatrix repro` of a differential cell writes both runs: the cell's engine arguments and its oracle's."""
-    from harness.repro.command import find_cell
-    from harness.repro.generate import script_spec
+    from kvmatrix.harness.repro.command import find_cell
+    from kvmatrix.harness.repro.generate import script_spec
 
     cell, models, pool = find_cell(CASES_DIR, FP8_COMPILED)
     spec = script_spec(Task(cell, CPU, pool[CPU]), models, FIXTURES.parent.parent / ".cache" / "models", False,
@@ -278,7 +278,7 @@ def test_repro_script_runs_the_oracle_too(tmp_path):
 
 @pytest.mark.parametrize("block", [16, 128])
 def test_workload_prompts_reach_their_paths_for_any_block_size(block):
-    from harness.cell.workloads import workload_prompts
+    from kvmatrix.harness.cell.workloads import workload_prompts
 
     pool = list(range(4, 320))
     first, second = workload_prompts({"name": "shared_prefix"}, block, pool)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 from tests.conftest import CPU_CLASS, FP8_KV_CPU_CLASSES, needs_fp8_kv
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,7 +26,7 @@ CT_OVERRIDE_PATCH = {
 
 
 def kvmatrix(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "harness.cli", "run", "--runs-dir", str(tmp_path / "runs"),
+    command = [sys.executable, "-m", "kvmatrix.harness.cli", "run", "--runs-dir", str(tmp_path / "runs"),
                "--cache-dir", str(REPO / ".cache"), *args]
     return subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
                           capture_output=True, text=True, timeout=900)

@@ -3,13 +3,13 @@ of that class the same missing kernel library is the install's fault: an error, 
 
 from __future__ import annotations
 
-from harness.judge.outcome import classify_outcome
-from harness.records import RunDir
-from harness.run.cell_run import finish
-from harness.run.settings import RunSettings
-from harness.task import Task
-from matrix.expand import expand_case
-from matrix.load import CASES_DIR, load_case, load_models, load_pool
+from kvmatrix.harness.judge.outcome import classify_outcome
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.cell_run import finish
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import CASES_DIR, load_case, load_models, load_pool
 
 POOL = load_pool()
 CUTLASS_LOG = "Traceback ...\nModuleNotFoundError: No module named 'cutlass'\n"

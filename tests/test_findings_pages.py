@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from harness.judge.fingerprint import stamp
-from reports import findings_pages
+from kvmatrix.harness.judge.fingerprint import stamp
+from kvmatrix.reports import findings_pages
 from tests.conftest import FIXTURES
 from tests.test_verdict import record, verdict
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge.fingerprint import fingerprint, normalize
-from harness.judge.outcome import classify_outcome, reclassify
-from harness.records import RunDir
+from kvmatrix.harness.judge.fingerprint import fingerprint, normalize
+from kvmatrix.harness.judge.outcome import classify_outcome, reclassify
+from kvmatrix.harness.record.files import RunDir
 from tests.conftest import FIXTURES
 
 FOLDERS = sorted(p for p in (FIXTURES / "records").iterdir() if p.is_dir())

@@ -8,18 +8,19 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from harness import cli
-from harness.records import RunDir
-from tests.conftest import CPU_CLASS, write_case
+from kvmatrix.harness import cli
+from kvmatrix.harness.cli import run as cli_run
+from kvmatrix.harness.record.files import RUNS_DIR, RunDir
+from tests.conftest import CPU_CLASS, KNOWN_LINK, write_case
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_CELL = (sys.executable, str(REPO / "tests" / "fake_cell.py"))
 FAKE_WORKER = (sys.executable, str(REPO / "tests" / "fake_worker.py"))
-LINK = "https://example.org/known"
 # pytest's outcome for each verdict (fail and error both fail the item).
 OUTCOME = {"pass": "passed", "skip": "skipped", "xfail": "xfailed", "fail": "failed", "error": "failed"}
 
@@ -36,36 +37,24 @@ def fake_sessions(open_session, cases_dir: Path, tmp_path: Path):
     """`open_session` with fake cells, no model build and the test's runs and cache folders."""
 
     def fake(*args, **kwargs):
-        if len(args) < 4:  # the pytest front end names no folders: the test's
-            kwargs.update(runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache")
+        if "runs_dir" not in kwargs:  # the pytest front end names no folders: the test's
+            kwargs.update(runs_dir=tmp_path / RUNS_DIR, cache_dir=tmp_path / "cache")
         session = open_session(*args, **kwargs)
         # Fake cells in fresh processes and in warm workers alike: real vLLM here would judge by this CPU's kind.
-        session.settings.cell_command = FAKE_CELL
-        session.settings.worker_command = FAKE_WORKER
+        session.settings = replace(session.settings, cell_command=FAKE_CELL, worker_command=FAKE_WORKER)
         session.build_models = lambda tasks: session.settings.built.update(llama=cases_dir)
         return session
 
     return fake
 
 
-@pytest.fixture
-def matrix_with_waiver(cases_dir: Path) -> Path:
-    write_case(cases_dir, "ok", {"model": "llama", "gpus": [CPU_CLASS],
-                                 "matrix": {"kv_cache_dtype": ["auto", "fp8"]},
-                                 "skip": [{"when": {"kv_cache_dtype": "fp8"}, "reason": "not here"}],
-                                 "expect": [{"crash": False}]})
-    write_case(cases_dir, "crash", {
-        "model": "llama", "gpus": [CPU_CLASS], "matrix": {"kv_cache_dtype": ["auto", "bfloat16", "fp8"]},
-        "expect": [{"when": {"kv_cache_dtype": "bfloat16"},
-                    "crash": {"signature": "no_common_block_size", "link": LINK}}]})
-    (cases_dir / "_waivers.txt").write_text(f"crash[kv=auto,*] {LINK}\n")
-    return cases_dir
-
-
-def run_pytest_front_end(cases_dir: Path, tmp_path: Path, monkeypatch, *args: str) -> tuple[int, dict[str, str]]:
-    """`pytest cases/` over `cases_dir` in this process: (exit code, cell id → pytest outcome)."""
+def run_pytest_front_end(cases_dir: Path, tmp_path: Path, monkeypatch, *args: str, name_cases_dir: bool = True
+                         ) -> tuple[int, dict[str, str]]:
+    """`pytest cases/` over `cases_dir` in this process: (exit code, cell id → pytest outcome). Without
+    `name_cases_dir`, the front end finds the folder itself (the one its --run-id was made with)."""
     front_end = front_end_module()
-    monkeypatch.setattr(front_end, "CASES_DIR", cases_dir)
+    if name_cases_dir:
+        args = ("--cases-dir", str(cases_dir), *args)
     monkeypatch.setattr(front_end, "open_session", fake_sessions(front_end.open_session, cases_dir, tmp_path))
     outcomes: dict[str, str] = {}
 
@@ -82,11 +71,11 @@ def run_pytest_front_end(cases_dir: Path, tmp_path: Path, monkeypatch, *args: st
 
 def test_pytest_and_kvmatrix_run_give_the_same_verdicts(matrix_with_waiver, tmp_path, monkeypatch):
     cases_dir = matrix_with_waiver
-    monkeypatch.setattr(cli, "open_session", fake_sessions(cli.open_session, cases_dir, tmp_path))
-    code = cli.main(["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / "runs"), "--run-id", "cli",
+    monkeypatch.setattr(cli_run, "open_session", fake_sessions(cli_run.open_session, cases_dir, tmp_path))
+    code = cli.main(["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / RUNS_DIR), "--run-id", "cli",
                      "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", CPU_CLASS])
     assert code == 1  # crash[kv=fp8] fails: no rule and no waiver explains it
-    by_cli = {r["cell_id"]: r["verdict"] for r in RunDir(tmp_path / "runs" / "cli").records()}
+    by_cli = {r["cell_id"]: r["verdict"] for r in RunDir(tmp_path / RUNS_DIR / "cli").records()}
     assert by_cli == {"ok[kv=auto,skip=-,spec=-]": "pass", "ok[kv=fp8,skip=-,spec=-]": "skip",
                       "crash[kv=auto,skip=-,spec=-]": "xfail", "crash[kv=bfloat16,skip=-,spec=-]": "xfail",
                       "crash[kv=fp8,skip=-,spec=-]": "fail"}
@@ -94,9 +83,9 @@ def test_pytest_and_kvmatrix_run_give_the_same_verdicts(matrix_with_waiver, tmp_
     code, by_pytest = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--run-id", "pytest")
     assert code == pytest.ExitCode.TESTS_FAILED
     assert by_pytest == {cell: OUTCOME[verdict] for cell, verdict in by_cli.items()}
-    stored = {r["cell_id"]: r for r in RunDir(tmp_path / "runs" / "pytest").records()}
+    stored = {r["cell_id"]: r for r in RunDir(tmp_path / RUNS_DIR / "pytest").records()}
     assert {cell: r["verdict"] for cell, r in stored.items()} == by_cli
-    assert stored["crash[kv=auto,skip=-,spec=-]"]["waived"]["link"] == LINK
+    assert stored["crash[kv=auto,skip=-,spec=-]"]["waived"]["link"] == KNOWN_LINK
 
 
 def test_pytest_front_end_refuses_a_folder_of_other_cases(matrix_with_waiver, tmp_path, monkeypatch):
@@ -119,6 +108,19 @@ def test_an_interrupted_command_says_its_records_are_kept(monkeypatch, capsys):
 
     parser = argparse.ArgumentParser()
     parser.set_defaults(func=interrupted)
-    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(cli, "build_parser", lambda argv: parser)
     assert cli.main([]) == 130
     assert "interrupted; every finished cell's record is kept" in capsys.readouterr().err
+
+
+def test_pytest_front_end_resumes_a_run_with_the_cases_it_was_made_with(matrix_with_waiver, tmp_path, monkeypatch):
+    cases_dir = matrix_with_waiver
+    monkeypatch.chdir(tmp_path)  # the front end's run folders are under the working directory's reports/runs/
+    monkeypatch.setattr(cli_run, "open_session", fake_sessions(cli_run.open_session, cases_dir, tmp_path))
+    cli.main(["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / RUNS_DIR), "--run-id", "mine",
+              "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", CPU_CLASS,
+              "--case", "ok"])
+    code, outcomes = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--run-id", "mine", "-k", "ok",
+                                          name_cases_dir=False)
+    assert code == pytest.ExitCode.OK
+    assert outcomes == {"ok[kv=auto,skip=-,spec=-]": "passed", "ok[kv=fp8,skip=-,spec=-]": "skipped"}

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from harness.judge.outcome import classify_outcome
+from kvmatrix.harness.judge.outcome import classify_outcome
 from tests.conftest import FIXTURES, shipped_matrix
 from tests.test_verdict import verdict
 
@@ -59,10 +59,10 @@ GPU_FILES = sorted(GPU_RECORDS.glob("*.json"))
 
 
 def _judged(path, tmp_path) -> dict:
-    from harness.judge.judge import judge_record
-    from harness.judge.outcome import reclassify
-    from harness.records import RunDir
-    from harness.task import Task
+    from kvmatrix.harness.judge.judge import judge_record
+    from kvmatrix.harness.judge.outcome import reclassify
+    from kvmatrix.harness.record.files import RunDir
+    from kvmatrix.harness.record.task import Task
 
     rec = json.loads(path.read_text())
     assert rec["vllm_version"] == path.parent.name.rsplit("vllm-", 1)[1]

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import RunDir
-from harness.run.gpu_check import GPU_LEAK_TOLERANCE_MIB, check_gpu_memory, pinned_gpus
-from harness.run.gpu_memory import gpu_baselines, physical_index
-from harness.run.pool import run_tasks
-from harness.run.process import RUN_MARK_ENV, CellProcesses
-from harness.run.session import Session
-from harness.run.settings import RunSettings
-from matrix.expand import expand_all
-from matrix.load import load_cases, load_models, load_pool
-from reports import html, junit, markdown
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.run.gpu_check import GPU_LEAK_TOLERANCE_MIB, check_gpu_memory, pinned_gpus
+from kvmatrix.harness.run.gpu_memory import gpu_baselines, physical_index
+from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.process import RUN_MARK_ENV, CellProcesses
+from kvmatrix.harness.run.session import Session
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.matrix.expand import expand_all
+from kvmatrix.matrix.load import load_cases, load_models, load_pool
+from kvmatrix.reports import html, junit, markdown
 from tests.fault_run import FAKE_CELL
 from tests.test_faults import alive, fault_cases
 

@@ -8,14 +8,14 @@ import re
 
 import pytest
 
-from harness.judge.judge import judge_record
-from harness.judge.verdict import judge
-from harness.records import RunDir
-from harness.task import Task
-from matrix.expand import expand_all
-from matrix.load import load_cases, load_models, load_pool
-from reports.markdown import class_differences
-from reports.summary import facts
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.verdict import judge
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
+from kvmatrix.matrix.expand import expand_all
+from kvmatrix.matrix.load import load_cases, load_models, load_pool
+from kvmatrix.reports.markdown import class_differences
+from kvmatrix.reports.summary import facts
 from tests.conftest import FIXTURES
 
 GPU_RECORDS = FIXTURES / "records" / "h200-vllm-0.26.0"
@@ -31,8 +31,8 @@ def captured(gpu: str, cell_id: str) -> dict:
 
 def judged_as(record: dict, gpu: str) -> tuple[str, str]:
     cell = CELLS[record["cell_id"]]
-    verdict, reason, _ = judge(record, cell.case.expect, cell.context(gpu, POOL[gpu], "0.26.0", gpu != "H200"))
-    return verdict, reason
+    judged = judge(record, cell.case.expect, cell.context(gpu, POOL[gpu], "0.26.0", gpu != "H200"))
+    return judged.verdict, judged.reason
 
 
 @pytest.mark.parametrize("path", sorted(GPU_RECORDS.glob("*.json")), ids=lambda p: p.stem)

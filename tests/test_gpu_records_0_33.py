@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge.judge import judge_record
-from harness.records import RunDir
-from harness.task import Task
-from reports.summary import facts
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
+from kvmatrix.reports.summary import facts
 from tests.conftest import FIXTURES, shipped_matrix
 from tests.test_gpu_records import held
 

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge.differential import state_differences
-from harness.judge.judge import judge_record
-from harness.judge.outcome import reclassify
-from harness.records import RunDir
-from harness.task import Task
-from harness.vllm_compat.teardown import compilation_dropped
+from kvmatrix.harness.judge.differential import state_differences
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.vllm_compat.teardown import compilation_dropped
 from tests.conftest import FIXTURES, shipped_matrix
 
 ARCHIVE = FIXTURES / "runs" / "h200-graphs-vllm-0.33.0-2026-12-02.tar.xz"

@@ -12,10 +12,10 @@ from collections import Counter
 
 import pytest
 
-from harness.judge.judge import judge_record
-from harness.records import RunDir
-from harness.run.isolation import isolation_differences
-from harness.task import Task
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.isolation import isolation_differences
 from tests.conftest import FIXTURES, shipped_matrix
 
 ACCURACY = FIXTURES / "records" / "accuracy-gpu-vllm-0.26.0"

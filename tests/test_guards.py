@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.run.guards import GuardError, cases_fingerprint, check_free_disk, claim_run_folder
+from kvmatrix.harness.run.guards import GuardError, check_free_disk, claim_run_folder
 from tests.conftest import CPU_CLASS, write_case
 
 REPO = Path(__file__).resolve().parent.parent
@@ -19,12 +19,12 @@ REPO = Path(__file__).resolve().parent.parent
 def test_a_run_folder_belongs_to_one_case_set(cases_dir, tmp_path):
     write_case(cases_dir, "a", {"model": "llama"})
     run = tmp_path / "run"
-    claim_run_folder(run, cases_fingerprint(cases_dir))
-    claim_run_folder(run, cases_fingerprint(cases_dir))  # the same cases resume
+    claim_run_folder(run, cases_dir)
+    claim_run_folder(run, cases_dir)  # the same cases resume
     write_case(cases_dir, "a", {"model": "llama", "timeout_s": 5})
     with pytest.raises(GuardError, match="judged under other case files.*--force"):
-        claim_run_folder(run, cases_fingerprint(cases_dir))
-    claim_run_folder(run, cases_fingerprint(cases_dir), force=True)
+        claim_run_folder(run, cases_dir)
+    claim_run_folder(run, cases_dir, force=True)
 
 
 def test_nearly_full_disk_is_refused(tmp_path):
@@ -34,8 +34,8 @@ def test_nearly_full_disk_is_refused(tmp_path):
 
 
 def kvmatrix(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    return subprocess.run([sys.executable, "-m", "kvmatrix.harness.cli", *args], cwd=REPO, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
 
 
 def test_cli_refuses_with_a_reason_and_writes_nothing(tmp_path):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 
-from harness.judge.outcome import classify_outcome
-from harness.judge.verdict import judge
-from harness.nightly import history
-from harness.records import RunDir, record_stem
-from matrix.expand import expand_case
-from matrix.load import CASES_DIR, load_case, load_models, load_pool
+from kvmatrix.harness.judge.outcome import classify_outcome
+from kvmatrix.harness.judge.verdict import judge
+from kvmatrix.harness.nightly import history
+from kvmatrix.harness.record.files import RunDir, record_stem
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import CASES_DIR, load_case, load_models, load_pool
 from tests.conftest import FIXTURES
 
 CAPTURED = FIXTURES / "records" / "cpu-vllm-0.32.0"
@@ -31,8 +31,9 @@ def captured_record(cell_id: str, capture: str, gpu_class: str = "cpu-avx512", r
               "gpu_class": gpu_class, "emulated_from": None, "run_id": run_id, "signature": outcome.get("signature"),
               "log": f"logs/{record_stem(cell_id, gpu_class)}.log"}
     context = cell.context(gpu_class, POOL[gpu_class], record["vllm_version"], False)
-    verdict, reason, results = judge(record, cell.case.expect, context)
-    return {**record, "expectations": results, "verdict": verdict, "reason": reason, "finished_at": finished_at}
+    judged = judge(record, cell.case.expect, context)
+    return {**record, "expectations": judged.results, "verdict": judged.verdict, "reason": judged.reason,
+            "finished_at": finished_at}
 
 
 def write_run(root, records: list[dict]) -> RunDir:

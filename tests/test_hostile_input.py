@@ -11,9 +11,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from matrix.expand import expand_case
-from matrix.load import CASES_DIR, load_case, load_models, load_pool
-from matrix.schema import CaseError, Vocabulary
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import CASES_DIR, load_case, load_models, load_pool
+from kvmatrix.matrix.schema import CaseError, Vocabulary
 
 MODELS, POOL = load_models(), load_pool()
 VLLM = Vocabulary(frozenset({"auto", "bfloat16", "fp8"}), frozenset({"max_model_len", "seed", "dtype"}))
@@ -96,7 +96,7 @@ def test_the_shipped_cases_survive_the_same_checks(tmp_path):
               st.sampled_from(["", "https://github.com/vllm-project/vllm/issues/1", "not-a-link", "#frag"]),
               st.sampled_from(["", "until=2027-01-31", "until=2027-02-30", "until=tomorrow"]))), max_size=6))
 def test_generated_waiver_files(lines):
-    from harness.judge.waivers import WaiverError, parse_waivers
+    from kvmatrix.harness.judge.waivers import WaiverError, parse_waivers
 
     text = "\n".join(lines)
     try:

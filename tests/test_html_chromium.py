@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.records import RunDir
-from reports import html
+from kvmatrix.harness.cli import main
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.reports import html
 from tests.conftest import FIXTURES
 from tests.test_diff import BF16, SKIP_AUTO, SKIP_FP8, night_1, night_2
 from tests.test_history import CPU, write_run

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import RunDir
-from harness.run.isolation import isolation_differences
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.run.isolation import isolation_differences
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.vllm
@@ -34,7 +34,7 @@ CELLS = [
 
 
 def run(tmp_path: Path, isolation: str) -> list[dict]:
-    command = [sys.executable, "-m", "harness.cli", "run", "--runs-dir", str(tmp_path), "--run-id", isolation,
+    command = [sys.executable, "-m", "kvmatrix.harness.cli", "run", "--runs-dir", str(tmp_path), "--run-id", isolation,
                "--cache-dir", str(REPO / ".cache"), "--isolation", isolation, "--jobs", "1",
                *(arg for cell in CELLS for arg in ("--cell", cell))]
     done = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,

@@ -10,17 +10,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # Lowest first; units of one layer do not import each other.
 LAYERS = [
-    ("matrix",),
-    ("harness.paths", "harness.record_parts"),
-    ("harness.record_model",),
-    ("harness.vllm_compat", "harness.records"),
-    ("harness.task", "harness.models"),
-    ("harness.judge", "harness.cell"),
-    ("harness.run", "harness.nightly"),
-    ("reports", "harness.bisect", "harness.audit", "harness.repro"),
-    ("harness.pr", "harness.surface"),
-    ("harness.cli_nightly", "harness.cli_output"),
-    ("harness.cli",),
+    ("kvmatrix.matrix",),
+    ("kvmatrix.harness.record",),
+    ("kvmatrix.harness.vllm_compat",),
+    ("kvmatrix.harness.models",),
+    ("kvmatrix.harness.judge", "kvmatrix.harness.cell"),
+    ("kvmatrix.harness.run", "kvmatrix.harness.nightly"),
+    ("kvmatrix.reports", "kvmatrix.harness.bisect", "kvmatrix.harness.audit", "kvmatrix.harness.repro"),
+    ("kvmatrix.harness.pr", "kvmatrix.harness.surface"),
+    ("kvmatrix.harness.cli",),
 ]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 
@@ -28,7 +26,7 @@ RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 def _modules() -> dict[str, Path]:
     out = {}
     for path in [*REPO.glob("harness/**/*.py"), *REPO.glob("matrix/*.py"), *REPO.glob("reports/*.py")]:
-        name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        name = ".".join(("kvmatrix", *path.relative_to(REPO).with_suffix("").parts)).removesuffix(".__init__")
         out[name] = path
     return out
 
@@ -43,13 +41,13 @@ def _imported(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # `from harness import vllm_compat` imports the sub-package itself
+            # `from kvmatrix.harness import vllm_compat` imports the sub-package itself
             names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
     return {n for n in names if _unit(n) is not None}
 
 
 def test_every_module_belongs_to_a_layer():
-    assert [name for name in _modules() if name not in ("harness", "reports.__init__") and _unit(name) is None] == []
+    assert [name for name in _modules() if name not in ("kvmatrix.harness",) and _unit(name) is None] == []
 
 
 def test_no_module_imports_a_higher_layer_or_a_sibling_unit():

@@ -12,10 +12,10 @@ import threading
 import time
 from pathlib import Path
 
-from harness.models import tiny, trained
-from harness.paths import REPO_ROOT
-from harness.run import models as run_models
-from matrix.schema import ModelEntry
+from kvmatrix.harness.models import tiny, trained
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
+from kvmatrix.harness.run import models as run_models
+from kvmatrix.matrix.schema import ModelEntry
 
 
 class _Cell:
@@ -105,8 +105,8 @@ def test_the_trained_family_builds_one_model_at_a_time(tmp_path, monkeypatch):
 CONCURRENT_BUILDS = textwrap.dedent("""
     import sys, threading
     from pathlib import Path
-    from harness.run import models as run_models
-    from matrix.load import CASES_DIR, load_models
+    from kvmatrix.harness.run import models as run_models
+    from kvmatrix.matrix.load import CASES_DIR, load_models
 
     class Task:
         def __init__(self, model):
@@ -133,7 +133,7 @@ def test_models_built_side_by_side_in_a_fresh_process_equal_those_built_one_by_o
     names = ["llama", "deepseek-mla", "gemma3", "nemotron-h"]
     for mode in ("together", "alone"):
         proc = subprocess.run([sys.executable, "-c", CONCURRENT_BUILDS, str(tmp_path / mode), mode, *names],
-                              env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(PACKAGE_ROOT)}, capture_output=True, text=True,
                               timeout=600)
         assert f"BUILT {sorted(names)}" in proc.stdout, proc.stderr[-3000:]
 

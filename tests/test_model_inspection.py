@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from harness.paths import REPO_ROOT
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
 
 pytest.importorskip("vllm")
 
@@ -22,7 +22,7 @@ ARCHITECTURES = ["LlamaForCausalLM", "NemotronHForCausalLM"]
 SCRIPT = textwrap.dedent("""
     import dataclasses, json, os, shutil, subprocess, sys
     from vllm.model_executor.models.registry import ModelRegistry
-    from harness import vllm_compat
+    from kvmatrix.harness import vllm_compat
 
     cache = os.path.join(os.environ["VLLM_CACHE_ROOT"], "modelinfos")
     out = {}
@@ -45,8 +45,8 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_in_process_inspection_equals_vllms_child_process(tmp_path):
-    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, *ARCHITECTURES], env=env, cwd=REPO_ROOT,
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path), "PYTHONPATH": str(PACKAGE_ROOT)}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, *ARCHITECTURES], env=env, cwd=PACKAGE_ROOT,
                           capture_output=True, text=True, timeout=600)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -62,8 +62,9 @@ def test_in_process_inspection_equals_vllms_child_process(tmp_path):
 
 
 def test_a_vllm_without_the_child_process_function_inspects_as_it_always_did(monkeypatch):
-    from harness.vllm_compat import registry
+    from kvmatrix.harness.vllm_compat import registry
 
-    monkeypatch.setattr(registry, "MODEL_INFO_CHILD_PROCESS", [("", ("harness.paths", "no_such_function"))])
+    missing = ("kvmatrix.harness.record.paths", "no_such_function")
+    monkeypatch.setattr(registry, "MODEL_INFO_CHILD_PROCESS", [("", missing)])
     with registry.model_info_in_process(None) as in_process:
         assert in_process is False

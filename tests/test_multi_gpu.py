@@ -6,21 +6,22 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 
-from harness.judge.outcome import classify_outcome
-from harness.records import RunDir
-from harness.run.cell_run import gpus_reason
-from harness.run.engine_args import engine_args_for
-from harness.run.pool import run_tasks
-from harness.run.ray_pool import placement
-from harness.run.session import Session, open_session
-from harness.run.settings import RunSettings
-from harness.run.slots import ranks_env
-from harness.task import Task
-from matrix.expand import expand_all, expand_case
-from matrix.load import CASES_DIR, case_files, load_case, load_cases, load_models, load_pool
+from kvmatrix.harness.judge.outcome import classify_outcome
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.cell_run import gpus_reason
+from kvmatrix.harness.run.engine_args import engine_args_for
+from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.ray_pool import placement
+from kvmatrix.harness.run.session import Session, open_session
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.harness.run.slots import ranks_env
+from kvmatrix.matrix.expand import expand_all, expand_case
+from kvmatrix.matrix.load import CASES_DIR, case_files, load_case, load_cases, load_models, load_pool
 from tests.conftest import FIXTURES, needs_fp8_kv, write_case
 from tests.fault_run import FAKE_CELL
 from tests.test_verdict import verdict
@@ -93,7 +94,7 @@ def test_wide_cells_get_whole_gpus_of_their_own_after_the_others(cases_dir, tmp_
     assert [c.endswith("tp=2]") for c in order] == [False, False, True, True]
 
     # The same matrix on a one-GPU machine: the TP=2 cells are skipped, saying why.
-    settings.run_dir, settings.gpus_here = RunDir(tmp_path / "one"), 1
+    settings = replace(settings, run_dir=RunDir(tmp_path / "one"), gpus_here=1)
     skipped = [r for r in run_tasks(tasks, settings, jobs=1, devices=1) if r["verdict"] == "skip"]
     assert [r["cell_id"] for r in skipped] == ["envdump[kv=auto,skip=-,spec=-,tp=2]",
                                               "envdump[kv=fp8,skip=-,spec=-,tp=2]"]
@@ -130,8 +131,7 @@ def test_a_real_two_rank_engine_reports_both_ranks(tmp_path):
     its case. The matrix skips TP cells on the CPU classes unless `--cpu-ranks 2` says to run them, as here."""
     pytest.importorskip("vllm")
     session = open_session(runs_dir=tmp_path, run_id="tp2")
-    settings = session.settings
-    settings.gpus_here, settings.isolation = 2, "process"
+    settings = replace(session.settings, gpus_here=2, isolation="process")
     (cell,) = [c for c in _cells("tp2-llama").values()
                if c.axes["kv_cache_dtype_skip_layers"] == ["0"] and c.axes["execution"] == "default"]
     tasks = session.tasks([cell])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.judge.paired_stats import divergence, paired_delta
+from kvmatrix.harness.judge.paired_stats import divergence, paired_delta
 
 
 def test_a_large_consistent_drop_excludes_zero():

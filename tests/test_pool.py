@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness.records import RunDir
-from harness.run.session import Session
-from harness.run.settings import RunSettings
-from harness.vllm_compat import CPU_THREADS_BIND_ENV
-from matrix.load import load_pool
-from matrix.pool import LocalDevice, PoolError, class_of, resolve
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.run.session import Session
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.harness.vllm_compat import CPU_THREADS_BIND_ENV
+from kvmatrix.matrix.load import load_pool
+from kvmatrix.matrix.pool import LocalDevice, PoolError, class_of, resolve
 
 POOL = load_pool()
 H200 = LocalDevice("NVIDIA H200", "9.0", 1)
@@ -118,7 +118,7 @@ def test_a_cell_goes_to_a_slot_whose_worker_is_alive_for_its_environment():
     """Records of real H200 runs (vLLM 0.26.0): a slot counts as holding a worker for a case's environment only
     after a cell ran in that slot's worker and left it running; a fresh-process confirmation leaves the slot's
     workers as they were, and a retired worker is gone."""
-    from harness.run.pool import SlotWorkers
+    from kvmatrix.harness.run.pool import SlotWorkers
 
     runs = "h200-cold-warm-workers-vllm-0.26.0-2026-12-01.tar.xz"
     in_worker = _h200_record(runs, "cold4-h200", "llama-skip[kv=auto,skip=-,spec=-]")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.bisect.step import Step
-from harness.cli import main
-from harness.pr import command as pr_command
-from harness.pr.select import file_module, load_records, select
-from harness.vllm_compat import traceback_modules
+from kvmatrix.harness.bisect.step import Step
+from kvmatrix.harness.cli import main
+from kvmatrix.harness.pr import command as pr_command
+from kvmatrix.harness.pr.select import file_module, load_records, select
+from kvmatrix.harness.vllm_compat import traceback_modules
 from tests.bisect_history import _commit, _git, build_history
 from tests.conftest import needs_fp8_kv
 from tests.test_bisect import CELL
@@ -165,7 +165,7 @@ def test_both_sides_run_as_steps_and_a_new_failure_exits_1(history, tmp_path, mo
 @pytest.mark.vllm
 def test_the_backend_name_table_agrees_with_the_installed_vllm_registry():
     registry = pytest.importorskip("vllm.v1.attention.backends.registry")
-    from harness.vllm_compat import BACKEND_MODULES, for_version, installed_vllm_version
+    from kvmatrix.harness.vllm_compat import BACKEND_MODULES, for_version, installed_vllm_version
 
     (table,) = for_version(BACKEND_MODULES, installed_vllm_version())
     members = registry.AttentionBackendEnum.__members__
@@ -174,7 +174,7 @@ def test_the_backend_name_table_agrees_with_the_installed_vllm_registry():
 
 
 def test_records_may_come_from_the_history_database(tmp_path):
-    from harness.nightly import history
+    from kvmatrix.harness.nightly import history
 
     db_path = tmp_path / "history.sqlite"
     db = history.open_db(db_path)

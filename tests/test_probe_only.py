@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.records import RunDir
-from harness.vllm_compat import SIGNATURE_FAMILIES
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.vllm_compat import SIGNATURE_FAMILIES
 from tests.conftest import needs_fp8_kv
 from tests.test_e2e import kvmatrix
 

@@ -8,23 +8,25 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from harness import cli
-from harness.records import RunDir
-from harness.run.settings import RunSettings
-from harness.task import Task
-from matrix.expand import expand_all
-from matrix.load import load_cases, load_models, load_pool
+from kvmatrix.harness import cli
+from kvmatrix.harness.cli import run as cli_run
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.matrix.expand import expand_all
+from kvmatrix.matrix.load import load_cases, load_models, load_pool
 from tests.conftest import write_case
 
 ray = pytest.importorskip("ray", reason="ray is not importable: the Ray pool is optional (pip install ray)",
                          exc_type=ImportError)
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from harness.run.ray_pool import placement, run_tasks_on_ray  # noqa: E402
+from kvmatrix.harness.run.ray_pool import placement, run_tasks_on_ray  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_CELL = REPO / "tests" / "fake_cell.py"
@@ -140,15 +142,15 @@ def test_cli_runs_cells_on_a_ray_cluster_and_resumes(cpu_cluster, cases_dir, tmp
                                  "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})
     markers = tmp_path / "markers"
     markers.mkdir()
-    real_open_session = cli.open_session
+    real_open_session = cli_run.open_session
 
     def fake_cell_session(*args, **kwargs):  # the CLI's session, with fake cells and no model build
         session = real_open_session(*args, **kwargs)
-        session.settings.cell_command, session.settings.env = MARKED_CELL, {"KVM_MARKERS": str(markers)}
+        session.settings = replace(session.settings, cell_command=MARKED_CELL, env={"KVM_MARKERS": str(markers)})
         session.build_models = lambda tasks: session.settings.built.update(llama=cases_dir)
         return session
 
-    monkeypatch.setattr(cli, "open_session", fake_cell_session)
+    monkeypatch.setattr(cli_run, "open_session", fake_cell_session)
     argv = ["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / "runs"), "--run-id", "ray",
             "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", "cpu-avx512",
             "--ray", cpu_cluster.address]

@@ -1,4 +1,4 @@
-"""The one typed record (harness/record_model.py): every record captured from real runs (tests/fixtures/records/,
+"""The one typed record (harness/record/model.py): every record captured from real runs (tests/fixtures/records/,
 any release, GPU and CPU, bare cell results too) and every run folder under reports/runs/ fits CellRecord, as
 stored and with renamed fields normalized; a wrong-typed field is refused, on writing and on reading, naming
 the file and the field."""
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.record_model import RecordError, check_record, new_record
-from harness.records import RunDir, read_json
-from harness.vllm_compat import normalize_record
+from kvmatrix.harness.record.files import RunDir, read_json
+from kvmatrix.harness.record.model import RecordError, check_record, new_record
+from kvmatrix.harness.vllm_compat import normalize_record
 from tests.conftest import FIXTURES
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import RunDir
+from kvmatrix.harness.record.files import RunDir
 
 
 def test_write_and_read_back(tmp_path):
@@ -41,9 +41,9 @@ def test_torn_or_foreign_files_are_not_records(tmp_path):
 
 def test_runs_folder_is_found_from_the_working_directory(tmp_path, monkeypatch):
     """An installed kvmatrix writes its runs where it is run (or to --runs-dir), never into its package."""
-    from harness.nightly.history import DEFAULT_DB
-    from harness.records import RUNS_DIR
-    from harness.run.session import open_session
+    from kvmatrix.harness.nightly.history import DEFAULT_DB
+    from kvmatrix.harness.record.files import RUNS_DIR
+    from kvmatrix.harness.run.session import open_session
 
     monkeypatch.chdir(tmp_path)
     session = open_session(run_id="here")

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from harness.judge.judge import judge_record
-from harness.records import RunDir
-from harness.task import Task
-from matrix.expand import expand_all
-from matrix.load import load_cases, load_models, load_pool
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
+from kvmatrix.matrix.expand import expand_all
+from kvmatrix.matrix.load import load_cases, load_models, load_pool
 from tests.conftest import FIXTURES
 
 POOL = load_pool()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
-from reports import html, junit, markdown
-from reports.html_details import details_json
-from reports.html_grid import grids, mark
-from reports.summary import cell_text
+from kvmatrix.reports import html, junit, markdown
+from kvmatrix.reports.html_details import details_json
+from kvmatrix.reports.html_grid import grids, mark
+from kvmatrix.reports.summary import cell_text
 from tests.test_verdict import record, verdict
 
 

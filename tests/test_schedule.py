@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from harness.nightly import history
-from harness.records import RunDir
-from harness.run import models as models_module
-from harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
-from harness.run.pool import run_tasks
-from harness.run.schedule import order_tasks
-from harness.run.settings import RunSettings
-from harness.task import Task
-from matrix.expand import expand_case
-from matrix.load import load_case, load_models, load_pool
+from kvmatrix.harness.nightly import history
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run import models as models_module
+from kvmatrix.harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
+from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.schedule import order_tasks
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import load_case, load_models, load_pool
 from tests.conftest import FIXTURES, shipped_matrix, write_case
 
 CPU = "cpu-avx512"  # any class: the cells here run a fake cell process

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from matrix.expand import expand_case
-from matrix.load import load_case, load_cases, load_models, load_pool
-from matrix.schema import CaseError, Vocabulary
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import load_case, load_cases, load_models, load_pool
+from kvmatrix.matrix.schema import CaseError, Vocabulary
 from tests.conftest import write_case
 
 VLLM = Vocabulary(frozenset({"auto", "bfloat16", "fp8", "fp8_e5m2"}), frozenset({"max_model_len", "seed"}))
@@ -111,7 +111,7 @@ def test_case_env_is_limited_to_variables_vllm_reads(cases_dir):
 
 
 def test_vllms_own_variables_are_the_allow_list():
-    from harness.vllm_compat import known_env_vars
+    from kvmatrix.harness.vllm_compat import known_env_vars
 
     names = known_env_vars()
     assert "VLLM_USE_FLASHINFER_SAMPLER" in names and "VLLM_ENABLE_V1_MULTIPROCESSING" not in names
@@ -131,7 +131,7 @@ def test_what_vllm_would_silently_ignore_is_a_case_error(cases_dir):
     """A skip list naming no layer of the model (vLLM ignores it: the cell would skip nothing), a word vLLM does not
     read there, and a failure signature no classifier knows (the rule would fail every cell for the wrong reason)
     are load errors naming file, case and field, checked against the installed vLLM and the model registry."""
-    from harness.run.session import vllm_vocabulary
+    from kvmatrix.harness.run.session import vllm_vocabulary
 
     vocabulary = vllm_vocabulary(load_models(cases_dir))
     bad = {

@@ -10,9 +10,9 @@ import platform
 
 import pytest
 
-from harness.records import RunDir
-from harness.vllm_compat import detect_cpu_isa, installed_vllm_version
-from matrix.schema import X86_CPU_LEVELS
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.vllm_compat import detect_cpu_isa, installed_vllm_version
+from kvmatrix.matrix.schema import X86_CPU_LEVELS
 from tests.conftest import CPU_CLASS, FP8_KV_CPU_CLASSES
 from tests.test_e2e import CT_OVERRIDE_PATCH, REPO, kvmatrix
 

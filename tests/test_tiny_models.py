@@ -19,8 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # no conftest needed
 
-from harness.models import tiny as tm  # noqa: E402
-from harness.models.checkpoint import BOS, MASK, VOCAB  # noqa: E402
+from kvmatrix.harness.models import tiny as tm  # noqa: E402
+from kvmatrix.harness.models.checkpoint import BOS, MASK, VOCAB  # noqa: E402
 from tests.conftest import needs_fp8_kv  # noqa: E402
 
 PROMPT = "Hello world, the key"

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from harness.judge.outcome import classify_outcome
-from harness.judge.verdict import FORCED_BACKEND_RULE, judge
-from matrix.expand import expand_case
-from matrix.expectations import Expectation
-from matrix.load import CASES_DIR, load_case, load_models, load_pool
+from kvmatrix.harness.judge.outcome import classify_outcome
+from kvmatrix.harness.judge.verdict import FORCED_BACKEND_RULE, judge
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.expectations import Expectation
+from kvmatrix.matrix.load import CASES_DIR, load_case, load_models, load_pool
 from tests.conftest import FIXTURES
 
 CPU_RECORDS = FIXTURES / "records" / "cpu-vllm-0.32.0"
@@ -29,7 +29,8 @@ def record(name: str) -> dict:
 def verdict(case: str, cell_id: str, rec: dict, gpu: str = "cpu-avx512") -> tuple[str, str, list]:
     cells = expand_case(load_case(CASES_DIR / f"{case}.yaml"), load_models(), POOL)
     (cell,) = [c for c in cells if c.cell_id == cell_id]
-    return judge(rec, cell.case.expect, cell.context(gpu, POOL[gpu], rec.get("vllm_version"), False))
+    judged = judge(rec, cell.case.expect, cell.context(gpu, POOL[gpu], rec.get("vllm_version"), False))
+    return judged.verdict, judged.reason, judged.results
 
 
 @pytest.mark.parametrize(("case", "cell_id", "fixture", "expected"), [
@@ -107,11 +108,12 @@ def test_run_it_right_or_refuse_it_clearly(cases_dir):
         {"layers": {"kv_cache_dtype": "fp8"}}]})
     cell = expand_case(load_case(path), load_models(cases_dir), POOL, str(path))[0]  # then GPU classes' eager oracle
     context = cell.context("cpu-avx512", POOL["cpu-avx512"], "0.32.0", False)
-    assert judge(record("llama-fp8"), cell.case.expect, context)[0] == "pass"
-    assert judge(record("ct_llama-fp8_e5m2"), cell.case.expect, context)[:1] == ("pass",)
-    assert judge(record("llama-auto"), cell.case.expect, context)[0] == "fail"  # ran, but not fp8
+    assert judge(record("llama-fp8"), cell.case.expect, context).verdict == "pass"
+    assert judge(record("ct_llama-fp8_e5m2"), cell.case.expect, context).verdict == "pass"
+    assert judge(record("llama-auto"), cell.case.expect, context).verdict == "fail"  # ran, but not fp8
     crashed = record("deepseek_v2-fp8")
-    verdict_, reason, _ = judge(crashed, cell.case.expect, context)
+    judged = judge(crashed, cell.case.expect, context)
+    verdict_, reason = judged.verdict, judged.reason
     assert verdict_ == "fail" and reason.startswith("crashed with dtype_mismatch_at_decode")
 
 
@@ -121,10 +123,13 @@ def test_a_forced_backend_vllm_replaced_never_passes():
     ran = record("llama-auto")
     context = {"attention_backend": "FLASHINFER", "kv_cache_dtype_skip_layers": []}
     rules = [Expectation.model_validate({"crash": False})]
-    verdict_, reason, _ = judge(ran, rules, context)
+    judged = judge(ran, rules, context)
+    verdict_, reason = judged.verdict, judged.reason
     assert (verdict_, reason) == ("fail", "forced attention backend FLASHINFER, vLLM ran CPU_ATTN instead")
     noted = {**ran, "backend_notes": ["Cannot use AttentionBackendEnum.FLASHINFER backend on CPU."]}
-    verdict_, reason, _ = judge(noted, rules, context)
+    judged = judge(noted, rules, context)
+    verdict_, reason = judged.verdict, judged.reason
     assert verdict_ == "skip" and reason.endswith("(vLLM: Cannot use AttentionBackendEnum.FLASHINFER backend on CPU.)")
-    verdict_, reason, results = judge(ran, rules, {**context, "attention_backend": "CPU_ATTN"})
+    judged = judge(ran, rules, {**context, "attention_backend": "CPU_ATTN"})
+    verdict_, reason, results = judged.verdict, judged.reason, judged.results
     assert verdict_ == "pass" and {"rule": FORCED_BACKEND_RULE, "ok": True, "detail": "forced CPU_ATTN runs"} in results

@@ -7,9 +7,16 @@ import datetime
 
 import pytest
 
-from harness.judge.waivers import WAIVERS_FILE, WaiverError, apply_waivers, cell_keys, load_waivers, parse_waivers
-from matrix.expand import expand_case
-from matrix.load import case_files, load_case, load_models, load_pool
+from kvmatrix.harness.judge.waivers import (
+    WAIVERS_FILE,
+    WaiverError,
+    apply_waivers,
+    cell_keys,
+    load_waivers,
+    parse_waivers,
+)
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import case_files, load_case, load_models, load_pool
 from tests.test_history import captured_record
 
 BF16 = "ct-llama[kv=bfloat16,skip=-,spec=-]"
@@ -160,8 +167,8 @@ def test_cases_waivers_lent_to_a_generated_folder_do_not_miss_cells(tmp_path):
     there (it made every `kvmatrix run --cases-dir cases/surface` exit 1), but still in cases/ itself."""
     from types import SimpleNamespace
 
-    from harness.cli import known_failure_problems
-    from harness.records import RunDir
+    from kvmatrix.harness.cli.run import known_failure_problems
+    from kvmatrix.harness.record.files import RunDir
 
     session = SimpleNamespace(settings=SimpleNamespace(waivers=waivers(f"ct-lama[kv=bfloat16,*] {LINK}")),
                               run_dir=RunDir(tmp_path))

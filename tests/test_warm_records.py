@@ -9,14 +9,14 @@ import json
 
 import pytest
 
-from harness.judge.judge import judge_record
-from harness.record_model import check_record
-from harness.records import RunDir
-from harness.run.isolation import isolation_differences
-from harness.task import Task
-from matrix.expand import expand_all
-from matrix.load import load_cases, load_models, load_pool
-from reports import junit, markdown
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.model import check_record
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.isolation import isolation_differences
+from kvmatrix.matrix.expand import expand_all
+from kvmatrix.matrix.load import load_cases, load_models, load_pool
+from kvmatrix.reports import junit, markdown
 from tests.conftest import FIXTURES
 
 FOLDER = FIXTURES / "records" / "h200-warm-vllm-0.26.0"

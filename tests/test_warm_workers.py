@@ -16,14 +16,14 @@ import sys
 import time
 from pathlib import Path
 
-from harness.judge.waivers import parse_waivers
-from harness.records import RunDir
-from harness.run.pool import run_tasks
-from harness.run.session import Session
-from harness.run.settings import RunSettings
-from matrix.expand import expand_all
-from matrix.load import load_cases, load_models, load_pool
-from reports import html, junit, markdown
+from kvmatrix.harness.judge.waivers import parse_waivers
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.session import Session
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.matrix.expand import expand_all
+from kvmatrix.matrix.load import load_cases, load_models, load_pool
+from kvmatrix.reports import html, junit, markdown
 from tests.conftest import write_case
 from tests.fault_run import FAKE_CELL, FAKE_WORKER
 from tests.test_faults import alive

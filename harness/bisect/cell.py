@@ -1,4 +1,4 @@
-"""One bisection step's cells, run inside that step's environment: `python -m harness.bisect.cell REQUEST.json`
+"""One bisection step's cells, run inside that step's environment: `python -m kvmatrix.harness.bisect.cell REQUEST.json`
 (cells, runs_dir, run_id, cache_dir, out, gpu, isolation). Writes OUT: {"records": {cell: path}} for the cells that
 ran (each record has the matrix's verdict) and {"skips": {cell: why}} for those this vLLM cannot express at all
 (e.g. a newer case file names a dtype an older vLLM lacks). The cells run together, as one run of the matrix: in
@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from harness.records import write_json_atomic
-from harness.run.engine_args import engine_args_for, models_needed
-from harness.run.pool import run_tasks
-from harness.run.session import open_session
-from harness.vllm_compat import known_engine_args, known_kv_cache_dtypes
-from matrix.expand import Cell, expand_case
-from matrix.load import CASES_DIR, load_case, load_models, load_pool
-from matrix.schema import CaseError
+from kvmatrix.harness.record.files import write_json_atomic
+from kvmatrix.harness.run.engine_args import engine_args_for, models_needed
+from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.session import open_session
+from kvmatrix.harness.vllm_compat import known_engine_args, known_kv_cache_dtypes
+from kvmatrix.matrix.expand import Cell, expand_case
+from kvmatrix.matrix.load import CASES_DIR, load_case, load_models, load_pool
+from kvmatrix.matrix.schema import CaseError
 
 
 def _find_cell(cell_id: str, cases_dir: Path) -> Cell | str:
@@ -49,7 +50,7 @@ def run(cell_ids: list[str], runs_dir: Path, run_id: str, cache_dir: Path, gpu: 
     cells = [cell for cell in found.values() if not isinstance(cell, str)]
     session = open_session(gpu=gpu, emulate=gpu is not None, run_id=run_id, runs_dir=runs_dir, cache_dir=cache_dir,
                            cases_dir=cases_dir, with_waivers=False)
-    session.settings.isolation = isolation
+    session.settings = replace(session.settings, isolation=isolation)
     tasks = session.tasks(cells)
     skips |= {c.cell_id: f"{c.cell_id} does not run on {session.gpu_name}" for c in cells
               if c.cell_id not in {t.cell.cell_id for t in tasks}}

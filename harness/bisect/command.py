@@ -28,13 +28,13 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from harness.bisect.envs import EnvBuildError, available_versions
-from harness.bisect.given import GivenEnv, between, glob_envs, parse_env_args
-from harness.bisect.report import Result, render
-from harness.bisect.step import Plan, Step, recorded_steps, run_step, run_steps
-from harness.paths import DEFAULT_CACHE, REPO_ROOT
-from harness.records import RUNS_DIR, write_json_atomic
-from harness.vllm_compat import installed_vllm_distribution
+from kvmatrix.harness.bisect.envs import EnvBuildError, available_versions
+from kvmatrix.harness.bisect.given import GivenEnv, between, glob_envs, parse_env_args
+from kvmatrix.harness.bisect.report import Result, render
+from kvmatrix.harness.bisect.step import Plan, Step, recorded_steps, run_step, run_steps
+from kvmatrix.harness.record.files import RUNS_DIR, write_json_atomic
+from kvmatrix.harness.record.paths import DEFAULT_CACHE, import_root
+from kvmatrix.harness.vllm_compat import installed_vllm_distribution
 
 
 def installed_package() -> tuple[str, str | None]:
@@ -92,6 +92,25 @@ class _Search:
         middle = [i for i in range(self.low + 1, self.high) if i not in self.skipped]
         return middle[len(middle) // 2] if middle else None
 
+    def narrow(self, i: int, step: Step) -> None:
+        """refs[i] ran as `step`: a skipped ref is left out, else it becomes the end it behaves as."""
+        self.result.steps.append(step)
+        if step.outcome == "skip":
+            self.skipped.add(i)
+        elif step.outcome == self.old:
+            self.low = i
+        else:
+            self.high = i
+
+    def conclude(self, refs: list[str]) -> None:
+        result, low, high = self.result, self.low, self.high
+        result.first_bad, result.last_good = refs[high], refs[low]
+        result.fixed = self.old == "bad"
+        if high - low > 1:  # only skipped refs lie between
+            result.candidates = refs[low + 1:high + 1]
+        change = "bad to good (a fix)" if result.fixed else "good to bad (a regression)"
+        result.conclusion = f"the verdict changed from {change} between {refs[low]} and {refs[high]}"
+
 
 def bisect_ordered(plan: Plan, refs: list[str], target: str) -> list[Result]:
     """Each of the plan's cells bisected over `refs` (oldest first): where its outcome changed, in either
@@ -116,22 +135,9 @@ def bisect_ordered(plan: Plan, refs: list[str], target: str) -> list[Result]:
         i, group = min(wanted.items(), key=lambda item: (-len(item[1]), item[0]))  # the ref most cells need
         steps = run_steps(plan, refs[i], [s.result.cell for s in group], "bisect")
         for search in group:
-            step = steps[search.result.cell]
-            search.result.steps.append(step)
-            if step.outcome == "skip":
-                search.skipped.add(i)
-            elif step.outcome == search.old:
-                search.low = i
-            else:
-                search.high = i
+            search.narrow(i, steps[search.result.cell])
     for search in searches:
-        result, low, high = search.result, search.low, search.high
-        result.first_bad, result.last_good = refs[high], refs[low]
-        result.fixed = search.old == "bad"
-        if high - low > 1:  # only skipped refs lie between
-            result.candidates = refs[low + 1:high + 1]
-        change = "bad to good (a fix)" if result.fixed else "good to bad (a regression)"
-        result.conclusion = f"the verdict changed from {change} between {refs[low]} and {refs[high]}"
+        search.conclude(refs)
     return list(results.values())
 
 
@@ -170,9 +176,9 @@ def _bisect_in_worktree(plan: Plan, checkout: Path, good: str, bad: str, result:
     _git(checkout, "bisect", "start", bad, good)
     log = Path(plan.folder) / "git-bisect-run.log"
     with log.open("w") as out:
-        subprocess.run(["git", "-C", str(checkout), "bisect", "run", sys.executable, "-m", "harness.bisect.step",
-                        str(plan.save())], stdout=out, stderr=subprocess.STDOUT,
-                       env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        subprocess.run(["git", "-C", str(checkout), "bisect", "run", sys.executable, "-m",
+                        "kvmatrix.harness.bisect.step", str(plan.save())], stdout=out, stderr=subprocess.STDOUT,
+                       env={**os.environ, "PYTHONPATH": str(import_root())})
     said = log.read_text()
     first_bad = _git(checkout, "rev-parse", "--verify", "-q", "refs/bisect/bad", check=False)
     _git(checkout, "bisect", "reset", "-q", bad, check=False)
@@ -268,8 +274,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     return 0 if all(r.found or r.conclusion.startswith("no change") for r in results) else 1
 
 
-def add_bisect_command(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bisect", help="find the vLLM release or commit that changed a cell's verdict")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`kvmatrix bisect`'s arguments (harness/cli/commands.py lists the command)."""
     p.add_argument("--cell", required=True, action="append",
                    help="an exact cell id; repeat it to bisect several cells, whose steps share environments")
     p.add_argument("--good", help="a release (e.g. 0.30.0), with --repo a commit/tag, with --env a REF "

@@ -17,11 +17,12 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 
 import tomllib
 
-from harness.paths import REPO_ROOT
+from kvmatrix.harness.record.paths import CHECKOUT
 
 READY = ".kvmatrix-ready"  # written last: a folder without it is a build that died and is redone
 # PyPI's torch companions are CUDA builds that break `from vllm import LLM` next to torch+cpu (vllm-facts.md).
@@ -58,9 +59,12 @@ def available_versions(package: str, python: str = sys.executable) -> list[str]:
 
 
 def project_requirements() -> list[str]:
-    """What the harness itself imports in a step's environment (pyproject's dependencies)."""
-    with (REPO_ROOT / "pyproject.toml").open("rb") as f:
-        return list(tomllib.load(f)["project"]["dependencies"])
+    """What the harness itself imports in a step's environment: pyproject's dependencies in a checkout (whatever
+    is installed may be older), the installed distribution's own (without its extras) otherwise."""
+    if CHECKOUT:
+        with (CHECKOUT / "pyproject.toml").open("rb") as f:
+            return list(tomllib.load(f)["project"]["dependencies"])
+    return [req for req in metadata.requires("kvmatrix") or [] if "extra ==" not in req]
 
 
 def installed_version(package: str, python: str = sys.executable) -> str | None:

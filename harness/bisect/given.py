@@ -20,7 +20,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from harness.bisect.envs import EnvBuildError
+from kvmatrix.harness.bisect.envs import EnvBuildError
 
 VERSION_PROBE = "import importlib.metadata as m; print(m.version({package!r}))"
 _DIST_INFO = re.compile(r"^vllm(?:[-_]cpu)?-(.+)\.dist-info$")
@@ -28,7 +28,7 @@ _DIST_INFO = re.compile(r"^vllm(?:[-_]cpu)?-(.+)\.dist-info$")
 
 @dataclass(frozen=True)
 class GivenEnv:
-    """How a step runs in a given environment: `command` + `-m harness.bisect.cell ...`, with `path_first`
+    """How a step runs in a given environment: `command` + `-m kvmatrix.harness.bisect.cell ...`, with `path_first`
     ahead of the harness on PYTHONPATH."""
 
     ref: str

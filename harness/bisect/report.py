@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 from tabulate import tabulate
 
-from harness.bisect.step import Step
-from harness.judge.facts import facts
-from harness.record_model import CellRecord
-from harness.records import read_json
+from kvmatrix.harness.bisect.step import Step
+from kvmatrix.harness.judge.facts import facts
+from kvmatrix.harness.record.files import read_json
+from kvmatrix.harness.record.model import CellRecord
 
 
 @dataclass

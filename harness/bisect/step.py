@@ -2,7 +2,7 @@
 each cell. The cells of one step run in one harness in that environment: with warm workers (the default for
 several cells), one worker imports vLLM once and runs them one after another.
 
-Also the test command `git bisect run` calls (`python -m harness.bisect.step PLAN.json`, in the checkout, which
+Also the test command `git bisect run` calls (`python -m kvmatrix.harness.bisect.step PLAN.json`, in the checkout, which
 git has moved to the commit to test); it follows git's contract: exit 0 good, 1 bad, 125 skip, 128 abort (a fault
 of the harness itself must stop the bisection, not be counted as a bad commit).
 
@@ -23,11 +23,18 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.bisect.envs import EnvBuildError, compiled_changes, package_dir, release_env, sync_overlay, wheel_env
-from harness.bisect.given import GivenEnv, check
-from harness.paths import REPO_ROOT
-from harness.records import read_json
-from harness.vllm_compat import ENVIRONMENT_SIGNATURES
+from kvmatrix.harness.bisect.envs import (
+    EnvBuildError,
+    compiled_changes,
+    package_dir,
+    release_env,
+    sync_overlay,
+    wheel_env,
+)
+from kvmatrix.harness.bisect.given import GivenEnv, check
+from kvmatrix.harness.record.files import read_json
+from kvmatrix.harness.record.paths import CELL_CWD, import_root
+from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES
 
 OUTCOME = {"pass": "good", "xfail": "good", "fail": "bad", "error": "bad", "skip": "skip"}
 EXIT_CODE = {"good": 0, "bad": 1, "skip": 125}
@@ -152,10 +159,10 @@ def run_steps(plan: Plan, ref: str, cells: list[str], label: str = "") -> dict[s
     request.write_text(json.dumps({"cells": todo, "runs_dir": str(steps_dir), "run_id": run_id,
                                    "cache_dir": plan.cache_dir, "out": str(out), "gpu": plan.gpu,
                                    "isolation": isolation}))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*path_first, str(REPO_ROOT)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*path_first, str(import_root())]))
     with (steps_dir / f"{run_id}.log").open("ab") as log:
-        subprocess.run([*command, "-m", "harness.bisect.cell", str(request)], env=env, cwd=REPO_ROOT, stdout=log,
-                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        subprocess.run([*command, "-m", "kvmatrix.harness.bisect.cell", str(request)], env=env, cwd=CELL_CWD,
+                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     step_s = time.monotonic() - started - env_s
     try:
         answer = json.loads(out.read_text())

@@ -1,10 +1,10 @@
-"""`python -m harness.cell SPEC.json RESULT.json`: one cell in its own process (the cell's work: main.py)."""
+"""`python -m kvmatrix.harness.cell SPEC.json RESULT.json`: one cell in its own process (the cell's work: main.py)."""
 
 import os
 import sys
 
-from harness.cell.main import main
-from harness.vllm_compat import IN_PROCESS_ENGINE_ENV
+from kvmatrix.harness.cell.main import main
+from kvmatrix.harness.vllm_compat import IN_PROCESS_ENGINE_ENV
 
 os.environ.update(IN_PROCESS_ENGINE_ENV)
 code = main(*sys.argv[1:3])

@@ -40,7 +40,7 @@ def _then_patch(exec_module, finder=None):
         exec_module(module)
         if finder in sys.meta_path:
             sys.meta_path.remove(finder)
-        from harness.vllm_compat import emulate_cpu_isa, installed_vllm_version
+        from kvmatrix.harness.vllm_compat import emulate_cpu_isa, installed_vllm_version
 
         emulate_cpu_isa(os.environ["KVMATRIX_EMULATE_CPU_ISA"], installed_vllm_version())
 

@@ -1,6 +1,6 @@
 """One cell in its own process: start vLLM with the spec's engine arguments, probe what it resolved, generate.
 
-    python -m harness.cell SPEC.json RESULT.json
+    python -m kvmatrix.harness.cell SPEC.json RESULT.json
 
 The parent owns timeouts, kills and verdicts. This process only records, and rewrites RESULT.json (atomically)
 when each phase starts and ends, so a segfault or kill mid-phase still leaves everything learned before it and
@@ -21,12 +21,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from harness import vllm_compat
-from harness.cell import workloads
-from harness.cell.probe import probe
-from harness.cell.spec import CellSpec
-from harness.record_model import CellRecord, ExceptionInfo, check_record, new_record
-from harness.records import write_json_atomic
+from kvmatrix.harness import vllm_compat
+from kvmatrix.harness.cell import workloads
+from kvmatrix.harness.cell.probe import probe
+from kvmatrix.harness.cell.spec import CellSpec
+from kvmatrix.harness.record.files import write_json_atomic
+from kvmatrix.harness.record.model import CellRecord, ExceptionInfo, check_record, new_record
 
 MESSAGE_CAP = 4096
 TRACEBACK_CAP = 4096
@@ -225,7 +225,7 @@ def generate_references(result: CellResult, vllm: Any, llm: Any, spec: CellSpec)
 
 
 def measure_accuracy(result: CellResult, llm: Any, accuracy: dict[str, Any]) -> None:
-    from harness.cell.lm_eval_engine import evaluate  # lm_eval is needed by accuracy cases only
+    from kvmatrix.harness.cell.lm_eval_engine import evaluate  # lm_eval is needed by accuracy cases only
 
     result.data["accuracy"] = evaluate(llm, accuracy)
 

@@ -1,4 +1,4 @@
-"""What vLLM resolved, read inside the worker: `llm.collective_rpc(probe, args=(draft_layer_offset,))`.
+"""What vLLM resolved, read inside the worker: `llm.collective_rpc(probe)`.
 
 The frontend's config can say `auto` while the workers run fp8, so everything here comes from the worker's model
 runner: each attention layer, the KV-cache groups that were allocated, and the attention metadata builders.
@@ -12,13 +12,13 @@ import enum
 import re
 from typing import Any
 
-from harness import vllm_compat as compat
-from harness.record_model import AttnGroup, Builder, CellRecord, KvGroup, Layer
+from kvmatrix.harness import vllm_compat as compat
+from kvmatrix.harness.record.model import AttnGroup, Builder, CellRecord, KvGroup, Layer
 
 _MISSING = object()
 
 
-def probe(worker: Any, draft_layer_offset: int | None = None) -> CellRecord:
+def probe(worker: Any) -> CellRecord:
     import vllm
 
     version = vllm.__version__
@@ -28,7 +28,7 @@ def probe(worker: Any, draft_layer_offset: int | None = None) -> CellRecord:
     forward_context = _first_path(runner, compat.FORWARD_CONTEXT_PATHS, version) or {}
     attention = {name: m for name, m in forward_context.items() if hasattr(m, compat.LAYER_MARKER_ATTR)}
     groups = list(getattr(_first_path(runner, compat.KV_CACHE_CONFIG_PATHS, version), "kv_cache_groups", None) or [])
-    draft = _draft_layer_names(runner, attention, draft_layer_offset, version)
+    draft = set(_first_path(runner, compat.DRAFT_LAYER_NAME_PATHS, version) or ())  # the drafter's own record
     return {
         "worker_cache_dtype": _plain(_path(runner, "vllm_config.cache_config.cache_dtype")),
         "layers": [_layer(name, module, groups, draft, version) for name, module in attention.items()],
@@ -78,17 +78,6 @@ def _spec_of(name: str, groups: list) -> tuple[int | None, Any]:
             per_layer = getattr(spec, compat.PER_LAYER_SPECS_ATTR, None)
             return i, per_layer.get(name) if isinstance(per_layer, dict) else spec
     return None, None
-
-
-def _draft_layer_names(runner: Any, attention: dict[str, Any], offset: int | None, version: str) -> set[str]:
-    """The drafter's own record of its layers; else the spec's hint that draft layers number from `offset`."""
-    names = _first_path(runner, compat.DRAFT_LAYER_NAME_PATHS, version)
-    if names:
-        return set(names)
-    if offset is None:
-        return set()
-    indexed = {name: layer_index(name) for name in attention}
-    return {name for name, index in indexed.items() if index is not None and index >= offset}
 
 
 def _kv_group(index: int, group: Any) -> KvGroup:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.records import write_json_atomic
+from kvmatrix.harness.record.files import write_json_atomic
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
 """A warm worker: one process that imports torch and vLLM once and runs cells one after another.
 
-    python -m harness.cell.worker REPLY_FD
+    python -m kvmatrix.harness.cell.worker REPLY_FD
 
 The runner (harness/run/launch.py) writes one JSON line per cell on stdin: {"spec": ..., "result": ..., "log": ...}.
 For each, the worker points its stdout and stderr (the file descriptors, so vLLM's C++ output follows) at the
-cell's log, runs the cell exactly as `python -m harness.cell` would (main.py: same phases, same RESULT.json), tears
-the engine down and answers one JSON line on REPLY_FD: {"code": the cell's exit code, "teardown_s": ...,
-"gpu_memory_left_mib": what torch still reserves, "retire": why this worker must not run another cell, or null}.
+cell's log, runs the cell exactly as `python -m kvmatrix.harness.cell` would (main.py: same phases, same
+RESULT.json), tears the engine down and answers one JSON line on REPLY_FD: {"code": the cell's exit code,
+"teardown_s": ..., "gpu_memory_left_mib": what torch still reserves, "retire": why this worker must not run
+another cell, or null}.
 A Python exception is the cell's record and the worker goes on; a CUDA error or more memory kept after
 teardown than harness/vllm_compat/teardown.py allows retires it (the runner starts a fresh one). Anything harder
 (a segfault, a kill, a hang) ends the process itself, and the runner sees that instead of a reply.
@@ -22,8 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.records import read_result
-from harness.vllm_compat import IN_PROCESS_ENGINE_ENV, gpu_memory_left_mib, retire_reason, teardown_engine
+from kvmatrix.harness.record.files import read_result
+from kvmatrix.harness.vllm_compat import IN_PROCESS_ENGINE_ENV, gpu_memory_left_mib, retire_reason, teardown_engine
 
 RunOne = Callable[[str, str], int]
 
@@ -79,7 +80,7 @@ def after_vllm_cell(result_path: str) -> str | None:
 
 
 def main() -> None:
-    from harness.cell.main import main as run_cell
+    from kvmatrix.harness.cell.main import main as run_cell
 
     os.environ.update(IN_PROCESS_ENGINE_ENV)
     serve(run_cell, int(sys.argv[1]), after_vllm_cell, gpu_memory_left_mib)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from harness import vllm_compat as compat
+from kvmatrix.harness import vllm_compat as compat
 
 WORKLOAD_SEED = 34
 SUFFIX_TOKENS = 8

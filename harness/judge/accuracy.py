@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from harness.judge.paired_stats import divergence, paired_delta
-from harness.record_model import AccuracyComparison, CellRecord, RuleResult, Verdict
-from harness.records import RunDir, read_json, run_mode
-from matrix.conditions import when_matches
-from matrix.expand import Cell
-from matrix.expectations import Accuracy
+from kvmatrix.harness.judge.paired_stats import divergence, paired_delta
+from kvmatrix.harness.record.files import RunDir, read_json, run_mode
+from kvmatrix.harness.record.model import AccuracyComparison, CellRecord, RuleResult, Verdict
+from kvmatrix.matrix.conditions import when_matches
+from kvmatrix.matrix.expand import Cell
+from kvmatrix.matrix.expectations import Accuracy
 
 
 def compare(record: CellRecord, baseline: CellRecord | None, baseline_id: str, confidence: float

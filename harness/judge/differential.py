@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.judge.accuracy import compare as compare_accuracy
-from harness.judge.accuracy import describe as describe_accuracy
-from harness.record_model import CellRecord, DifferentialComparison, RuleResult, Verdict
-from harness.records import RunDir, read_json, run_mode
-from matrix.axes import resolved_execution
-from matrix.conditions import when_matches
-from matrix.expand import Cell
-from matrix.expectations import Differential
+from kvmatrix.harness.judge.accuracy import compare as compare_accuracy
+from kvmatrix.harness.judge.accuracy import describe as describe_accuracy
+from kvmatrix.harness.record.files import RunDir, read_json, run_mode
+from kvmatrix.harness.record.model import CellRecord, DifferentialComparison, RuleResult, Verdict
+from kvmatrix.matrix.axes import resolved_execution
+from kvmatrix.matrix.conditions import when_matches
+from kvmatrix.matrix.expand import Cell
+from kvmatrix.matrix.expectations import Differential
 
 LAYER_STATE = ("kv_cache_dtype", "backend", "spec_dtype", "page_size_bytes", "group")
 GROUP_STATE = ("layer_names", "spec_type", "dtype", "block_size", "page_size_bytes", "kv_quant_mode",
@@ -88,6 +88,11 @@ def judge_workload(record: CellRecord, verdict: Verdict, reason: str, results: l
 
 def state_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
     """Where two records' resolved state differs (empty: identical)."""
+    return [*_layer_differences(mine, theirs), *_kv_group_differences(mine, theirs),
+            *_attention_group_differences(mine, theirs)]
+
+
+def _layer_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
     out: list[str] = []
     layers = {la.get("name"): la for la in theirs.get("layers") or []}
     mine_layers = {la.get("name"): la for la in mine.get("layers") or []}
@@ -97,6 +102,11 @@ def state_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
         for field in LAYER_STATE:
             if mine_layers[name].get(field) != layers[name].get(field):
                 out.append(f"{name}: {field} {mine_layers[name].get(field)!r}, oracle {layers[name].get(field)!r}")
+    return out
+
+
+def _kv_group_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
+    out: list[str] = []
     groups, mine_groups = theirs.get("kv_groups") or [], mine.get("kv_groups") or []
     if len(groups) != len(mine_groups):
         out.append(f"{len(mine_groups)} KV-cache groups, oracle {len(groups)}")
@@ -104,6 +114,11 @@ def state_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
         for field in GROUP_STATE:
             if a.get(field) != b.get(field):
                 out.append(f"kv group {g}: {field} {a.get(field)!r}, oracle {b.get(field)!r}")
+    return out
+
+
+def _attention_group_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
+    out: list[str] = []
     builders = {(x.get("group"), x.get("subgroup")): x for x in theirs.get("attn_groups") or []}
     for group in mine.get("attn_groups") or []:
         other = builders.get((group.get("group"), group.get("subgroup")))
@@ -242,19 +257,33 @@ def judge_differential(record: CellRecord, cell: Cell, run_dir: RunDir, gpu_name
         comparison["missing"] = missing
         results.append({"rule": title, "ok": True, "detail": missing})
         return verdict, f"{reason}; not compared with its oracle: {missing}"
+    if _crashed(record) or _crashed(oracle):
+        ok, detail = _crash_comparison(record, oracle, mode, oracle_mode)
+        comparison["crash"] = detail
+        results.append({"rule": title, "ok": ok, "detail": detail})
+        return (verdict, reason) if ok else ("fail", f"differential {pair}: {detail}")
+    failures = _compared(record, oracle, cell, rule, context, title, comparison, results)
+    if failures and verdict in ("pass", "xfail"):
+        return "fail", f"differential {pair}: {failures[0]}"
+    if verdict == "pass" and "tokens" in comparison:
+        return verdict, f"{reason}; as its oracle ({oracle_mode}): {comparison['tokens']['detail']}"
+    return verdict, reason
+
+
+def _crash_comparison(record: CellRecord, oracle: CellRecord, mode: str, oracle_mode: str) -> tuple[bool, str]:
+    """Where one of the pair crashed: both crashing is no difference (their failures named), one alone is."""
     if _crashed(record) != _crashed(oracle):
         crashed, ran = (mode, oracle_mode) if _crashed(record) else (oracle_mode, mode)
         name = _failure(record if _crashed(record) else oracle)
-        detail = f"crashes under {crashed} only ({name}); {ran} runs"
-        comparison["crash"] = detail
-        results.append({"rule": title, "ok": False, "detail": detail})
-        return "fail", f"differential {pair}: {detail}"
-    if _crashed(record):
-        same = _failure(record) == _failure(oracle)
-        detail = f"both crash ({_failure(record)}" + ("" if same else f", the oracle {_failure(oracle)}") + ")"
-        comparison["crash"] = detail
-        results.append({"rule": title, "ok": True, "detail": detail})
-        return verdict, reason
+        return False, f"crashes under {crashed} only ({name}); {ran} runs"
+    same = _failure(record) == _failure(oracle)
+    return True, f"both crash ({_failure(record)}" + ("" if same else f", the oracle {_failure(oracle)}") + ")"
+
+
+def _compared(record: CellRecord, oracle: CellRecord, cell: Cell, rule: Differential, context: dict[str, Any],
+              title: str, comparison: DifferentialComparison, results: list[RuleResult]) -> list[str]:
+    """The pair's resolved state, greedy tokens and accuracy compared (into `comparison` and `results`); what
+    differs, first failure first."""
     failures: list[str] = []
     differences = state_differences(record, oracle)
     comparison["state"] = differences
@@ -273,18 +302,14 @@ def judge_differential(record: CellRecord, cell: Cell, run_dir: RunDir, gpu_name
         if not tokens["ok"]:
             failures.append(tokens["detail"])
     if cell.case.accuracy is not None and record.get("accuracy") and oracle.get("accuracy"):
-        paired = compare_accuracy(record, oracle, oracle_id, cell.case.accuracy.confidence)
+        paired = compare_accuracy(record, oracle, comparison["oracle"], cell.case.accuracy.confidence)
         comparison["accuracy"] = paired
         if "missing" not in paired:
             dropped = paired["significant"] and paired["delta"] < -cell.case.accuracy.max_drop
             results.append({"rule": f"{title}: accuracy", "ok": not dropped, "detail": describe_accuracy(paired)})
             if dropped:
                 failures.append(f"significant accuracy drop: {describe_accuracy(paired)}")
-    if failures and verdict in ("pass", "xfail"):
-        return "fail", f"differential {pair}: {failures[0]}"
-    if verdict == "pass" and "tokens" in comparison:
-        return verdict, f"{reason}; as its oracle ({oracle_mode}): {comparison['tokens']['detail']}"
-    return verdict, reason
+    return failures
 
 
 def _missing(record: CellRecord, oracle: CellRecord | None) -> str | None:

@@ -3,9 +3,9 @@ failure's name): what the reports show in a matrix cell, and what diffs and bise
 
 from __future__ import annotations
 
-from harness.judge.fingerprint import failure_name
-from harness.record_model import CellRecord
-from harness.vllm_compat import QUERY_DTYPE_FIELDS
+from kvmatrix.harness.judge.fingerprint import failure_name
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.vllm_compat import QUERY_DTYPE_FIELDS
 
 
 def _unique(values) -> list:
@@ -14,6 +14,18 @@ def _unique(values) -> list:
         if v is not None and v not in out:
             out.append(v)
     return out
+
+
+def _query_dtypes(record: CellRecord) -> str:
+    """The query dtypes each attention group's builder holds (FlashInfer's), one entry per distinct group."""
+    queries = []
+    for group in record.get("attn_groups") or []:
+        builder = group.get("builder") or {}
+        q = [builder.get(k) for k in QUERY_DTYPE_FIELDS]
+        q = [x.replace("torch.", "") for x in q if x]
+        if q:
+            queries.append("/".join(_unique(q)))
+    return ",".join(_unique(queries))
 
 
 def facts(record: CellRecord) -> dict[str, str]:
@@ -27,15 +39,8 @@ def facts(record: CellRecord) -> dict[str, str]:
             continue
         out[f"{prefix}backend"] = "/".join(_unique(la.get("backend") for la in mine))
         out[f"{prefix}kv"] = "/".join(_unique(la.get("kv_cache_dtype") for la in mine))
-    queries = []
-    for group in record.get("attn_groups") or []:
-        builder = group.get("builder") or {}
-        q = [builder.get(k) for k in QUERY_DTYPE_FIELDS]
-        q = [x.replace("torch.", "") for x in q if x]
-        if q:
-            queries.append("/".join(_unique(q)))
-    if queries:
-        out["q"] = ",".join(_unique(queries))
+    if queries := _query_dtypes(record):
+        out["q"] = queries
     # Per layer: a group of mixed specs (UniformTypeKVCacheSpecs) reports the sum of its layers' pages.
     pages = _unique(la.get("page_size_bytes") for la in layers)
     if not pages:

@@ -13,8 +13,8 @@ import hashlib
 import re
 from dataclasses import asdict, dataclass
 
-from harness.record_model import CellRecord, ExceptionInfo
-from harness.vllm_compat import ENGINE_DEATH_WRAPPER
+from kvmatrix.harness.record.model import CellRecord, ExceptionInfo
+from kvmatrix.harness.vllm_compat import ENGINE_DEATH_WRAPPER
 
 ID_LENGTH = 8
 MESSAGE_CAP = 300

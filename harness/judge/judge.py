@@ -14,14 +14,14 @@ from __future__ import annotations
 import datetime
 from collections.abc import Sequence
 
-from harness.judge.accuracy import judge_accuracy
-from harness.judge.differential import judge_differential, judge_workload
-from harness.judge.verdict import judge
-from harness.judge.waivers import Waiver, waive
-from harness.record_model import CellRecord
-from harness.records import RunDir
-from harness.task import Task
-from harness.vllm_compat import ENVIRONMENT_SIGNATURES, NOT_EMULABLE_SIGNATURES, normalize_record
+from kvmatrix.harness.judge.accuracy import judge_accuracy
+from kvmatrix.harness.judge.differential import judge_differential, judge_workload
+from kvmatrix.harness.judge.verdict import judge
+from kvmatrix.harness.judge.waivers import Waiver, waive
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES, NOT_EMULABLE_SIGNATURES, normalize_record
 
 
 def judge_record(record: CellRecord, task: Task, run_dir: RunDir, waivers: Sequence[Waiver] = (),
@@ -32,7 +32,8 @@ def judge_record(record: CellRecord, task: Task, run_dir: RunDir, waivers: Seque
     record.pop("waived", None)
     context = task.context(record.get("vllm_version"))
     normalize_record(record)
-    verdict, reason, results = judge(record, task.cell.case.expect, context)
+    judged = judge(record, task.cell.case.expect, context)
+    verdict, reason, results = judged.verdict, judged.reason, judged.results
     if task.cell.baseline_id is not None:
         verdict, reason = judge_accuracy(record, task.cell, run_dir, task.gpu_name, context, verdict, reason,
                                          results)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import signal
 
-from harness.judge.fingerprint import UNFINGERPRINTED_STATUSES, signal_of, stamp
-from harness.judge.signatures import classify, last_exception_line
-from harness.record_model import CellRecord, ExceptionInfo
-from harness.records import RunDir, read_tail
+from kvmatrix.harness.judge.fingerprint import UNFINGERPRINTED_STATUSES, signal_of, stamp
+from kvmatrix.harness.judge.signatures import classify, last_exception_line
+from kvmatrix.harness.record.files import RunDir, read_tail
+from kvmatrix.harness.record.model import CellRecord, ExceptionInfo
 
 
 def _failure_text(exception: ExceptionInfo, log_tail: str) -> str:

@@ -11,7 +11,7 @@ import numpy as np
 from scipy import stats
 from statsmodels.stats.contingency_tables import mcnemar
 
-from harness.record_model import AccuracyComparison
+from kvmatrix.harness.record.model import AccuracyComparison
 
 RESAMPLES = 4000
 SEED = 0

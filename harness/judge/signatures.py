@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from harness.vllm_compat import SIGNATURES, version_matches
+from kvmatrix.harness.vllm_compat import SIGNATURES, version_matches
 
 # "ValueError: ...", also inside a log line ("ERROR 11-29 ... [core.py:1] RuntimeError: ...") or qualified
 # ("torch.OutOfMemoryError: ...").

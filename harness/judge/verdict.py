@@ -14,15 +14,23 @@ A cell is
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from harness.judge.fingerprint import failure_name
-from harness.record_model import CellRecord, Layer, RuleResult, Verdict
-from harness.vllm_compat import signature_matches
-from matrix.conditions import matches, when_matches
-from matrix.expectations import CrashExpected, Expectation, RecordCheck, RefusalExpected
+from kvmatrix.harness.judge.fingerprint import failure_name
+from kvmatrix.harness.record.model import CellRecord, Layer, RuleResult, Verdict
+from kvmatrix.harness.vllm_compat import signature_matches
+from kvmatrix.matrix.conditions import matches, when_matches
+from kvmatrix.matrix.expectations import CrashExpected, Expectation, RecordCheck, RefusalExpected
 
-Judgement = tuple[Verdict, str, list[RuleResult]]  # (verdict, reason, per-rule results)
+
+@dataclass(frozen=True)
+class Judgement:
+    """A record's verdict under its case's expectations, why, and the result of each applicable rule."""
+
+    verdict: Verdict
+    reason: str
+    results: list[RuleResult]
 
 
 def select_layers(record: CellRecord, selector: str | list[int], skip_layers: list[str]) -> list[Layer]:
@@ -139,12 +147,38 @@ def _check_forced_backend(record: CellRecord, forced: str) -> tuple[bool, str]:
 
 
 def judge(record: CellRecord, rules: list[Expectation], context: dict[str, Any]) -> Judgement:
-    """(verdict, reason, per-rule results) for one record under the case's expectations."""
-    skip = context.get("kv_cache_dtype_skip_layers") or []
+    """One record's verdict under the case's expectations (those whose `when` holds in `context`)."""
     applicable = [r for r in rules if when_matches(r.when, context)]
-    results: list[RuleResult] = []
-    expected_crash: tuple[CrashExpected | RefusalExpected, str] | None = None
+    results, expected_crash = check_expectations(record, applicable, context.get("kv_cache_dtype_skip_layers") or [])
+    if record.get("ranks"):
+        ok, detail = _check_ranks(record["ranks"])
+        results.append({"rule": RANKS_RULE, "ok": ok, "detail": detail})
+    forced = context.get("attention_backend")
+    if forced and record.get("layers"):
+        ok, detail = _check_forced_backend(record, forced)
+        if not ok and record.get("backend_notes"):
+            # The platform says it cannot offer the backend (and ran another): nothing this cell claims to test ran.
+            return Judgement("skip", f"{detail}: the platform cannot offer it (vLLM: {record['backend_notes'][0]})",
+                             results)
+        results.append({"rule": FORCED_BACKEND_RULE, "ok": ok, "detail": detail})
+    unobserved = _unobserved(record)
+    if unobserved is not None:
+        return Judgement("error", unobserved, results)
+    failed = [r for r in results if not r["ok"] and r["detail"] != "crashed"]
+    if expected_crash is not None and not (record.get("status") == "ok" and getattr(expected_crash[0], "optional",
+                                                                                       False)):
+        return _against_expected_crash(record, results, failed, *expected_crash)
+    return Judgement(*_without_expected_crash(record, results, failed), results)
 
+
+ExpectedCrash = tuple[CrashExpected | RefusalExpected, str]  # the rule's crash or refusal, and the rule's text
+
+
+def check_expectations(record: CellRecord, applicable: list[Expectation], skip: list[str]
+                       ) -> tuple[list[RuleResult], ExpectedCrash | None]:
+    """Every applicable check's result, and the crash or refusal a rule expects (it decides with the status)."""
+    results: list[RuleResult] = []
+    expected_crash: ExpectedCrash | None = None
     for rule in applicable:
         text = _describe_rule(rule)
         if isinstance(rule.crash, CrashExpected) or rule.refuse is not None:
@@ -154,62 +188,63 @@ def judge(record: CellRecord, rules: list[Expectation], context: dict[str, Any])
             ok = record.get("status") == "ok"
             results.append({"rule": text, "ok": ok, "detail": "no crash" if ok else "crashed"})
         if record.get("status") != "ok" and not record.get("layers"):
-            continue  # nothing was observed to check; the crash itself decides below
-        for name, check in (("layers", _check_layers), ("groups", _check_groups), ("builders", _check_builders)):
-            if getattr(rule, name) is not None:
-                ok, detail = check(record, getattr(rule, name), skip)
-                results.append({"rule": text, "ok": ok, "detail": detail})
-        if rule.page_size_ratio is not None:
-            ok, detail = _check_page_ratio(record, rule, skip)
-            results.append({"rule": text, "ok": ok, "detail": detail})
+            continue  # nothing was observed to check; the crash itself decides
+        results += [{"rule": text, "ok": ok, "detail": detail} for ok, detail in _record_checks(record, rule, skip)]
+    return results, expected_crash
 
-    if record.get("ranks"):
-        ok, detail = _check_ranks(record["ranks"])
-        results.append({"rule": RANKS_RULE, "ok": ok, "detail": detail})
-    forced = context.get("attention_backend")
-    if forced and record.get("layers"):
-        ok, detail = _check_forced_backend(record, forced)
-        if not ok and record.get("backend_notes"):
-            # The platform says it cannot offer the backend (and ran another): nothing this cell claims to test ran.
-            return "skip", f"{detail}: the platform cannot offer it (vLLM: {record['backend_notes'][0]})", results
-        results.append({"rule": FORCED_BACKEND_RULE, "ok": ok, "detail": detail})
 
-    status, signature = record.get("status"), record.get("signature")
-    name = failure_name(record)  # the signature, or the crash fingerprint where no signature names it
-    if status == "error":
-        return "error", record.get("error_tail") or "the harness could not observe this cell", results
-    if record.get("probe_error") and status == "ok":
-        return "error", f"probe failed: {record['probe_error']}", results
-    failed = [r for r in results if not r["ok"] and r["detail"] != "crashed"]
+def _record_checks(record: CellRecord, rule: Expectation, skip: list[str]) -> list[tuple[bool, str]]:
+    """(ok, detail) of each of a rule's checks on the resolved state: layers, groups, builders, page sizes."""
+    checks = [check(record, getattr(rule, name), skip)
+              for name, check in (("layers", _check_layers), ("groups", _check_groups), ("builders", _check_builders))
+              if getattr(rule, name) is not None]
+    if rule.page_size_ratio is not None:
+        checks.append(_check_page_ratio(record, rule, skip))
+    return checks
 
-    if expected_crash is not None and not (status == "ok" and getattr(expected_crash[0], "optional", False)):
-        crash, text = expected_crash
-        refusal = isinstance(crash, RefusalExpected)
-        what = "refusal" if refusal else "failure"
-        link = f" ({crash.link})" if not refusal and crash.link else ""
-        got = status == "crash" and any(signature_matches(n, signature) for n in crash.names)
-        results.append({"rule": text, "ok": got, "detail": f"expected {what} {crash.signature}, got "
-                        + (f"{status} {name or ''}".strip() if status != "ok" else "no crash")})
-        if status == "ok":
-            return "fail", f"expected {what} {crash.signature}{link} did not happen: the cell ran", results
-        # A failed check is named first: the expected crash (or another one) may well follow from it, while the
-        # check says what vLLM resolved wrong (a skipped layer quantized, a page size).
-        if failed:
-            also = "" if got else f"; and crashed with {name or status}, expected {crash.signature}{link}"
-            return "fail", failed[0]["detail"] + also, results
-        if not got:
-            return "fail", f"crashed with {name or status}, expected {crash.signature}{link}", results
-        if refusal:
-            return "pass", f"refused as expected: {signature}: {record.get('error_tail', '')}", results
-        member = f" ({signature})" if signature != crash.signature else ""
-        return "xfail", f"expected failure {crash.signature}{member}{link}", results
 
-    if status == "timeout":
-        return "fail", f"timed out: {record.get('error_tail')}", results
-    if status == "killed":
-        return "fail", record.get("error_tail") or "killed", results
-    if status == "crash":
-        return "fail", f"crash [{name}] {record.get('error_tail') or ''}".strip(), results
+def _unobserved(record: CellRecord) -> str | None:
+    """Why the harness could not observe the cell (an error verdict), or None."""
+    if record.get("status") == "error":
+        return record.get("error_tail") or "the harness could not observe this cell"
+    if record.get("probe_error") and record.get("status") == "ok":
+        return f"probe failed: {record['probe_error']}"
+    return None
+
+
+def _against_expected_crash(record: CellRecord, results: list[RuleResult], failed: list[RuleResult],
+                            crash: CrashExpected | RefusalExpected, text: str) -> Judgement:
+    status, signature, name = record.get("status"), record.get("signature"), failure_name(record)
+    refusal = isinstance(crash, RefusalExpected)
+    what = "refusal" if refusal else "failure"
+    link = f" ({crash.link})" if isinstance(crash, CrashExpected) and crash.link else ""
+    got = status == "crash" and any(signature_matches(n, signature) for n in crash.names)
+    observed = f"{status} {name or ''}".strip() if status != "ok" else "no crash"
+    results.append({"rule": text, "ok": got, "detail": f"expected {what} {crash.signature}, got {observed}"})
+    if status == "ok":
+        return Judgement("fail", f"expected {what} {crash.signature}{link} did not happen: the cell ran", results)
+    # A failed check is named first: the expected crash (or another one) may well follow from it, while the
+    # check says what vLLM resolved wrong (a skipped layer quantized, a page size).
     if failed:
-        return "fail", failed[0]["detail"], results
-    return "pass", f"{len(results)} checks hold" if results else "ran; no checks apply", results
+        also = "" if got else f"; and crashed with {name or status}, expected {crash.signature}{link}"
+        return Judgement("fail", failed[0]["detail"] + also, results)
+    if not got:
+        return Judgement("fail", f"crashed with {name or status}, expected {crash.signature}{link}", results)
+    if refusal:
+        return Judgement("pass", f"refused as expected: {signature}: {record.get('error_tail', '')}", results)
+    member = f" ({signature})" if signature != crash.signature else ""
+    return Judgement("xfail", f"expected failure {crash.signature}{member}{link}", results)
+
+
+def _without_expected_crash(record: CellRecord, results: list[RuleResult], failed: list[RuleResult]
+                            ) -> tuple[Verdict, str]:
+    status = record.get("status")
+    if status == "timeout":
+        return "fail", f"timed out: {record.get('error_tail')}"
+    if status == "killed":
+        return "fail", record.get("error_tail") or "killed"
+    if status == "crash":
+        return "fail", f"crash [{failure_name(record)}] {record.get('error_tail') or ''}".strip()
+    if failed:
+        return "fail", failed[0]["detail"]
+    return "pass", f"{len(results)} checks hold" if results else "ran; no checks apply"

@@ -22,15 +22,15 @@ from __future__ import annotations
 import datetime
 import fnmatch
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.record_model import CellRecord
-from harness.records import FAILING_VERDICTS
-from matrix.conditions import check_condition_value, matches
-from matrix.expand import Cell
-from matrix.load import CASES_DIR
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.parts import FAILING_VERDICTS
+from kvmatrix.matrix.conditions import check_condition_value, matches
+from kvmatrix.matrix.expand import Cell
+from kvmatrix.matrix.load import CASES_DIR
 
 WAIVERS_FILE = CASES_DIR / "_waivers.txt"
 # Where a waived failure is tracked: an upstream issue, or our own findings page for bugs not yet filed upstream.
@@ -61,7 +61,7 @@ class Waiver:
 
     def matches(self, cell_id: str, gpu_class: str, vllm_version: str | None = None) -> bool:
         """`vllm_version` None (a cell of the matrix, not a record) matches every version scope."""
-        return _cell_pattern(self.pattern).fullmatch(cell_id) is not None and (
+        return cell_pattern(self.pattern).fullmatch(cell_id) is not None and (
             not self.gpus or any(fnmatch.fnmatchcase(gpu_class, g) for g in self.gpus)) and (
             self.vllm is None or vllm_version is None or matches(self.vllm, vllm_version))
 
@@ -69,7 +69,8 @@ class Waiver:
         return self.until is not None and today > self.until
 
 
-def _cell_pattern(pattern: str) -> re.Pattern:
+def cell_pattern(pattern: str) -> re.Pattern:
+    """A cell id with `*` and `?` as wildcards, `[` and `]` literal: what a waiver and `-k` match whole ids with."""
     return re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."))
 
 
@@ -100,8 +101,20 @@ def _parse_line(tokens: list[str], file: str, number: int, known: list[str] | No
     pattern, *rest = tokens
     if pattern.startswith(("gpu=", "until=", "vllm=", *LINK_PREFIXES)):
         raise fail(f"a line starts with the cell pattern, not {pattern!r}")
+    fields = _fields(pattern, rest, fail)
+    gpus, until = _gpus(fields, known, fail), _until(fields, fail)
+    if "vllm" in fields and (problem := check_condition_value(fields["vllm"])):
+        raise fail(f"vllm={fields['vllm']}: {problem}")
+    return Waiver(pattern, fields["link"], gpus, until, file, number, fields.get("vllm"))
+
+
+Fail = Callable[[str], WaiverError]
+
+
+def _fields(pattern: str, tokens: list[str], fail: Fail) -> dict[str, str]:
+    """A line's link and its gpu= / until= / vllm= fields, each at most once; the link is required."""
     fields: dict[str, str] = {}
-    for token in rest:
+    for token in tokens:
         name = ("link" if token.startswith(LINK_PREFIXES)
                 else token.split("=", 1)[0] if token.startswith(("gpu=", "until=", "vllm=")) else None)
         if name is None:
@@ -112,6 +125,11 @@ def _parse_line(tokens: list[str], file: str, number: int, known: list[str] | No
         fields[name] = token if name == "link" else token.split("=", 1)[1]
     if "link" not in fields:
         raise fail(f"no link for {pattern!r}: a waiver says where the failure is tracked (https://...)")
+    return fields
+
+
+def _gpus(fields: dict[str, str], known: list[str] | None, fail: Fail) -> tuple[str, ...]:
+    """The gpu= classes (globs), each naming some class of the pool where the pool is known."""
     gpus = tuple(fields["gpu"].split(",")) if "gpu" in fields else ()
     if "gpu" in fields and not all(gpus):
         raise fail(f"empty GPU class in gpu={fields['gpu']}")
@@ -119,17 +137,18 @@ def _parse_line(tokens: list[str], file: str, number: int, known: list[str] | No
         for glob in gpus:
             if not any(fnmatch.fnmatchcase(name, glob) for name in known):
                 raise fail(f"gpu={glob} names no class of the pool ({', '.join(known)})")
-    until = None
-    if "until" in fields:
-        if not _DATE.fullmatch(fields["until"]):
-            raise fail(f"until={fields['until']} is not a date YYYY-MM-DD")
-        try:
-            until = datetime.date.fromisoformat(fields["until"])
-        except ValueError:
-            raise fail(f"until={fields['until']} is not a real date") from None
-    if "vllm" in fields and (problem := check_condition_value(fields["vllm"])):
-        raise fail(f"vllm={fields['vllm']}: {problem}")
-    return Waiver(pattern, fields["link"], gpus, until, file, number, fields.get("vllm"))
+    return gpus
+
+
+def _until(fields: dict[str, str], fail: Fail) -> datetime.date | None:
+    if "until" not in fields:
+        return None
+    if not _DATE.fullmatch(fields["until"]):
+        raise fail(f"until={fields['until']} is not a date YYYY-MM-DD")
+    try:
+        return datetime.date.fromisoformat(fields["until"])
+    except ValueError:
+        raise fail(f"until={fields['until']} is not a real date") from None
 
 
 def load_waivers(path: Path = WAIVERS_FILE, gpu_classes: Iterable[str] | None = None) -> list[Waiver]:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.models.cache import BuilderFamily
-from harness.models.tiny_glm_fp8 import (
+from kvmatrix.harness.models.cache import BuilderFamily
+from kvmatrix.harness.models.tiny_glm_fp8 import (
     build_glm5_fp8,
     build_glm_ct_kv,
     build_glm_fp8,
@@ -24,7 +24,7 @@ from harness.models.tiny_glm_fp8 import (
     glm_ct_kv_config,
     glm_fp8_config,
 )
-from harness.models.tiny_llama import (
+from kvmatrix.harness.models.tiny_llama import (
     build_ct_llama,
     build_dflash_llama,
     build_eagle3_llama,
@@ -35,8 +35,8 @@ from harness.models.tiny_llama import (
     eagle3_flat_config,
     llama_config,
 )
-from harness.models.tiny_mixed_layers import build_gemma3, build_nemotron_h, gemma3_config, nemotron_h_config
-from harness.models.tiny_mla import (
+from kvmatrix.harness.models.tiny_mixed_layers import build_gemma3, build_nemotron_h, gemma3_config, nemotron_h_config
+from kvmatrix.harness.models.tiny_mla import (
     build_deepseek_v2,
     build_deepseek_v32,
     build_glm_mla,
@@ -96,7 +96,7 @@ def layers_of(name: str, draft_method: str | None = None) -> int | None:
 
 # The cache folder's fingerprint covers every module a build runs through: editing any of them rebuilds.
 _FAMILY = BuilderFamily(__name__, BUILDERS, also=(
-    "harness.models.tiny_llama", "harness.models.tiny_mla", "harness.models.tiny_glm_fp8",
-    "harness.models.tiny_mixed_layers", "harness.models.checkpoint"))
+    "kvmatrix.harness.models.tiny_llama", "kvmatrix.harness.models.tiny_mla", "kvmatrix.harness.models.tiny_glm_fp8",
+    "kvmatrix.harness.models.tiny_mixed_layers", "kvmatrix.harness.models.checkpoint"))
 folder_name = _FAMILY.folder_name
 build = _FAMILY.build  # build(name, cache_dir, **options) -> checkpoint folder, built once

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.models.checkpoint import (
+from kvmatrix.harness.models.checkpoint import (
     BOS,
     EOS,
     LAYERS,
@@ -30,7 +30,7 @@ from harness.models.checkpoint import (
     write_json,
     write_tokenizer,
 )
-from harness.models.tiny_mla import deepseek_v32_config, glm_config, glm_moe_shapes
+from kvmatrix.harness.models.tiny_mla import deepseek_v32_config, glm_config, glm_moe_shapes
 
 MTP_LAYER = LAYERS  # the MTP layer's index: right after the decoder layers
 # The static per-tensor KV scales the glm_fp8 checkpoint declares: not 1.0, so a record shows whether vLLM loaded

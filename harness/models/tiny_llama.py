@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.models.checkpoint import (
+from kvmatrix.harness.models.checkpoint import (
     MASK,
     VOCAB,
     common,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.models.checkpoint import LAYERS, ROPE, TORCH_DEFAULTS, common, save
+from kvmatrix.harness.models.checkpoint import LAYERS, ROPE, TORCH_DEFAULTS, common, save
 
 
 # ------------------------------------------------------------------------------- shapes from transformers

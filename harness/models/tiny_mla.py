@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.models.checkpoint import (
+from kvmatrix.harness.models.checkpoint import (
     BOS,
     EOS,
     LAYERS,

@@ -21,8 +21,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.models.cache import BuilderFamily
-from harness.models.checkpoint import TORCH_DEFAULTS, kv_only_quantization, static_kv_scales
+from kvmatrix.harness.models.cache import BuilderFamily
+from kvmatrix.harness.models.checkpoint import TORCH_DEFAULTS, kv_only_quantization, static_kv_scales
 
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<mask>"]
 BOS, EOS, PAD = 0, 1, 2
@@ -168,7 +168,7 @@ BUILDERS: dict[str, Callable] = {
 }
 
 
-_FAMILY = BuilderFamily(__name__, BUILDERS, also=("harness.models.checkpoint",))
+_FAMILY = BuilderFamily(__name__, BUILDERS, also=("kvmatrix.harness.models.checkpoint",))
 folder_name = _FAMILY.folder_name
 # One build of this family at a time in a process (a run builds models in its slots' threads): every builder
 # here needs the one training, which draws from torch's global generator, so two threads training side by side

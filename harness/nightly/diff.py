@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from harness.judge.facts import facts
-from harness.record_model import CellRecord
-from harness.records import FAILING_VERDICTS, run_mode
+from kvmatrix.harness.judge.facts import facts
+from kvmatrix.harness.record.files import run_mode
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.parts import FAILING_VERDICTS
 
 
 @dataclass(frozen=True)

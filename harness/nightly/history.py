@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.judge.facts import facts
-from harness.judge.fingerprint import fingerprint
-from harness.record_model import CellRecord, check_record, finished_now
-from harness.records import RunDir
+from kvmatrix.harness.judge.facts import facts
+from kvmatrix.harness.judge.fingerprint import fingerprint
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.model import CellRecord, check_record, finished_now
 
 DEFAULT_DB = Path("reports") / "history.sqlite"  # in the working directory, beside its reports/runs/
 

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import yaml
 
-from harness.paths import REPO_ROOT as REPO
-from matrix.expand import expand_case
-from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
+from kvmatrix.harness.record.paths import CHECKOUT
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
 
+REPO = CHECKOUT or Path()  # an installed kvmatrix writes the CI files where it is run
 BUILDKITE_FILE = REPO / ".buildkite" / "pipeline.yml"
 GITHUB_FILE = REPO / ".github" / "workflows" / "kvmatrix.yml"
 GITHUB_PR_FILE = REPO / ".github" / "workflows" / "kvmatrix-pr.yml"

@@ -19,14 +19,14 @@ import sys
 import time
 from pathlib import Path
 
-from harness.bisect.envs import is_compiled
-from harness.bisect.step import Plan, run_steps
-from harness.nightly import history
-from harness.paths import DEFAULT_CACHE
-from harness.pr.report import Side, compare
-from harness.pr.select import Selection, load_records, select
-from harness.records import RUNS_DIR
-from harness.vllm_compat import installed_vllm_distribution
+from kvmatrix.harness.bisect.envs import is_compiled
+from kvmatrix.harness.bisect.step import Plan, run_steps
+from kvmatrix.harness.nightly import history
+from kvmatrix.harness.pr.report import Side, compare
+from kvmatrix.harness.pr.select import Selection, load_records, select
+from kvmatrix.harness.record.files import RUNS_DIR
+from kvmatrix.harness.record.paths import DEFAULT_CACHE
+from kvmatrix.harness.vllm_compat import installed_vllm_distribution
 
 GIT_IDENTITY = ["-c", "user.name=kvmatrix", "-c", "user.email=kvmatrix@localhost", "-c", "commit.gpgsign=false"]
 
@@ -138,8 +138,8 @@ def cmd_pr(args: argparse.Namespace) -> int:
         return 2
 
 
-def add_pr_command(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("pr", help="run the cells a vLLM change touches at its base and head, and diff them")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`kvmatrix pr`'s arguments (harness/cli/commands.py lists the command)."""
     p.add_argument("--repo", type=Path, required=True, help="a vLLM git checkout")
     p.add_argument("--base", required=True, help="the commit the change starts from")
     p.add_argument("--head", help="the commit the change ends at")

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 from tabulate import tabulate
 
-from harness.bisect.step import Step
-from harness.nightly.diff import Diff, diff_records, what_changed
-from harness.record_model import CellRecord
-from harness.records import read_json
-from reports import diff_md
+from kvmatrix.harness.bisect.step import Step
+from kvmatrix.harness.nightly.diff import Diff, diff_records, what_changed
+from kvmatrix.harness.record.files import read_json
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.reports import diff_md
 
 
 @dataclass

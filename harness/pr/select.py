@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.vllm_compat import recorded_modules, select_all_reason
+from kvmatrix.harness.vllm_compat import recorded_modules, select_all_reason
 
 PACKAGE = "vllm/"
 

@@ -7,15 +7,16 @@ import shlex
 import sys
 from pathlib import Path
 
-from harness.paths import DEFAULT_CACHE
-from harness.records import RunDir
-from harness.repro.generate import ReproError, render, script_spec
-from harness.run.session import this_device
-from harness.task import Task
-from harness.vllm_compat import installed_vllm_version
-from matrix.expand import expand_case
-from matrix.load import CASES_DIR, case_files, load_case, load_models, load_pool
-from matrix.pool import class_of
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.paths import DEFAULT_CACHE
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.repro.generate import ReproError, render, script_spec
+from kvmatrix.harness.run.guards import cases_dir_for
+from kvmatrix.harness.run.session import this_device
+from kvmatrix.harness.vllm_compat import installed_vllm_version
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.load import case_files, cases_option, load_case, load_models, load_pool
+from kvmatrix.matrix.pool import class_of
 
 
 def find_cell(cases_dir: Path, cell_id: str):
@@ -49,7 +50,8 @@ def gpu_class_of(args: argparse.Namespace, cell_id: str, pool: dict) -> str:
 
 def cmd_repro(args: argparse.Namespace) -> int:
     try:
-        cell, models, pool = find_cell(Path(args.cases_dir), args.cell_id)
+        cases_dir = cases_dir_for(args.cases_dir, args.run)
+        cell, models, pool = find_cell(cases_dir, args.cell_id)
         gpu_name = gpu_class_of(args, cell.cell_id, pool)
         if gpu_name not in pool:
             raise ReproError(f"GPU class {gpu_name!r} is not in the pool; known: {', '.join(pool)}")
@@ -58,8 +60,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
     except ReproError as err:
         print(f"kvmatrix: {err}", file=sys.stderr)
         return 2
-    command = "kvmatrix repro " + shlex.join([cell.cell_id, "--gpu", gpu_name, *(["--hub"] if args.hub else []),
-                                               "--out", Path(args.out).name])
+    command = "kvmatrix repro " + shlex.join([cell.cell_id, *cases_option(cases_dir), "--gpu", gpu_name,
+                                               *(["--hub"] if args.hub else []), "--out", Path(args.out).name])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(spec, command))
@@ -67,13 +69,13 @@ def cmd_repro(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_repro_command(sub: argparse._SubParsersAction) -> None:
-    rep = sub.add_parser("repro", help="write a standalone Python script (vLLM and torch only) reproducing a cell")
+def add_arguments(rep: argparse.ArgumentParser) -> None:
+    """`kvmatrix repro`'s arguments (harness/cli/commands.py lists the command)."""
     rep.add_argument("cell_id", metavar="CELL", help="exact cell id, e.g. 'ct-llama[kv=bfloat16,skip=-,spec=-]'")
     rep.add_argument("--run", help="run folder whose record of the cell names the GPU class")
     rep.add_argument("--gpu", help="GPU class whose decisions the script takes (default: --run's, else this machine's)")
     rep.add_argument("--out", required=True, help="the script to write (its model is written next to it)")
     rep.add_argument("--hub", action="store_true", help="name the registry's hub ids instead of tiny models")
-    rep.add_argument("--cases-dir", default=str(CASES_DIR))
+    rep.add_argument("--cases-dir", help="folder of case files (default: --run's, else the built-in cases)")
     rep.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="built tiny models")
     rep.set_defaults(func=cmd_repro)

@@ -11,16 +11,17 @@ import pprint
 from pathlib import Path
 from typing import Any
 
-from harness import vllm_compat
-from harness.models import checkpoint
-from harness.models.trained import BUILDERS as TRAINED_BUILDERS
-from harness.repro import standalone
-from harness.run.engine_args import engine_args_for, models_needed
-from harness.run.models import build_models
-from harness.task import Task
-from matrix.conditions import is_range, when_matches
-from matrix.expand import Cell
-from matrix.schema import X86_CPU_LEVELS, GpuClass, ModelEntry
+from kvmatrix.harness import vllm_compat
+from kvmatrix.harness.models import checkpoint
+from kvmatrix.harness.models.trained import BUILDERS as TRAINED_BUILDERS
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.repro import standalone
+from kvmatrix.harness.run.engine_args import engine_args_for, models_needed
+from kvmatrix.harness.run.models import build_models
+from kvmatrix.matrix.conditions import is_range, when_matches
+from kvmatrix.matrix.expand import Cell
+from kvmatrix.matrix.expectations import RecordCheck
+from kvmatrix.matrix.schema import X86_CPU_LEVELS, GpuClass, ModelEntry
 
 HERE_MARK = "@HERE@"  # the script's own folder, replaced when it runs
 PROBED_FIELDS = ("kv_cache_dtype", "spec_dtype", "page_size_bytes", "role")  # what the script's probe reads
@@ -75,6 +76,18 @@ def _signature_patterns(names: list[str], version: str | None) -> list[str]:
             and vllm_compat.version_matches(version, versions) for p in patterns]
 
 
+def _layer_rule(check: RecordCheck, out: dict[str, Any]) -> None:
+    """A layers check into `out`: the probed fields the script can compare exactly, the rest not encoded."""
+    wanted = {k: v for k, v in check.wanted().items() if k in PROBED_FIELDS}
+    if any(is_range(v) or (isinstance(v, str) and set("*?[") & set(v)) for v in wanted.values()):
+        out["not_encoded"].append(f"layers {check.wanted()} (ranges / globs)")
+        wanted = {}
+    if set(check.wanted()) - set(wanted):
+        out["not_encoded"].append(f"layers fields {sorted(set(check.wanted()) - set(wanted))}")
+    if wanted:
+        out["layers"].append({"select": check.select, "wanted": wanted})
+
+
 def expectations(cell: Cell, context: dict, version: str | None) -> dict[str, Any]:
     """The applicable rules, in the forms the script checks; the others listed as not encoded."""
     out: dict[str, Any] = {"refuse": None, "layers": [], "page_size_ratios": [], "not_encoded": []}
@@ -88,14 +101,7 @@ def expectations(cell: Cell, context: dict, version: str | None) -> dict[str, An
         if rule.crash not in (None, False):
             out["not_encoded"].append(f"known crash {rule.crash.signature} (the script asserts a clean run)")
         if rule.layers is not None:
-            wanted = {k: v for k, v in rule.layers.wanted().items() if k in PROBED_FIELDS}
-            if any(is_range(v) or (isinstance(v, str) and set("*?[") & set(v)) for v in wanted.values()):
-                out["not_encoded"].append(f"layers {rule.layers.wanted()} (ranges / globs)")
-                wanted = {}
-            if set(rule.layers.wanted()) - set(wanted):
-                out["not_encoded"].append(f"layers fields {sorted(set(rule.layers.wanted()) - set(wanted))}")
-            if wanted:
-                out["layers"].append({"select": rule.layers.select, "wanted": wanted})
+            _layer_rule(rule.layers, out)
         if rule.page_size_ratio is not None:
             out["page_size_ratios"].append(rule.page_size_ratio.model_dump())
         for kind in ("groups", "builders"):

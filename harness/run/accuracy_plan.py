@@ -7,9 +7,9 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from matrix.expand import Cell
-from matrix.load import CASES_DIR
-from matrix.schema import ModelEntry
+from kvmatrix.matrix.expand import Cell
+from kvmatrix.matrix.load import CASES_DIR
+from kvmatrix.matrix.schema import ModelEntry
 
 TASKS_DIR = CASES_DIR / "tasks"  # local lm-eval tasks: a folder per task with its YAML and data
 

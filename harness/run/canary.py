@@ -5,12 +5,12 @@ with one error naming the exception, and records no FAIL."""
 
 from __future__ import annotations
 
-from harness.record_model import CellRecord
-from harness.run.cell_run import not_run_reason
-from harness.run.settings import RunSettings
-from harness.task import Task
-from matrix.axes import AXIS_DEFAULTS
-from matrix.conditions import when_matches
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.cell_run import not_run_reason
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.matrix.axes import AXIS_DEFAULTS
+from kvmatrix.matrix.conditions import when_matches
 
 
 class EnvironmentBroken(RuntimeError):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from harness.paths import REPO_ROOT
-from harness.run.process import RUN_MARK_ENV
-from harness.run.settings import RunSettings
-from harness.vllm_compat import BROKEN_WHEN_EMPTY_ENV, IN_PROCESS_ENGINE_ENV, VLLM_CACHE_ENV
+from kvmatrix.harness.record.paths import import_root
+from kvmatrix.harness.run.process import RUN_MARK_ENV
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.harness.vllm_compat import BROKEN_WHEN_EMPTY_ENV, IN_PROCESS_ENGINE_ENV, VLLM_CACHE_ENV
 
 # The CUDA driver's own cache holds PTX compiled for this card (e.g. kernels shipped without its machine code).
 CACHE_ENV = (VLLM_CACHE_ENV, "FLASHINFER_WORKSPACE_BASE", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
@@ -36,7 +36,7 @@ def cell_env(settings: RunSettings, extra: dict[str, str] | None = None, key: st
     env["PYTHONUNBUFFERED"] = "1"
     env[RUN_MARK_ENV] = run_mark(settings)
     env["PYTHONFAULTHANDLER"] = "1"  # a segfault prints its Python frames: the crash fingerprint's site
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(import_root()), env.get("PYTHONPATH")]))
     for name in BROKEN_WHEN_EMPTY_ENV:
         if env.get(name) == "":
             del env[name]

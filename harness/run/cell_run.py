@@ -1,6 +1,6 @@
 """One task to its judged record: a skip, or its cell process run (again, `retries` times, while it fails).
 
-The cell process (`python -m harness.cell`) writes what it learned after every phase; this side adds what only
+The cell process (`python -m kvmatrix.harness.cell`) writes what it learned after every phase; this side adds what only
 the parent can know (exit status, timing, timeout, signal), classifies the failure and judges the record.
 """
 
@@ -10,27 +10,28 @@ import os
 import time
 from typing import Any
 
-from harness.cell.spec import AccuracySpec, CellSpec
-from harness.judge.judge import judge_record
-from harness.judge.outcome import classify_outcome
-from harness.judge.waivers import unwaived
-from harness.record_model import CellRecord, check_record, finished_now, new_record
-from harness.records import FAILING_VERDICTS, read_result, read_tail
-from harness.run.accuracy_plan import accuracy_spec, offline_reason
-from harness.run.cell_env import cell_env
-from harness.run.confirmations import Confirmations
-from harness.run.engine_args import cell_mode, engine_args_for, generation, workload_plan
-from harness.run.gpu_check import check_gpu_memory
-from harness.run.gpu_memory import physical_index
-from harness.run.launch import CellFiles, FreshProcess, Launcher
-from harness.run.models import ensure_models
-from harness.run.process import CellProcesses, cap_log
-from harness.run.settings import RunSettings
-from harness.task import Task
-from harness.vllm_compat import GRAPH_EXECUTIONS, MULTI_RANK_ENV
-from matrix.axes import resolved_execution
-from matrix.conditions import when_matches
-from matrix.expectations import CrashExpected
+from kvmatrix.harness.cell.spec import AccuracySpec, CellSpec
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.outcome import classify_outcome
+from kvmatrix.harness.judge.waivers import unwaived
+from kvmatrix.harness.record.files import read_result, read_tail
+from kvmatrix.harness.record.model import CellRecord, check_record, finished_now, new_record
+from kvmatrix.harness.record.parts import FAILING_VERDICTS
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.accuracy_plan import accuracy_spec, offline_reason
+from kvmatrix.harness.run.cell_env import cell_env
+from kvmatrix.harness.run.confirmations import Confirmations
+from kvmatrix.harness.run.engine_args import cell_mode, engine_args_for, generation, workload_plan
+from kvmatrix.harness.run.gpu_check import check_gpu_memory
+from kvmatrix.harness.run.gpu_memory import physical_index
+from kvmatrix.harness.run.launch import CellFiles, FreshProcess, Launcher
+from kvmatrix.harness.run.models import ensure_models
+from kvmatrix.harness.run.process import CellProcesses, cap_log
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.harness.vllm_compat import GRAPH_EXECUTIONS, MULTI_RANK_ENV
+from kvmatrix.matrix.axes import resolved_execution
+from kvmatrix.matrix.conditions import when_matches
+from kvmatrix.matrix.expectations import CrashExpected
 
 
 def base_record(task: Task, run_id: str) -> CellRecord:

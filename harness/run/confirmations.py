@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from harness.record_model import CellRecord
-from harness.task import Task
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.task import Task
 
 
 def _outcome(record: CellRecord) -> tuple:

@@ -10,16 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.vllm_compat import (
+from kvmatrix.harness.vllm_compat import (
     PROBE_ONLY_ARG_NAMES,
     SMALLEST_KV_BLOCK_TOKENS,
     execution_engine_args,
     for_version,
     probe_only_engine_args,
 )
-from matrix.axes import resolved_execution
-from matrix.expand import Cell
-from matrix.schema import GpuClass, ModelEntry
+from kvmatrix.matrix.axes import resolved_execution
+from kvmatrix.matrix.expand import Cell
+from kvmatrix.matrix.schema import GpuClass, ModelEntry
 
 BASE_ENGINE_ARGS: dict[str, Any] = {
     "dtype": "bfloat16",

@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from harness.record_model import CellRecord
-from harness.run.gpu_memory import GpuMemory, physical_index
-from harness.run.process import CellProcesses, pgid_of, run_mark_of
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.run.gpu_memory import GpuMemory, physical_index
+from kvmatrix.harness.run.process import CellProcesses, pgid_of, run_mark_of
 
 # Above its baseline by more than this, a GPU no cell runs on holds memory a cell left behind (the driver's and
 # allocator's own usage wobbles a little between runs).

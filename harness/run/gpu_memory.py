@@ -7,7 +7,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Protocol
 
-from harness.vllm_compat import vendored_pynvml
+from kvmatrix.harness.vllm_compat import vendored_pynvml
 
 MIB = 1024 * 1024
 

@@ -1,6 +1,6 @@
 """How a cell's spec becomes a finished cell, behind one `Launcher` protocol: `FreshProcess` starts one process
-per cell (`python -m harness.cell`), `WarmWorker` hands the cell to a slot's long-lived worker
-(`python -m harness.cell.worker`, harness/cell/worker.py), which has imported torch and vLLM already.
+per cell (`python -m kvmatrix.harness.cell`), `WarmWorker` hands the cell to a slot's long-lived worker
+(`python -m kvmatrix.harness.cell.worker`, harness/cell/worker.py), which has imported torch and vLLM already.
 
 Either way the cell writes the same RESULT.json and log, and the launcher returns what only the parent knows: the
 exit status (a worker's cell: the code it answered, or the worker's own exit status when it died in the cell),
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from harness.paths import REPO_ROOT
-from harness.run.process import CellProcesses, die_with_parent, killpg
+from kvmatrix.harness.record.paths import CELL_CWD
+from kvmatrix.harness.run.process import CellProcesses, die_with_parent, killpg
 
 WORKER_EXIT_GRACE_S = 30.0  # a retiring worker's own exit; then it is killed
 
@@ -179,7 +179,7 @@ def _start(command: list[str], out: Any, env: dict[str, str], processes: CellPro
            **popen: Any) -> subprocess.Popen:
     """A cell or worker process in its own group, dying with the harness, its output into `out`."""
     proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=popen.pop("stdin", subprocess.DEVNULL),
-                            env=env, cwd=REPO_ROOT, start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
+                            env=env, cwd=CELL_CWD, start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
                             text=True, **popen)
     processes.add(proc.pid, gpu)
     return proc

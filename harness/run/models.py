@@ -7,8 +7,8 @@ import threading
 from collections import defaultdict
 from pathlib import Path
 
-from harness.run.engine_args import models_needed
-from matrix.schema import ModelEntry
+from kvmatrix.harness.run.engine_args import models_needed
+from kvmatrix.matrix.schema import ModelEntry
 
 # One builder per model at a time within this harness; other processes are kept apart by build_once's atomic rename.
 _BUILDING: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
@@ -49,7 +49,7 @@ def trainings_waited_on(task, models: dict[str, ModelEntry], built: dict[str, Pa
     """The training `task` would wait for as it starts, if any: the trained family's builders share one training
     of a minute or more, one build at a time. Random-weight models build in seconds, not worth reordering a run
     for (on a cold H200, passing over cells for a llama build started the FlashInfer pilots 30 and 56 s late)."""
-    from harness.models import trained as trained_models  # no torch at import
+    from kvmatrix.harness.models import trained as trained_models  # no torch at import
 
     return {"trained family" for n in unbuilt(task, models, built) if models[n].tiny in trained_models.BUILDERS}
 
@@ -64,8 +64,8 @@ def _build(name: str, entry: ModelEntry, cache_dir: Path) -> Path | None:
     with _IMPORTING:  # torch and transformers are imported only when models are built
         import transformers  # noqa: F401
 
-        from harness.models import tiny as tiny_models
-        from harness.models import trained as trained_models
+        from kvmatrix.harness.models import tiny as tiny_models
+        from kvmatrix.harness.models import trained as trained_models
 
     try:
         builder = trained_models if entry.tiny in trained_models.BUILDERS else tiny_models

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from harness.run.settings import RunSettings
-from harness.task import Task
-from harness.vllm_compat import compiles_per_kv_dtype
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.harness.vllm_compat import compiles_per_kv_dtype
 
 
 def kernel_family(task: Task, backend: str | None = None) -> str:

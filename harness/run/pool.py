@@ -11,23 +11,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from harness.judge.facts import facts
-from harness.record_model import CellRecord
-from harness.records import RunDir, read_json
-from harness.run.accuracy_plan import baseline_gates, baselines_first
-from harness.run.canary import EnvironmentBroken, canary_failure, pick_canary
-from harness.run.cell_env import run_mark
-from harness.run.cell_run import cell_record, expected_not_to_pass, not_run_reason
-from harness.run.confirmations import Confirmations, confirmation_gates
-from harness.run.gpu_check import pinned_gpus
-from harness.run.gpu_memory import gpu_baselines
-from harness.run.launch import WORKERS_PER_SLOT, FreshProcess, Launcher, WarmWorker
-from harness.run.models import trainings_waited_on
-from harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
-from harness.run.process import CellProcesses
-from harness.run.schedule import order_tasks
-from harness.run.settings import RunSettings
-from harness.task import Task
+from kvmatrix.harness.judge.facts import facts
+from kvmatrix.harness.record.files import RunDir, read_json
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.accuracy_plan import baseline_gates, baselines_first
+from kvmatrix.harness.run.canary import EnvironmentBroken, canary_failure, pick_canary
+from kvmatrix.harness.run.cell_env import run_mark
+from kvmatrix.harness.run.cell_run import cell_record, expected_not_to_pass, not_run_reason
+from kvmatrix.harness.run.confirmations import Confirmations, confirmation_gates
+from kvmatrix.harness.run.gpu_check import pinned_gpus
+from kvmatrix.harness.run.gpu_memory import gpu_baselines
+from kvmatrix.harness.run.launch import WORKERS_PER_SLOT, FreshProcess, Launcher, WarmWorker
+from kvmatrix.harness.run.models import trainings_waited_on
+from kvmatrix.harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
+from kvmatrix.harness.run.process import CellProcesses
+from kvmatrix.harness.run.schedule import order_tasks
+from kvmatrix.harness.run.settings import RunSettings
 
 OnRecord = Callable[[CellRecord, int, int, bool], None]
 
@@ -72,87 +72,104 @@ class LocalPool:
     last_backends: dict[str, str] | None = None
 
     def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[CellRecord]:
-        run_dir, total, jobs = settings.run_dir, len(tasks), max(1, self.jobs)
-        records, todo = finished_records(tasks, run_dir, on_record)
+        records, todo = finished_records(tasks, settings.run_dir, on_record)
         if self.expected_s is not None:
             todo = order_tasks(todo, self.expected_s, last_verdicts=self.last_verdicts)
+        _LocalRun(self, settings, todo, records, len(tasks), on_record).run()
+        return [records[t.key] for t in tasks if t.key in records]
+
+
+class _LocalRun:
+    """One LocalPool.run: its slots, cell processes and records, shared by the threads that run its cells."""
+
+    def __init__(self, pool: LocalPool, settings: RunSettings, todo: list[Task], records: dict[str, CellRecord],
+                 total: int, on_record: OnRecord | None):
+        self.pool, self.settings, self.todo, self.records = pool, settings, todo, records
+        self.total, self.on_record, self.jobs = total, on_record, max(1, pool.jobs)
         # Before any cell starts: what the slots' GPUs hold that is not this run's.
-        baselines = (gpu_baselines(settings.gpu_memory, pinned_gpus(self.slot_env, jobs))
+        baselines = (gpu_baselines(settings.gpu_memory, pinned_gpus(pool.slot_env, self.jobs))
                      if settings.gpu_memory is not None else None)
-        processes = CellProcesses(baselines, run_mark=run_mark(settings))
+        self.processes = CellProcesses(baselines, run_mark=run_mark(settings))
         # Why each cell is expected not to pass (None: it is expected to). In a warm run the first such cell of
         # a case confirms its failure in a fresh process, its siblings wait and then stay in warm workers; in any
         # run such a cell is never a pilot.
-        expected = {t.key: expected_not_to_pass(t, settings, self.last_verdicts) for t in todo}
-        warm = settings.isolation == "worker"
-        confirmations = Confirmations()
-        lock = threading.Lock()
-        free_slots = list(range(jobs))
-        launchers = [slot_launcher(settings) for _ in range(jobs)]
-        slot_workers = SlotWorkers()
+        self.expected = {t.key: expected_not_to_pass(t, settings, pool.last_verdicts) for t in todo}
+        self.warm = settings.isolation == "worker"
+        self.confirmations = Confirmations()
+        self.lock = threading.Lock()
+        self.free_slots = list(range(self.jobs))
+        self.launchers = [slot_launcher(settings) for _ in range(self.jobs)]
+        self.slot_workers = SlotWorkers()
+        self.canary = pick_canary(todo, settings, self.expected, list(records.values())) if settings.canary else None
+        self.broken: list[str] = []  # why the canary says this environment cannot be judged
 
-        def keep(task: Task, record: CellRecord) -> None:
-            run_dir.write(record)
-            with lock:
-                records[task.key] = record
-                if on_record:
-                    on_record(record, len(records), total, False)
-
-        canary = pick_canary(todo, settings, expected, list(records.values())) if settings.canary else None
-        broken: list[str] = []  # why the canary says this environment cannot be judged
-
-        def one(task: Task) -> None:
-            if processes.stopping or broken:
-                return
-            case_env = tuple(sorted(task.cell.case.env.items()))
-            with lock:
-                slot = slot_workers.pick(free_slots, case_env)
-                free_slots.remove(slot)
-            record = None
-            try:
-                record = cell_record(task, settings, processes, self.slot_env(slot) if self.slot_env else None,
-                                     launchers[slot], expected[task.key] if warm else None, confirmations)
-            finally:
-                with lock:
-                    if record is not None:
-                        slot_workers.ran(slot, case_env, record)
-                    free_slots.append(slot)
-            if processes.stopping:
-                return
-            if canary is not None and task.key == canary.key and (why := canary_failure(task, record)):
-                broken.append(why)  # not kept: once the environment is mended, the same run starts with it again
-                return
-            keep(task, record)
-            if jobs > 1 and record.get("status") == "ok":  # a skip or a crash compiled nothing, or not all
-                mark_warm(settings, kernel_family(task, facts(record).get("backend")))
-
+    def run(self) -> None:
+        pool, settings = self.pool, self.settings
         # Cells spanning several GPUs run once the one-GPU cells are done, each on whole GPUs of its own; one that
         # needs more GPUs than there are stays with the rest and is skipped there (cell_run.gpus_reason).
-        wide = [t for t in todo if 1 < t.cell.gpus_needed <= self.devices]
-        todo = [t for t in todo if t not in wide]
-
-        def one_wide(task: Task, gpus: list[int]) -> None:
-            env = self.ranks_env(gpus) if self.ranks_env else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
-            # A fresh process each: the ranks are the engine's own processes, nothing a slot's worker could keep.
-            record = cell_record(task, settings, processes, env)
-            if not processes.stopping:
-                keep(task, record)
-
-        todo, waits = start_plan(todo, settings, expected, jobs, timed=bool(self.expected_s),
-                                 backends=self.last_backends)
-        if canary is not None:  # alone first; every other cell waits for it
-            todo = [canary] + [t for t in todo if t.key != canary.key]
-            waits = {key: set() if key == canary.key else keys | {canary.key} for key, keys in waits.items()}
+        wide = [t for t in self.todo if 1 < t.cell.gpus_needed <= pool.devices]
+        todo = [t for t in self.todo if t not in wide]
+        todo, waits = start_plan(todo, settings, self.expected, self.jobs, timed=bool(pool.expected_s),
+                                 backends=pool.last_backends)
+        if self.canary is not None:  # alone first; every other cell waits for it
+            canary = self.canary.key
+            todo = [self.canary] + [t for t in todo if t.key != canary]
+            waits = {key: set() if key == canary else keys | {canary} for key, keys in waits.items()}
         try:
-            _run_gated(todo, waits, one, processes, jobs,
+            _run_gated(todo, waits, self.one, self.processes, self.jobs,
                        lambda task: trainings_waited_on(task, settings.models, settings.built))
         finally:
-            for launcher in launchers:
+            for launcher in self.launchers:
                 launcher.close()
-        if broken:
-            raise EnvironmentBroken(broken[0])
-        _run_on_whole_gpus(wide, self.devices, one_wide, processes)
-        return [records[t.key] for t in tasks if t.key in records]
+        if self.broken:
+            raise EnvironmentBroken(self.broken[0])
+        _run_on_whole_gpus(wide, pool.devices, self.one_wide, self.processes)
+
+    def keep(self, task: Task, record: CellRecord) -> None:
+        self.settings.run_dir.write(record)
+        with self.lock:
+            self.records[task.key] = record
+            if self.on_record:
+                self.on_record(record, len(self.records), self.total, False)
+
+    def one(self, task: Task) -> None:
+        """A one-GPU cell (or a CPU one) in a free slot, preferring a slot whose warm worker suits its case."""
+        if self.processes.stopping or self.broken:
+            return
+        record = self._in_slot(task)
+        if self.processes.stopping:
+            return
+        if self.canary is not None and task.key == self.canary.key and (why := canary_failure(task, record)):
+            self.broken.append(why)  # not kept: once the environment is mended, the same run starts with it again
+            return
+        self.keep(task, record)
+        if self.jobs > 1 and record.get("status") == "ok":  # a skip or a crash compiled nothing, or not all
+            mark_warm(self.settings, kernel_family(task, facts(record).get("backend")))
+
+    def _in_slot(self, task: Task) -> CellRecord:
+        case_env = tuple(sorted(task.cell.case.env.items()))
+        with self.lock:
+            slot = self.slot_workers.pick(self.free_slots, case_env)
+            self.free_slots.remove(slot)
+        record = None
+        try:
+            slot_env = self.pool.slot_env(slot) if self.pool.slot_env else None
+            record = cell_record(task, self.settings, self.processes, slot_env, self.launchers[slot],
+                                 self.expected[task.key] if self.warm else None, self.confirmations)
+        finally:
+            with self.lock:
+                if record is not None:
+                    self.slot_workers.ran(slot, case_env, record)
+                self.free_slots.append(slot)
+        return record
+
+    def one_wide(self, task: Task, gpus: list[int]) -> None:
+        ranks_env = self.pool.ranks_env
+        env = ranks_env(gpus) if ranks_env else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+        # A fresh process each: the ranks are the engine's own processes, nothing a slot's worker could keep.
+        record = cell_record(task, self.settings, self.processes, env)
+        if not self.processes.stopping:
+            self.keep(task, record)
 
 
 @dataclass

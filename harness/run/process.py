@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.run.gpu_memory import GpuBaseline
+from kvmatrix.harness.run.gpu_memory import GpuBaseline
 
 LOG_CAP_BYTES = 2 * 1024 * 1024
 PR_SET_PDEATHSIG = 1

@@ -27,16 +27,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.judge.judge import judge_record
-from harness.record_model import CellRecord, finished_now, new_record
-from harness.records import RunDir, record_stem
-from harness.run.accuracy_plan import baselines_first
-from harness.run.cell_run import cell_record, skip_record
-from harness.run.pool import OnRecord, finished_records
-from harness.run.process import CellProcesses
-from harness.run.settings import RunSettings
-from harness.task import Task
-from matrix.schema import GpuClass
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.record.files import RunDir, record_stem
+from kvmatrix.harness.record.model import CellRecord, finished_now, new_record
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.accuracy_plan import baselines_first
+from kvmatrix.harness.run.cell_run import cell_record, skip_record
+from kvmatrix.harness.run.pool import OnRecord, finished_records
+from kvmatrix.harness.run.process import CellProcesses
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.matrix.schema import GpuClass
 
 
 def host_class(task: Task) -> str:

@@ -8,8 +8,8 @@ timings (`history.last_timings`), previous verdicts from `history.last_verdicts`
 
 from __future__ import annotations
 
-from harness.records import FAILING_VERDICTS
-from harness.task import Task
+from kvmatrix.harness.record.parts import FAILING_VERDICTS
+from kvmatrix.harness.record.task import Task
 
 DEFAULT_COST_S = 60.0
 

@@ -8,17 +8,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.judge.waivers import WAIVERS_FILE, Waiver, load_waivers
-from harness.models.tiny import layers_of
-from harness.paths import DEFAULT_CACHE
-from harness.records import RUNS_DIR, RunDir
-from harness.run.cell_run import not_run_reason
-from harness.run.gpu_memory import open_gpu_memory
-from harness.run.models import build_models
-from harness.run.settings import RunSettings
-from harness.run.slots import ranks_env, slot_count, slot_env
-from harness.task import Task
-from harness.vllm_compat import (
+from kvmatrix.harness.judge.waivers import WAIVERS_FILE, Waiver, load_waivers
+from kvmatrix.harness.models.tiny import layers_of
+from kvmatrix.harness.record.files import RUNS_DIR, RunDir
+from kvmatrix.harness.record.paths import DEFAULT_CACHE
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.cell_run import not_run_reason
+from kvmatrix.harness.run.gpu_memory import open_gpu_memory
+from kvmatrix.harness.run.models import build_models
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.harness.run.slots import ranks_env, slot_count, slot_env
+from kvmatrix.harness.vllm_compat import (
     SIGNATURE_FAMILIES,
     SIGNATURES,
     detect_cpu_isa,
@@ -28,10 +28,10 @@ from harness.vllm_compat import (
     known_kv_cache_dtypes,
     skip_layer_words,
 )
-from matrix.expand import Cell
-from matrix.load import CASES_DIR, load_models, load_pool, shared_file
-from matrix.pool import LocalDevice, PoolError, detect_device, resolve
-from matrix.schema import GpuClass, ModelEntry, Vocabulary
+from kvmatrix.matrix.expand import Cell
+from kvmatrix.matrix.load import CASES_DIR, load_models, load_pool, shared_file
+from kvmatrix.matrix.pool import LocalDevice, PoolError, detect_device, resolve
+from kvmatrix.matrix.schema import GpuClass, ModelEntry, Vocabulary
 
 
 def vllm_vocabulary(models: dict[str, ModelEntry] | None = None) -> Vocabulary:
@@ -94,9 +94,11 @@ class Session:
 
 
 def session_waivers(cases_dir: Path, pool: dict[str, GpuClass]) -> list[Waiver]:
-    """The known failures of a cases folder (none without a waivers file); a bad file raises WaiverError."""
+    """The known failures of a cases folder: its own waivers file, checked against its pool, or the default case
+    set's, checked against the default pool they name classes of; a bad file raises WaiverError."""
     path = shared_file(cases_dir, WAIVERS_FILE.name)
-    return load_waivers(path, pool) if path.exists() else []
+    lent = path != Path(cases_dir) / WAIVERS_FILE.name
+    return load_waivers(path, load_pool(CASES_DIR) if lent else pool)
 
 
 def this_device() -> LocalDevice:
@@ -105,6 +107,7 @@ def this_device() -> LocalDevice:
 
 
 def open_session(
+    *,
     gpu: str | None = None,
     emulate: bool = False,
     run_id: str | None = None,

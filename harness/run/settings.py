@@ -1,6 +1,7 @@
 """A run's settings as every pool and cell process sees them: the run folder, the models, the vLLM version,
 the caches, the cell and worker commands and which of them runs cells, the waivers that judging applies and
-the GPU-memory check."""
+the GPU-memory check. Frozen: a run that needs other settings makes them with `dataclasses.replace`, so no
+pool or cell sees them change under it (only `built` fills in, as models are built)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.judge.waivers import Waiver
-from harness.records import RunDir
-from harness.run.gpu_memory import GpuMemory
-from matrix.schema import ModelEntry
+from kvmatrix.harness.judge.waivers import Waiver
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.run.gpu_memory import GpuMemory
+from kvmatrix.matrix.schema import ModelEntry
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunSettings:
     run_dir: RunDir
     models: dict[str, ModelEntry]
@@ -25,11 +26,11 @@ class RunSettings:
     timeout_scale: float = 1.0
     env: dict[str, str] | None = None
     fresh_caches: bool = False  # each cell its own empty caches (benchmarks: what sharing saves)
-    cell_command: tuple[str, ...] = (sys.executable, "-m", "harness.cell")
+    cell_command: tuple[str, ...] = (sys.executable, "-m", "kvmatrix.harness.cell")
     # "worker": each slot runs its cells in a warm worker (`worker_command`, harness/cell/worker.py), a failing
     # cell again in a fresh process; "process": every cell in a fresh process (`cell_command`).
     isolation: str = "process"
-    worker_command: tuple[str, ...] = (sys.executable, "-m", "harness.cell.worker")
+    worker_command: tuple[str, ...] = (sys.executable, "-m", "kvmatrix.harness.cell.worker")
     probe_only: bool = False  # cells that need only the resolved state run one short request (cell_mode)
     gpu_memory: GpuMemory | None = None  # where set, each cell's GPU is checked back at its baseline
     gpu_settle_s: float = 15.0  # how long a cell's GPU may take to free its memory before it counts as leaked

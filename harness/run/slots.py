@@ -5,8 +5,8 @@ in NVML's PCI order) or, on a CPU class with several slots, to its own cores."""
 
 from __future__ import annotations
 
-from harness.vllm_compat import CPU_THREADS_BIND_ENV
-from matrix.schema import GpuClass
+from kvmatrix.harness.vllm_compat import CPU_THREADS_BIND_ENV
+from kvmatrix.matrix.schema import GpuClass
 
 # Cores one slot needs, by device. A GPU engine's scheduler and its launch thread each keep a core busy: fewer
 # and packed cells wait on each other. A CPU cell with a tiny model spends its time in single-threaded Python

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from harness.surface.declared import Surface
-from harness.vllm_compat.declarations import held_kv_dtypes, is_install_reason, platform_of
+from kvmatrix.harness.surface.declared import Surface
+from kvmatrix.harness.vllm_compat.declarations import held_kv_dtypes, is_install_reason, platform_of
 
 # The signatures of a clear refusal at start (harness/vllm_compat/signatures.py).
 REFUSALS = ["no_valid_backend", "unsupported_kv_cache_dtype", "head_size_unsupported", "compute_capability_unsupported",

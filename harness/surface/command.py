@@ -14,16 +14,16 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from harness.bisect.envs import EnvBuildError
-from harness.bisect.given import GivenEnv, check, parse_env_args
-from harness.paths import REPO_ROOT
-from harness.records import RunDir
-from harness.surface.cases import write_cases
-from harness.surface.declared import Surface, declared_surface, summary_rows
-from harness.surface.promises import HEADERS, promise_table
-from matrix.expand import expand_all
-from matrix.load import case_files, load_cases, load_models, load_pool
-from matrix.pool import PoolError
+from kvmatrix.harness.bisect.envs import EnvBuildError
+from kvmatrix.harness.bisect.given import GivenEnv, check, parse_env_args
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.paths import CELL_CWD, import_root
+from kvmatrix.harness.surface.cases import write_cases
+from kvmatrix.harness.surface.declared import Surface, declared_surface, summary_rows
+from kvmatrix.harness.surface.promises import HEADERS, promise_table
+from kvmatrix.matrix.expand import expand_all
+from kvmatrix.matrix.load import case_files, load_cases, load_models, load_pool
+from kvmatrix.matrix.pool import PoolError
 
 
 def surface_in(env: GivenEnv) -> Surface:
@@ -31,9 +31,9 @@ def surface_in(env: GivenEnv) -> Surface:
     check(env)
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "surface.json"
-        done = subprocess.run([*env.command, "-m", "harness.surface.declared", str(out)], capture_output=True,
-                              text=True, cwd=REPO_ROOT,
-                              env=dict(os.environ, PYTHONPATH=os.pathsep.join([*env.path_first, str(REPO_ROOT)])))
+        done = subprocess.run([*env.command, "-m", "kvmatrix.harness.surface.declared", str(out)], capture_output=True,
+                              text=True, cwd=CELL_CWD,
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join([*env.path_first, str(import_root())])))
         if done.returncode != 0 or not out.exists():
             raise EnvBuildError(f"{env.spec}: the surface could not be read: {done.stderr.strip()[-500:]}")
         return Surface.from_json(json.loads(out.read_text()))
@@ -113,8 +113,8 @@ def cmd_surface(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_surface_command(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("surface", help="what the installed vLLM declares each attention backend supports, per class")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`kvmatrix surface`'s arguments (harness/cli/commands.py lists the command)."""
     p.add_argument("--gpu", action="append", help="a class of the pool (repeat it; default: every class)")
     p.add_argument("--json", help="also write every point of the surface, with vLLM's reasons, to this file")
     p.add_argument("--from-json", metavar="FILE", help="a surface read elsewhere (its --json) instead of this "

@@ -1,7 +1,7 @@
 """The declared surface of the installed vLLM: for every GPU class of the pool, every attention backend of that
 class's platform (standard, MLA, sparse MLA), every KV-cache dtype vLLM knows and the head size of the matrix's
 model for that layer type, vLLM's own verdict on the configuration: declared supported, or its refusal reasons.
-No engine starts; `python -m harness.surface.declared OUT.json` writes it as JSON (how a surface is read in
+No engine starts; `python -m kvmatrix.harness.surface.declared OUT.json` writes it as JSON (how a surface is read in
 another environment, for `kvmatrix surface --diff`: vLLM prints notes of its own on stdout)."""
 
 from __future__ import annotations
@@ -12,18 +12,18 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.models.tiny_llama import llama_config
-from harness.models.tiny_mla import deepseek_v32_config, mla_config
-from harness.vllm_compat import known_kv_cache_dtypes, reported_capability
-from harness.vllm_compat.declarations import (
+from kvmatrix.harness.models.tiny_llama import llama_config
+from kvmatrix.harness.models.tiny_mla import deepseek_v32_config, mla_config
+from kvmatrix.harness.vllm_compat import known_kv_cache_dtypes, reported_capability
+from kvmatrix.harness.vllm_compat.declarations import (
     attention_backends,
     backend_kind,
     is_install_reason,
     platform_of,
     refusal_reasons,
 )
-from matrix.load import load_pool
-from matrix.schema import GpuClass
+from kvmatrix.matrix.load import load_pool
+from kvmatrix.matrix.schema import GpuClass
 
 
 def _mla_head(cfg: dict) -> int:
@@ -83,7 +83,7 @@ def _capability(gpu: GpuClass) -> tuple[int, int] | None:
 
 def declared_surface(pool: dict[str, GpuClass], classes: list[str] | None = None) -> Surface:
     """The installed vLLM's declarations for `classes` (default: every class of the pool)."""
-    from harness.vllm_compat import installed_vllm_distribution
+    from kvmatrix.harness.vllm_compat import installed_vllm_distribution
 
     classes = classes or list(pool)
     backends = attention_backends({pool[name].device for name in classes})

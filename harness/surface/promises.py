@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from harness.record_model import CellRecord
-from harness.surface.cases import REFUSALS
-from harness.task import Task
-from matrix.conditions import when_matches
-from matrix.expand import Cell
-from matrix.schema import GpuClass
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.surface.cases import REFUSALS
+from kvmatrix.matrix.conditions import when_matches
+from kvmatrix.matrix.expand import Cell
+from kvmatrix.matrix.schema import GpuClass
 
 KINDS = ("crashed although declared", "refused although declared", "ran another way", "accepted although refused",
          "crashed instead of refusing")

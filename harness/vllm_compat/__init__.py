@@ -16,7 +16,7 @@ This package imports nothing from vLLM at import time: the classifier runs in th
 have vLLM at all.
 """
 
-from harness.vllm_compat.emulation import (  # noqa: F401
+from kvmatrix.harness.vllm_compat.emulation import (  # noqa: F401
     CPU_ISA_PROBE_MODULE,
     CPU_ISA_PROBES,
     CUDA_PLATFORM_MODULE,
@@ -26,7 +26,7 @@ from harness.vllm_compat.emulation import (  # noqa: F401
     emulate_device_capability,
     reported_capability,
 )
-from harness.vllm_compat.engine import (  # noqa: F401
+from kvmatrix.harness.vllm_compat.engine import (  # noqa: F401
     ATTN_GROUPS_PATHS,
     BACKEND_REPLACED_LOG,
     BUILDER_DTYPE_ATTRS,
@@ -45,7 +45,7 @@ from harness.vllm_compat.engine import (  # noqa: F401
     VLLM_LOGGER,
     probe_only_engine_args,
 )
-from harness.vllm_compat.execution import (  # noqa: F401
+from kvmatrix.harness.vllm_compat.execution import (  # noqa: F401
     COMPILATION_MODE_KEYS,
     EXECUTIONS,
     GRAPH_EXECUTIONS,
@@ -54,8 +54,8 @@ from harness.vllm_compat.execution import (  # noqa: F401
     TINY_CAPTURE_SIZES,
     execution_engine_args,
 )
-from harness.vllm_compat.kernels import JIT_PER_KV_DTYPE_BACKENDS, compiles_per_kv_dtype  # noqa: F401
-from harness.vllm_compat.modules import (  # noqa: F401
+from kvmatrix.harness.vllm_compat.kernels import JIT_PER_KV_DTYPE_BACKENDS, compiles_per_kv_dtype  # noqa: F401
+from kvmatrix.harness.vllm_compat.modules import (  # noqa: F401
     ATTN_GROUP_MODULE_FIELDS,
     BACKEND_MODULES,
     BUILDER_MODULE_FIELD,
@@ -72,14 +72,14 @@ from harness.vllm_compat.modules import (  # noqa: F401
     select_all_reason,
     traceback_modules,
 )
-from harness.vllm_compat.records import (  # noqa: F401
+from kvmatrix.harness.vllm_compat.records import (  # noqa: F401
     BUILDER_FIELD_ALIASES,
     QUERY_DTYPE_FIELDS,
     normalize_record,
     normalized_builder,
 )
-from harness.vllm_compat.registry import MODEL_INFO_CHILD_PROCESS, model_info_in_process  # noqa: F401
-from harness.vllm_compat.signatures import (  # noqa: F401
+from kvmatrix.harness.vllm_compat.registry import MODEL_INFO_CHILD_PROCESS, model_info_in_process  # noqa: F401
+from kvmatrix.harness.vllm_compat.signatures import (  # noqa: F401
     ENGINE_DEATH_WRAPPER,
     ENVIRONMENT_SIGNATURES,
     NOT_EMULABLE_SIGNATURES,
@@ -87,7 +87,7 @@ from harness.vllm_compat.signatures import (  # noqa: F401
     SIGNATURES,
     signature_matches,
 )
-from harness.vllm_compat.sources import (  # noqa: F401
+from kvmatrix.harness.vllm_compat.sources import (  # noqa: F401
     BROKEN_WHEN_EMPTY_ENV,
     CACHE_DTYPE_SOURCES,
     CPU_THREADS_BIND_ENV,
@@ -103,7 +103,7 @@ from harness.vllm_compat.sources import (  # noqa: F401
     skip_layer_words,
     vendored_pynvml,
 )
-from harness.vllm_compat.teardown import (  # noqa: F401
+from kvmatrix.harness.vllm_compat.teardown import (  # noqa: F401
     CUDA_ERROR_MARKERS,
     TEARDOWN_CALLS,
     cuda_error_in,
@@ -111,7 +111,7 @@ from harness.vllm_compat.teardown import (  # noqa: F401
     retire_reason,
     teardown_engine,
 )
-from harness.vllm_compat.versions import (  # noqa: F401
+from kvmatrix.harness.vllm_compat.versions import (  # noqa: F401
     VLLM_DISTRIBUTIONS,
     for_version,
     installed_vllm_distribution,

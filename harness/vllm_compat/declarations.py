@@ -14,7 +14,7 @@ import inspect
 import io
 from typing import Any
 
-from harness.vllm_compat.versions import for_version
+from kvmatrix.harness.vllm_compat.versions import for_version
 
 REGISTRY_MODULE = "vllm.v1.attention.backends.registry"  # 0.22.0 to 0.33.0 (0.33.0 read on the H200)
 # Backends that serve another platform than CUDA, by registry name prefix (the registry does not say).
@@ -82,10 +82,6 @@ def backend_kind(cls: Any) -> str:
         return "standard"
     is_sparse = getattr(cls, "is_sparse", None)
     return "sparse-mla" if is_sparse is not None and is_sparse() else "mla"
-
-
-def declared_kv_cache_dtypes(cls: Any) -> list[str]:
-    return [str(d) for d in (getattr(cls, "supported_kv_cache_dtypes", None) or [])]
 
 
 def refusal_reasons(cls: Any, *, head_size: int, kv_cache_dtype: str, capability: tuple[int, int] | None,

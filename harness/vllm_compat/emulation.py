@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from harness.vllm_compat.versions import for_version
-from matrix.schema import X86_CPU_LEVELS
+from kvmatrix.harness.vllm_compat.versions import for_version
+from kvmatrix.matrix.schema import X86_CPU_LEVELS
 
 # ---------------------------------------------------------------------------------------------------------------
 # Emulating another GPU class: vLLM's decisions follow Platform.get_device_capability (kernels still run on the

@@ -3,7 +3,7 @@ builders' dtype attributes, and the engine arguments that shrink a probe-only ce
 
 from __future__ import annotations
 
-from harness.vllm_compat.versions import for_version
+from kvmatrix.harness.vllm_compat.versions import for_version
 
 # ---------------------------------------------------------------------------------------------------------------
 # Attribute paths inside a running engine (dotted, read with getattr defaults; the first that resolves wins)

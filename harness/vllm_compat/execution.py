@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.vllm_compat.versions import for_version
+from kvmatrix.harness.vllm_compat.versions import for_version
 
 # The compilation config's key for the compilation mode, and its value for vLLM's own torch.compile pipeline.
 COMPILATION_MODE_KEYS = [(">=0.11.1", ("mode", 3)), ("<0.11.1", ("level", 3))]

@@ -3,7 +3,7 @@ two cold cells of one model that differ only in their KV dtype compile the same 
 
 from __future__ import annotations
 
-from harness.vllm_compat.versions import for_version
+from kvmatrix.harness.vllm_compat.versions import for_version
 
 # Backends (vLLM's registry names) that build kernels at run time for the query and KV dtypes a cell asks for:
 # FlashInfer's nvcc modules (on a cold H200 with vLLM 0.26.0, one Hopper prefill module per dtype, ~200 s each),

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from harness.vllm_compat.versions import for_version
+from kvmatrix.harness.vllm_compat.versions import for_version
 
 # From an attention layer: its quantization method (an object; the module of its class is recorded).
 LAYER_QUANT_METHOD_ATTRS = [("", ("quant_method",))]
@@ -95,32 +95,39 @@ def recorded_modules(record: dict) -> Iterator[tuple[str, str]]:
     """(where in the record, module) for every module the record names: its own fields first, else the modules
     its recorded names stand for (records made before the probe recorded modules)."""
     version = record.get("vllm_version")
-    spec_module = _one(SPEC_MODULE, version)
     for layer in record.get("layers") or []:
-        where = f"{layer.get('role') or 'target'} layer"
-        if not any(layer.get(f) for f in LAYER_MODULE_FIELDS):
-            if module := backend_module(layer.get("backend"), version):
-                yield f"{where} backend {layer.get('backend')}", module
-        for field in LAYER_MODULE_FIELDS:
-            if layer.get(field):
-                yield f"{where} {field.removesuffix('_module')}", layer[field]
+        yield from _layer_modules(layer, version)
+    spec_module = _one(SPEC_MODULE, version)
     for group in record.get("kv_groups") or []:
         module = group.get("spec_module") or (spec_module if group.get("spec_type") else None)
         if module:
             yield f"KV group {group.get('group')} spec {group.get('spec_type')}", module
     for group in record.get("attn_groups") or []:
-        where = f"attention group {group.get('group')}.{group.get('subgroup')}"
-        module = group.get("backend_module") or backend_module(group.get("backend"), version)
-        if module:
-            yield f"{where} backend {group.get('backend')}", module
-        builder = group.get("builder") or {}
-        module = builder.get(BUILDER_MODULE_FIELD) or builder_module(builder.get("class"), group.get("backend"),
-                                                                      version)
-        if module:
-            yield f"{where} builder {builder.get('class')}", module
+        yield from _attention_group_modules(group, version)
     exception = record.get("exception") or {}
     for module in traceback_modules(f"{exception.get('traceback_tail') or ''}\n{record.get('log_tail') or ''}"):
         yield "its crash's traceback", module
+
+
+def _layer_modules(layer: dict, version: str | None) -> Iterator[tuple[str, str]]:
+    where = f"{layer.get('role') or 'target'} layer"
+    if not any(layer.get(f) for f in LAYER_MODULE_FIELDS):
+        if module := backend_module(layer.get("backend"), version):
+            yield f"{where} backend {layer.get('backend')}", module
+    for field in LAYER_MODULE_FIELDS:
+        if layer.get(field):
+            yield f"{where} {field.removesuffix('_module')}", layer[field]
+
+
+def _attention_group_modules(group: dict, version: str | None) -> Iterator[tuple[str, str]]:
+    where = f"attention group {group.get('group')}.{group.get('subgroup')}"
+    module = group.get("backend_module") or backend_module(group.get("backend"), version)
+    if module:
+        yield f"{where} backend {group.get('backend')}", module
+    builder = group.get("builder") or {}
+    module = builder.get(BUILDER_MODULE_FIELD) or builder_module(builder.get("class"), group.get("backend"), version)
+    if module:
+        yield f"{where} builder {builder.get('class')}", module
 
 
 # A traceback frame in vLLM's package (the last `/vllm/` of the path: a checkout may itself be named vllm):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
-from harness.record_model import Builder, CellRecord
-from harness.vllm_compat.versions import for_version
+from kvmatrix.harness.record.model import Builder, CellRecord
+from kvmatrix.harness.vllm_compat.versions import for_version
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record fields that were renamed: each release's record gets the current name too (the raw attribute stays), so

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from harness.vllm_compat.versions import for_version
+from kvmatrix.harness.vllm_compat.versions import for_version
 
 # The function vLLM hands the inspection to (registry.py, 0.20 to 0.32): it runs `fn` in a child process.
 MODEL_INFO_CHILD_PROCESS = [("", ("vllm.model_executor.models.registry", "_run_in_subprocess"))]

@@ -9,7 +9,7 @@ import importlib.metadata
 import importlib.util
 from pathlib import Path
 
-from harness.vllm_compat.versions import for_version, installed_vllm_version
+from kvmatrix.harness.vllm_compat.versions import for_version, installed_vllm_version
 
 # Where the CacheDType Literal is defined, relative to the vllm package (config.py was split into a package).
 CACHE_DTYPE_SOURCES = [(">=0.10", "config/cache.py"), ("<0.10", "config.py")]

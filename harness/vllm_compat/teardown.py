@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-from harness.vllm_compat.versions import for_version
+from kvmatrix.harness.vllm_compat.versions import for_version
 
 # Destroys the model-parallel groups and the distributed environment, unfreezes the objects vLLM froze out of the
 # garbage collector after start-up, collects them and empties the accelerator's caches (parallel_state.py, 0.22 to

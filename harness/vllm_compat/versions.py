@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from packaging.version import InvalidVersion
 
-from matrix.conditions import release_of, version_in
+from kvmatrix.matrix.conditions import release_of, version_in
 
 T = TypeVar("T")
 

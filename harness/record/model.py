@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict, Unpack
 
-from harness.record_parts import (  # noqa: F401  (the parts are part of this module's interface)
+from kvmatrix.harness.record.parts import (  # noqa: F401  (the parts are part of this module's interface)
     VERDICTS,
     AccuracyComparison,
     AccuracyResult,
@@ -45,13 +45,13 @@ from harness.record_parts import (  # noqa: F401  (the parts are part of this mo
     WorkloadRun,
     open_to_other_keys,
 )
-from matrix.schema import validation_problems
+from kvmatrix.matrix.schema import validation_problems
 
 
 @open_to_other_keys
 class CellRecord(TypedDict, total=False):
     """One cell on one GPU class: the runner's identity fields, what the cell process recorded, the outcome and
-    the judgement. `cell_id` and (once judged) `verdict` are always there (harness/records.py)."""
+    the judgement. `cell_id` and (once judged) `verdict` are always there (harness/record/files.py)."""
 
     # the task (harness/run/cell_run.py)
     cell_id: str

@@ -4,7 +4,7 @@ directory (or the folder `--runs-dir` names): an installed kvmatrix writes where
 Writes are atomic (a temporary file in the same folder, then `os.replace`), so a run killed at any moment leaves
 each record either whole or absent, and a rerun with the same run id skips exactly the finished cells. Tools
 outside the project read these files: `cell_id` (str) and `verdict` are always at the top level. What a record
-holds is CellRecord (harness/record_model.py): every record is checked against it as it is written and read, and a
+holds is CellRecord (harness/record/model.py): every record is checked against it as it is written and read, and a
 malformed one raises RecordError naming the file and the field.
 """
 
@@ -18,12 +18,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from harness.record_model import VERDICTS, CellRecord, check_record
+from kvmatrix.harness.record.model import VERDICTS, CellRecord, check_record
 
 # Relative: resolved against the working directory when used (RunDir makes its root absolute).
 RUNS_DIR = Path("reports") / "runs"
-# What makes a run red (its exit status), a cell a new failure, a waiver apply, a retry happen.
-FAILING_VERDICTS = ("fail", "error")
 
 
 def run_mode(record: CellRecord) -> str:

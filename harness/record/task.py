@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.records import record_stem
-from matrix.expand import Cell
-from matrix.schema import GpuClass
+from kvmatrix.harness.record.files import record_stem
+from kvmatrix.matrix.expand import Cell
+from kvmatrix.matrix.schema import GpuClass
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,16 @@
 """What a run shows a person: one progress line per finished cell (verdict, elapsed time, why it did not pass,
 a leak, a warm worker's attempt that a fresh process repeated), and the run folder's reports (Markdown, HTML,
-JUnit)."""
+JUnit), and the records of run folders that commands read."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from harness.record_model import CellRecord
-from harness.records import RunDir
-from reports import html, junit, markdown
-from reports.summary import fresh_rerun
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.reports import html, junit, markdown
+from kvmatrix.reports.summary import fresh_rerun
 
 
 def progress_printer(started: float):
@@ -40,3 +40,8 @@ def write_reports(run_dir: RunDir, records: list[CellRecord], title: str, header
     out["html"].write_text(html.render(records, title, header))
     out["junit"].write_text(junit.render(records))
     return out
+
+
+def records_in(folders: list[str]) -> list[CellRecord]:
+    """Every record of these run folders, in folder order."""
+    return [r for folder in folders for r in RunDir(Path(folder)).records()]

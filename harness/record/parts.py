@@ -1,4 +1,4 @@
-"""The parts of a cell record (harness/record_model.py `CellRecord`), one TypedDict each, open to other keys: the
+"""The parts of a cell record (harness/record/model.py `CellRecord`), one TypedDict each, open to other keys: the
 axes, what the probe resolved (layers, KV-cache groups, attention groups and their builders), what the cell
 process recorded (exception, timings, emulation, accuracy), the outcome (crash, GPU-memory check), the warm worker
 that ran it, and what judging added (rule results, the accuracy comparison, a waiver)."""
@@ -10,12 +10,17 @@ from typing import Literal, get_args
 from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict
 
-Verdict = Literal["pass", "fail", "xfail", "error", "skip"]
+# The verdicts, worst first: the one order every report and table counts, sorts and lists them in.
+Verdict = Literal["fail", "error", "xfail", "pass", "skip"]
 # ok / crash: the cell process's own; timeout / killed / error: the runner's (harness/judge/outcome.py).
 Status = Literal["ok", "crash", "timeout", "killed", "error", "skipped"]
 Mode = Literal["full", "probe"]  # probe: `kvmatrix run --probe-only`; records from before the modes ran in full
 
 VERDICTS: tuple[str, ...] = get_args(Verdict)
+# What makes a run red (its exit status), a cell a new failure, a waiver apply, a retry happen.
+FAILING_VERDICTS = ("fail", "error")
+# What a report lists one by one below its table: the failures and the expected ones.
+LISTED_VERDICTS = (*FAILING_VERDICTS, "xfail")
 open_to_other_keys = with_config(ConfigDict(extra="allow"))
 
 

@@ -1,0 +1,50 @@
+"""`kvmatrix`: the command line over matrix/ (cases → cells), harness/ (cells → records) and reports/.
+
+A table of commands (commands.py), one module each, imported only when that command runs (pip's layout); exit
+statuses in exit_codes.py; which cells a command works on in selection.py; what a run prints and writes in
+output.py."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from kvmatrix.harness.cli.commands import COMMANDS
+from kvmatrix.harness.cli.exit_codes import INTERRUPTED, USAGE
+from kvmatrix.harness.cli.selection import SelectionError
+from kvmatrix.harness.judge.waivers import WaiverError
+from kvmatrix.harness.record.model import RecordError
+from kvmatrix.harness.run.canary import EnvironmentBroken
+from kvmatrix.harness.run.guards import GuardError
+from kvmatrix.matrix.pool import PoolError
+from kvmatrix.matrix.schema import CaseError
+
+# What a command raises when it cannot do what was asked: said in one line, exit USAGE.
+USAGE_ERRORS = (CaseError, SelectionError, PoolError, GuardError, WaiverError, RecordError, EnvironmentBroken)
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """Every command listed with its summary; only the one `argv` names gets its arguments (its module imported)."""
+    parser = argparse.ArgumentParser(prog="kvmatrix", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, info in COMMANDS.items():
+        command = sub.add_parser(name, help=info.summary, description=info.summary)
+        if name == chosen:
+            importlib.import_module(info.module).add_arguments(command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    try:
+        return args.func(args)
+    except USAGE_ERRORS as err:
+        print(f"kvmatrix: {err}", file=sys.stderr)
+        return USAGE
+    except KeyboardInterrupt:  # Ctrl-C, or SIGINT from a CI step's time limit: running cells were killed
+        print("kvmatrix: interrupted; every finished cell's record is kept, and the same command (same --run-id) "
+              "goes on from there", file=sys.stderr)
+        return INTERRUPTED

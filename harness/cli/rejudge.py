@@ -1,0 +1,46 @@
+"""`kvmatrix rejudge`: stored records judged again under the current case files, without running vLLM."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvmatrix.harness.cli.exit_codes import OK
+from kvmatrix.harness.cli.output import write_reports
+from kvmatrix.harness.cli.selection import add_selection_options, load_cells
+from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.guards import cases_dir_for
+from kvmatrix.harness.run.session import session_waivers
+from kvmatrix.matrix.load import load_pool
+
+
+def add_arguments(rej: argparse.ArgumentParser) -> None:
+    add_selection_options(rej)
+    rej.add_argument("run_dirs", nargs="+")
+    rej.set_defaults(func=cmd_rejudge)
+
+
+def cmd_rejudge(args: argparse.Namespace) -> int:
+    """Judge stored records again under the current case files and signature table, without running vLLM: those
+    of the folder the (first) run was made with, unless --cases-dir names another."""
+    args.cases_dir = cases_dir_for(args.cases_dir, args.run_dirs[0])
+    cells, _, _ = load_cells(args)
+    by_id = {c.cell_id: c for c in cells}
+    pool = load_pool(Path(args.cases_dir))
+    waivers = session_waivers(Path(args.cases_dir), pool)
+    for folder in args.run_dirs:
+        run_dir = RunDir(Path(folder))
+        records = []
+        for record in run_dir.records():
+            cell, gpu = by_id.get(record["cell_id"]), record.get("gpu_class")
+            if cell is not None and gpu in pool and record.get("status") != "skipped":
+                reclassify(record, run_dir)
+                judge_record(record, Task(cell, gpu, pool[gpu], record.get("emulated_from")), run_dir, waivers)
+                run_dir.write(record)
+            records.append(record)
+        paths = write_reports(run_dir, records, f"kvmatrix {run_dir.root.name}")
+        print(paths["md"].read_text())
+    return OK
