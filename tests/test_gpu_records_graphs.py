@@ -106,7 +106,7 @@ def test_no_unexplained_failure_under_the_shipped_cases(judged):
 
 
 def test_full_cuda_graphs_with_fp8_kv_diverge_at_the_first_decode_step(unpacked, judged):
-    """reports/findings/README.md#fp8-kv-full-cudagraph-decode-diverges: the prefill agrees with eager, the first
+    """reports/findings/README.md#full-cudagraph-decode-diverges: the prefill agrees with eager, the first
     decode step replayed from a FULL graph moves the whole distribution; FULL_AND_PIECEWISE and PIECEWISE agree."""
     records = stored(unpacked, COLD)
     cell, oracle = records[f"H200--{GRAPHS_CELL}"], records[f"H200--{GRAPHS_CELL.replace('graphs_full', 'eager')}"]

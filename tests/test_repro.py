@@ -4,6 +4,7 @@ fails its assert, printing what vLLM resolved, against a vLLM altered on purpose
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -135,3 +136,34 @@ def test_the_class_comes_from_gpu_else_the_runs_record(tmp_path):
     assert gpu_class_of(argparse.Namespace(gpu="H100", run=str(tmp_path)), BF16_CELL, {}) == "H100"
     with pytest.raises(ReproError, match="0 records"):
         gpu_class_of(argparse.Namespace(gpu=None, run=str(tmp_path)), "llama-skip[kv=auto,skip=-,spec=-]", {})
+
+
+H200_GRAPHS_RUNS = REPO / "tests" / "fixtures" / "runs" / "h200-graphs-vllm-0.33.0-2026-12-02.tar.xz"
+
+
+@pytest.mark.parametrize(("mode", "agrees"), [("graphs_full", False), ("graphs_piecewise", True)])
+def test_script_judges_its_oracle_by_the_harness_rule(tmp_path, mode, agrees):
+    """A differential cell's script runs the cell, then its eager oracle, and compares them as the harness does
+    (tolerances from the case): fed the tokens and logprobs of the real H200 runs (vLLM 0.33.0), the FULL-graph fp8
+    cell that diverged from eager fails the script's assert, the PIECEWISE one that agreed passes it."""
+    import runpy
+    import tarfile
+
+    cell = f"execution-modes[kv=fp8,skip=-,spec=-,exec={mode},wl=plain]"
+    oracle = "execution-modes[kv=fp8,skip=-,spec=-,exec=eager,wl=plain]"
+    with tarfile.open(H200_GRAPHS_RUNS) as archive:
+        records = {name: json.load(archive.extractfile(f"./h200-vllm0.33.0-graphs/H200--{name}.json"))
+                   for name in (cell, oracle)}
+    out = tmp_path / "repro.py"
+    done = subprocess.run([sys.executable, "-m", "kvmatrix", "repro", cell, "--gpu", "H200", "--out", str(out),
+                           "--cache-dir", str(REPO / ".cache")], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    script = runpy.run_path(str(out), run_name="repro_under_test")
+    spec = script["SPEC"]
+    assert spec["oracle"]["cell_id"] == oracle and spec["oracle"]["top_logprobs"] == 5
+    assert spec["oracle"]["engine_args"]["enforce_eager"] is True
+    script["run_oracle"].__globals__["run"] = lambda _spec, _args: (
+        None, None, None, records[oracle]["tokens"], records[oracle]["logprobs"])
+    problems = script["run_oracle"](spec, None, records[cell]["tokens"], records[cell]["logprobs"])
+    assert (problems == []) is agrees, problems

@@ -48,6 +48,11 @@ def execution_problem(record: CellRecord, gpu_device: str | None) -> tuple[str, 
     if execution == "eager":
         return (f"eager asked, vLLM resolved compilation {runtime.get('compilation_mode')}", False) if compiled \
             else None
+    if not compiled and graphs and execution.startswith("graphs"):
+        # vLLM 0.33.0 turns torch.compile off for some models (sparse MLA on the H200) and captures breakable CUDA
+        # graphs of the eager model instead: graphs ran, compiled code did not.
+        return (f"{execution} asked, vLLM captured CUDA graphs ({runtime.get('cudagraph_mode')}) without "
+                f"torch.compile (compilation {runtime.get('compilation_mode')})", False)
     if not compiled:
         return f"{execution} asked, vLLM ran eager (compilation {runtime.get('compilation_mode')})", True
     if execution.startswith("graphs") and not graphs:

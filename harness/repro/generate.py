@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from kvmatrix.harness import vllm_compat
+from kvmatrix.harness.cell import workloads
+from kvmatrix.harness.judge import differential
 from kvmatrix.harness.models import checkpoint
 from kvmatrix.harness.models.trained import BUILDERS as TRAINED_BUILDERS
 from kvmatrix.harness.record.task import Task
@@ -154,9 +156,9 @@ def script_spec(task: Task, models: dict[str, ModelEntry], cache_dir: Path, use_
 def oracle_spec(task: Task, models: dict[str, ModelEntry], local: dict[str, Path], use_hub: bool,
                 version: str | None, context: dict, expect: dict[str, Any]) -> dict[str, Any] | None:
     """A differential cell's oracle (harness/judge/differential.py) as the script's second run: the same
-    configuration eager and plain, its greedy tokens compared with the cell's (exactly where the case says `tokens:
-    exact`, else printed: the logprob tolerance is not encoded). Workload cells: not encoded (their prompts are
-    kvmatrix's)."""
+    configuration eager and plain, its greedy tokens compared with the cell's by the harness's own rule (exactly
+    where the case says `tokens: exact`, else closely: the case's logprob and tie tolerances). Workload cells: not
+    encoded (their prompts are kvmatrix's)."""
     cell = task.cell
     oracle_id = cell.oracle_on(task.gpu_name)
     if oracle_id is None or cell.case.differential is False:
@@ -169,7 +171,10 @@ def oracle_spec(task: Task, models: dict[str, ModelEntry], local: dict[str, Path
     rules = [r for r in cell.case.expect if r.tokens is not None and when_matches(r.when, context)]
     return {"cell_id": oracle_id, "mode": f"{oracle.execution}/{oracle.workload}",
             "engine_args": engine_args_for(twin, task.gpu, models, local, use_hub, vllm_version=version),
-            "tokens_exact": bool(rules) and rules[-1].tokens == "exact"}
+            "tokens_exact": bool(rules) and rules[-1].tokens == "exact",
+            "top_logprobs": cell.case.differential.top_logprobs,
+            "logprob_tolerance": cell.case.differential.logprob_tolerance,
+            "tie_tolerance": cell.case.differential.tie_tolerance}
 
 
 def _body() -> str:
@@ -198,6 +203,17 @@ def render(spec: dict[str, Any], command: str) -> str:
         inspect.getsource(checkpoint.weights),
         "",
         inspect.getsource(checkpoint.per_channel_fp8),
+        "",
+        "# The logprobs a cell records and the differential rule that compares them with the oracle's, verbatim from",
+        "# kvmatrix's harness/cell/workloads.py and harness/judge/differential.py",
+        "from typing import Any  # noqa: E402",
+        "",
+        "",
+        inspect.getsource(workloads._logprobs),
+        "",
+        inspect.getsource(differential._lp),
+        "",
+        inspect.getsource(differential.compare_sequence),
         "",
         "# The runtime, inlined from kvmatrix's harness/repro/standalone.py",
         _body(),

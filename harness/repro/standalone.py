@@ -132,24 +132,29 @@ def problems_of(spec: dict, layers, error) -> list:
 
 
 def run(spec: dict, engine_args: dict | None = None):
-    """(resolved layers, generated texts, error, greedy token ids): the engine started, probed and generating, or
-    why it failed."""
+    """(resolved layers, generated texts, error, greedy token ids, per-position logprobs or None): the engine
+    started, probed and generating, or why it failed."""
     import vllm
 
     args = json.loads(json.dumps(engine_args or spec["engine_args"]).replace("@HERE@", str(HERE)))
+    top = (spec.get("oracle") or {}).get("top_logprobs")
     try:
         llm = vllm.LLM(**args)
         layers = llm.collective_rpc(resolved_layers, args=(spec["draft_layer_offset"],))[0]
-        params = vllm.SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True)
+        params = vllm.SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True,
+                                     **({"logprobs": top} if top else {}))
         outputs = llm.generate(spec["prompts"], params)
     except Exception as err:  # noqa: BLE001 - a refusal or a crash is what this script observes
-        return None, None, f"{type(err).__name__}: {err}", None
-    return layers, [o.outputs[0].text for o in outputs], None, [list(o.outputs[0].token_ids) for o in outputs]
+        return None, None, f"{type(err).__name__}: {err}", None, None
+    logprobs = [_logprobs(o.outputs[0]) for o in outputs] if top else None  # noqa: F821 - inlined
+    return (layers, [o.outputs[0].text for o in outputs], None, [list(o.outputs[0].token_ids) for o in outputs],
+            logprobs)
 
 
-def run_oracle(spec: dict, error, tokens) -> list:
+def run_oracle(spec: dict, error, tokens, logprobs) -> list:
     """A differential cell's oracle: the same configuration run eager and plain, after the cell's engine is gone;
-    the problems its comparison finds (a crash in one run only; tokens that differ where they must not)."""
+    the problems its comparison finds, by kvmatrix's own rule (a crash in one run only; tokens that differ where
+    they must not: exactly, or beyond the logprob tolerance, or at a divergence that is no near tie)."""
     import gc
 
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
@@ -157,19 +162,21 @@ def run_oracle(spec: dict, error, tokens) -> list:
     oracle = spec["oracle"]
     gc.collect()
     cleanup_dist_env_and_memory()
-    _, _, oracle_error, oracle_tokens = run(spec, oracle["engine_args"])
+    _, _, oracle_error, oracle_tokens, oracle_logprobs = run(spec, oracle["engine_args"])
     print(f"oracle {oracle['cell_id']} ({oracle['mode']}): error {oracle_error}; tokens {oracle_tokens}")
     print(f"this cell: error {error}; tokens {tokens}")
     if (error is None) != (oracle_error is None):
         crashed = "this cell" if error is not None else f"the oracle ({oracle['mode']})"
         return [f"crashes in {crashed} only"]
+    problems = []
     for s, (mine, theirs) in enumerate(zip(tokens or [], oracle_tokens or [], strict=False)):
-        index = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), None)
-        if index is not None:
-            print(f"sequence {s} first diverges at token {index}: oracle {theirs[index]}, this cell {mine[index]}")
-            if oracle["tokens_exact"]:
-                return [f"sequence {s} differs from the oracle's at token {index} (the case wants them exact)"]
-    return []
+        got = compare_sequence(mine, theirs, (logprobs or [None] * (s + 1))[s],  # noqa: F821 - inlined
+                               (oracle_logprobs or [None] * (s + 1))[s], oracle["tokens_exact"],
+                               oracle["logprob_tolerance"], oracle["tie_tolerance"])
+        print(f"sequence {s} against the oracle: {got}")
+        if not got["ok"]:
+            problems.append(f"sequence {s} disagrees with the oracle's ({got})")
+    return problems
 
 
 def main(spec: dict) -> None:
@@ -177,7 +184,7 @@ def main(spec: dict) -> None:
     for name, model in spec["models"].items():
         write_model(HERE / name, model)
     emulate(spec["emulate"])
-    layers, texts, error, tokens = run(spec)
+    layers, texts, error, tokens, logprobs = run(spec)
     for note in spec["expect"]["not_encoded"]:
         print(f"NOT ENCODED (check by hand): {note}", file=sys.stderr)
     print("observed error:", error)
@@ -187,6 +194,6 @@ def main(spec: dict) -> None:
     print("generated:", texts)
     problems = problems_of(spec, layers, error)
     if spec.get("oracle"):
-        problems += run_oracle(spec, error, tokens)
+        problems += run_oracle(spec, error, tokens, logprobs)
     assert not problems, f"{spec['cell_id']} on {spec['gpu_class']}: " + "; ".join(problems)
     print(f"OK: {spec['cell_id']} on {spec['gpu_class']} holds what the case expects")

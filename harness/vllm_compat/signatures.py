@@ -15,14 +15,17 @@ ENGINE_DEATH_WRAPPER = r"root cause"
 # Failures that say the real card cannot run what an emulated class selected (e.g. FlashInfer's MLA kernels for
 # SM100 need the CUTLASS DSL): on an emulated class such a cell is `not emulable`; on the real class the same
 # words say the install lacks a piece, so there they are the environment's (below).
-NOT_EMULABLE_SIGNATURES = frozenset({"cutlass_missing", "kernel_download_failed"})
+MISSING_ON_THIS_CARD = frozenset({"cutlass_missing", "kernel_download_failed"})
+# A compiled kernel that checks the card it runs on against the format vLLM chose for the emulated class: not
+# emulable there, but on the real class vLLM's own choice (a crash judged as any other).
+NOT_EMULABLE_SIGNATURES = MISSING_ON_THIS_CARD | {"kernel_checks_real_arch"}
 # Failures of the machine, the install or the harness's packing, not of vLLM's KV-cache behaviour: the cell is an
 # `error` (mend the environment and run it again), never a `fail` or a finding. A JIT build that fails because vLLM
 # asked for an impossible kernel is not among them: that is vLLM's.
 ENVIRONMENT_SIGNATURES = frozenset({
     "startup_free_memory_check", "python_module_missing", "compiled_library_missing", "library_built_for_other_torch",
     "shared_library_symbol_missing", "flash_attn_not_installed",
-}) | NOT_EMULABLE_SIGNATURES
+}) | MISSING_ON_THIS_CARD
 
 # Families: one meaning in several backends' (and releases') words. A case names the family (`crash: {signature:
 # backend_lacks_kv_dtype}`) and any member matches, so a known failure stays known on the next machine's backend.
@@ -40,6 +43,10 @@ def signature_matches(expected: str, signature: str | None) -> bool:
 
 
 SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
+    # Seen on the H200 emulating a B200 (vLLM 0.33.0, sparse MLA): the indexer's DeepGEMM kernel asserts that the
+    # MX scale-factor format vLLM picked for SM100 matches the real card's arch ("is_mx_sf == (arch_major == 10
+    # or ...)").
+    ("kernel_checks_real_arch", "", (r"Assertion error \(csrc/[^)]*\): .{0,120}arch_major",)),
     ("cutlass_missing", "", (
         r"No module named '(?:nvidia_)?cutlass",
         r"(?:cannot|could not|failed to) import .{0,40}cutlass",
