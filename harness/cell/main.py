@@ -153,10 +153,11 @@ def logged_lines(logger: str, patterns: list[str]) -> Iterator[list[str]]:
     removes handlers from its loggers."""
     found: list[str] = []
     make_record = logging.getLogRecordFactory()
+    reading = [True]
 
     def keeping(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = make_record(*args, **kwargs)
-        if record.name == logger or record.name.startswith(logger + "."):
+        if reading[0] and (record.name == logger or record.name.startswith(logger + ".")):
             message = record.getMessage()
             if any(re.search(p, message) for p in patterns):
                 found.append(message)
@@ -166,7 +167,13 @@ def logged_lines(logger: str, patterns: list[str]) -> Iterator[list[str]]:
     try:
         yield found
     finally:
-        logging.setLogRecordFactory(make_record)
+        # vLLM (0.32+) wraps the factory it finds when it configures logging, at the first engine start of a
+        # process: putting back the one found here would drop vLLM's wrapper, which adds the `vllm_process_name`
+        # its format needs, and every later message of a warm worker would fail to format (KeyError). Ours is
+        # taken out only where it is still the outermost; inside a wrapper it stays, reading nothing.
+        reading[0] = False
+        if logging.getLogRecordFactory() is keeping:
+            logging.setLogRecordFactory(make_record)
 
 
 def start_engine_noting(result: CellResult, vllm: Any, engine_args: dict[str, Any]) -> Any:
