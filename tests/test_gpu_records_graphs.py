@@ -15,7 +15,6 @@ reports/examples/h200-vllm0.33.0-graphs.md is the report of the cold run."""
 from __future__ import annotations
 
 import json
-import tarfile
 from collections import Counter
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from kvmatrix.harness.judge.outcome import reclassify
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.vllm_compat.teardown import compilation_dropped
-from tests.conftest import FIXTURES, shipped_matrix
+from tests.conftest import FIXTURES, shipped_matrix, unpacked_archive
 
 ARCHIVE = FIXTURES / "runs" / "h200-graphs-vllm-0.33.0-2026-12-02.tar.xz"
 COLD, WARM = "h200-vllm0.33.0-graphs", "h200-vllm0.33.0-graphs-warm"
@@ -36,10 +35,7 @@ GRAPHS_CELL = "execution-modes[kv=fp8,skip=-,spec=-,exec=graphs_full,wl=plain]"
 
 @pytest.fixture(scope="module")
 def unpacked(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("h200-graphs")
-    with tarfile.open(ARCHIVE) as archive:
-        archive.extractall(folder, filter="data")
-    return folder
+    return unpacked_archive(tmp_path_factory, ARCHIVE)
 
 
 def stored(unpacked: Path, run: str) -> dict[str, dict]:

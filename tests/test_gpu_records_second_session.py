@@ -16,7 +16,6 @@ reports/examples/h200-vllm0.33.0-graphs.md is their report."""
 from __future__ import annotations
 
 import json
-import tarfile
 from collections import Counter
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassify
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.task import Task
-from tests.conftest import FIXTURES, shipped_matrix
+from tests.conftest import FIXTURES, shipped_matrix, unpacked_archive
 
 ARCHIVE = FIXTURES / "runs" / "h200-graphs-vllm-0.33.0-2026-12-02-second.tar.xz"
 RUNS = {"H200": "h200-vllm0.33.0-graphs", "A100": "h200-as-A100-vllm0.33.0-graphs",
@@ -35,10 +34,7 @@ RUNS = {"H200": "h200-vllm0.33.0-graphs", "A100": "h200-as-A100-vllm0.33.0-graph
 
 @pytest.fixture(scope="module")
 def unpacked(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("h200-graphs-second")
-    with tarfile.open(ARCHIVE) as archive:
-        archive.extractall(folder, filter="data")
-    return folder
+    return unpacked_archive(tmp_path_factory, ARCHIVE)
 
 
 @pytest.fixture(scope="module")

@@ -182,6 +182,11 @@ def _body() -> str:
     return source[source.index("import enum"):]
 
 
+def _verbatim(*functions: Any) -> list[str]:
+    """Each function's source, as the script's own, a blank line after each."""
+    return [text for function in functions for text in (inspect.getsource(function), "")]
+
+
 def render(spec: dict[str, Any], command: str) -> str:
     """The script's text: header, SPEC, the builder's weights function, the runtime, the call."""
     return "\n".join([
@@ -200,21 +205,13 @@ def render(spec: dict[str, Any], command: str) -> str:
         "import hashlib  # noqa: E402",
         "",
         "",
-        inspect.getsource(checkpoint.weights),
-        "",
-        inspect.getsource(checkpoint.per_channel_fp8),
-        "",
+        *_verbatim(checkpoint.weights, checkpoint.per_channel_fp8),
         "# The logprobs a cell records and the differential rule that compares them with the oracle's, verbatim from",
         "# kvmatrix's harness/cell/workloads.py and harness/judge/differential.py",
         "from typing import Any  # noqa: E402",
         "",
         "",
-        inspect.getsource(workloads._logprobs),
-        "",
-        inspect.getsource(differential._lp),
-        "",
-        inspect.getsource(differential.compare_sequence),
-        "",
+        *_verbatim(workloads._logprobs, differential._lp, differential.compare_sequence),
         "# The runtime, inlined from kvmatrix's harness/repro/standalone.py",
         _body(),
         "",
