@@ -74,7 +74,8 @@ def rejudged(run_dir: RunDir, cases_dir: Path) -> list[tuple[CellRecord, CellRec
             judge_record(now, Task(cell, gpu, pool[gpu], stored.get("emulated_from")), run_dir, waivers)
         else:
             if cell is None:
-                now.update(verdict="error", reason="no cell of the current cases has this id (renamed or removed)")
+                now.update({"verdict": "error",
+                            "reason": "no cell of the current cases has this id (renamed or removed)"})
             now, _ = waive(now, waivers)
         pairs.append((stored, now))
     return pairs

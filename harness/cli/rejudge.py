@@ -51,7 +51,7 @@ def rejudge_run(run_dir: RunDir, cells: Mapping[str, Cell], pool: Mapping[str, G
     place (the others as stored). `today` decides which waivers have expired (default: the date now)."""
     records = []
     for record in run_dir.records():
-        cell, gpu = cells.get(record["cell_id"]), record.get("gpu_class")
+        cell, gpu = cells.get(record["cell_id"]), record.get("gpu_class", "")
         if cell is not None and gpu in pool and record.get("status") != "skipped":
             reclassify(record, run_dir)
             judge_record(record, Task(cell, gpu, pool[gpu], record.get("emulated_from")), run_dir, waivers,

@@ -85,8 +85,9 @@ class KvGroup(TypedDict, total=False):
 
 
 # An attention metadata builder's dtypes: the named ones (vllm_compat.BUILDER_DTYPE_ATTRS, with the current names
-# of renamed ones, vllm_compat.QUERY_DTYPE_FIELDS) and any other attribute holding a dtype. `class` is a keyword.
-Builder = open_to_other_keys(TypedDict("Builder", {
+# of renamed ones, vllm_compat.QUERY_DTYPE_FIELDS) and any other attribute holding a dtype. `class` is a keyword,
+# hence the functional form, opened by a call (a type checker reads no decorator there).
+Builder = TypedDict("Builder", {
     "class": str,
     "module": str | None,
     "q_data_type_prefill": str | None,
@@ -94,7 +95,8 @@ Builder = open_to_other_keys(TypedDict("Builder", {
     "q_data_type": str | None,
     "cache_dtype": str | None,
     "kv_cache_dtype": str | None,
-}, total=False))
+}, total=False)
+open_to_other_keys(Builder)
 
 
 @open_to_other_keys
