@@ -87,7 +87,7 @@ def render(pairs_by_run: dict[str, list[tuple[CellRecord, CellRecord]]]) -> tupl
              + " | FAIL+ERROR as stored | environment | unexplained now |", "|" + "---|" * (len(VERDICTS) + 8)]
     unexplained, environment = [], []
     for run, pairs in pairs_by_run.items():
-        for gpu in sorted({now.get("gpu_class") for _, now in pairs}):
+        for gpu in sorted({now["gpu_class"] for _, now in pairs}):
             mine = [(s, n) for s, n in pairs if n.get("gpu_class") == gpu]
             counts = Counter(n["verdict"] for _, n in mine)
             before = sum(s["verdict"] in FAILING_VERDICTS for s, _ in mine)

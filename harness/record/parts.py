@@ -16,7 +16,7 @@ Verdict = Literal["fail", "error", "xfail", "pass", "skip"]
 Status = Literal["ok", "crash", "timeout", "killed", "error", "skipped"]
 Mode = Literal["full", "probe"]  # probe: `kvmatrix run --probe-only`; records from before the modes ran in full
 
-VERDICTS: tuple[str, ...] = get_args(Verdict)
+VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 # What makes a run red (its exit status), a cell a new failure, a waiver apply, a retry happen.
 FAILING_VERDICTS = ("fail", "error")
 # What a report lists one by one below its table: the failures and the expected ones.

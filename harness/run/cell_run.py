@@ -226,7 +226,7 @@ def expected_not_to_pass(task: Task, settings: RunSettings, last_verdicts: dict[
 WARM_ATTEMPT_FIELDS = ("status", "verdict", "signature", "signal", "error_tail", "reason", "worker", "timings")
 
 
-def _needs_fresh_process(record: dict) -> bool:
+def _needs_fresh_process(record: CellRecord) -> bool:
     """Anything but a pass (before waivers) or a clean refusal the case expects: a failure, an xfail, an error,
     a timeout, a kill or a signal."""
     return (unwaived(record)["verdict"] not in ("pass", "skip")
