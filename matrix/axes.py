@@ -70,9 +70,9 @@ class Combination(Strict):
 class MatrixAxes(Strict):
     kv_cache_dtype: list[str] = Field(default_factory=lambda: ["auto"], min_length=1)
     # Strings, as vLLM wants them (`--kv-cache-dtype-skip-layers 0 3 sliding_window`); ints are rejected there.
-    kv_cache_dtype_skip_layers: list[list[str]] = Field(default_factory=lambda: [[]], min_length=1)
-    speculative: list[str | None] = Field(default_factory=lambda: [None], min_length=1)
-    attention_backend: list[str | None] = Field(default_factory=lambda: [None], min_length=1)
+    kv_cache_dtype_skip_layers: list[list[str]] = Field(default=[[]], min_length=1)  # pydantic copies it
+    speculative: list[str | None] = Field(default=[None], min_length=1)
+    attention_backend: list[str | None] = Field(default=[None], min_length=1)
     # GPUs per cell: a cell runs on tensor_parallel_size x pipeline_parallel_size GPUs of its class.
     tensor_parallel_size: list[int] = Field(default_factory=lambda: [1], min_length=1)
     pipeline_parallel_size: list[int] = Field(default_factory=lambda: [1], min_length=1)

@@ -258,7 +258,7 @@ def _run_gated(tasks: list[Task], waits: dict[str, set[str]], one: Callable[[Tas
     baseline, its family's pilot) have all finished, passing over one that would wait for a long model build a
     running cell is doing (`builds`: such builds a task does as it starts) while another is ready; an
     interrupted harness kills every running cell first."""
-    pending, finished = list(tasks), set()
+    pending, finished = list(tasks), set[str]()
     running: dict[Future, Task] = {}
 
     def next_ready() -> Task | None:
