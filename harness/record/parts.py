@@ -10,6 +10,8 @@ from typing import Literal, get_args
 from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict
 
+from kvmatrix.matrix.axes import Axes  # noqa: F401  (the record's `axes`: defined with the matrix it places a cell on)
+
 # The verdicts, worst first: the one order every report and table counts, sorts and lists them in.
 Verdict = Literal["fail", "error", "xfail", "pass", "skip"]
 # ok / crash: the cell process's own; timeout / killed / error: the runner's (harness/judge/outcome.py).
@@ -22,20 +24,6 @@ FAILING_VERDICTS = ("fail", "error")
 # What a report lists one by one below its table: the failures and the expected ones.
 LISTED_VERDICTS = (*FAILING_VERDICTS, "xfail")
 open_to_other_keys = with_config(ConfigDict(extra="allow"))
-
-
-@open_to_other_keys
-class Axes(TypedDict, total=False):
-    """The cell's place on the case's matrix (matrix/axes.py AXES)."""
-
-    kv_cache_dtype: str
-    kv_cache_dtype_skip_layers: list[str]
-    speculative: str | None
-    attention_backend: str | None
-    tensor_parallel_size: int
-    pipeline_parallel_size: int
-    execution: str  # matrix/axes.py EXECUTION_VALUES (`default`: the class's default, matrix/axes.py)
-    workload: str  # matrix/axes.py WORKLOAD_VALUES
 
 
 # --- what the worker resolved (harness/cell/probe.py) ------------------------------------------------------
