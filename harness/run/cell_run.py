@@ -61,9 +61,10 @@ def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mo
     )
 
 
-def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, launcher: Launcher,
-             extra_env: dict[str, str] | None = None, first_failure: str | None = None) -> CellRecord:
-    """Run one cell to a judged record (not yet written); `first_failure`: why an earlier attempt failed."""
+def run_attempt(task: Task, settings: RunSettings, processes: CellProcesses, launcher: Launcher,
+                extra_env: dict[str, str] | None = None, first_failure: str | None = None) -> CellRecord:
+    """One attempt at a cell: its process run once, to a judged record (not yet written); `first_failure`: why an
+    earlier attempt failed."""
     cell, run_dir = task.cell, settings.run_dir
     stem = f"{task.key}.{os.getpid()}"  # two harnesses on one run folder (xdist workers) never share files
     files = CellFiles(run_dir.root / "work" / f"{stem}.spec.json", run_dir.root / "work" / f"{stem}.result.json",
@@ -167,9 +168,9 @@ def gpus_reason(task: Task, gpus_here: int | None) -> str | None:
     return f"needs {needed} GPUs of class {task.gpu_name} ({ranks}); this machine has {gpus_here}"
 
 
-def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict[str, str] | None = None,
-                launcher: Launcher | None = None, fresh_first: str | None = None,
-                confirmations: Confirmations | None = None) -> CellRecord:
+def judged_record(task: Task, settings: RunSettings, processes: CellProcesses,
+                  extra_env: dict[str, str] | None = None, launcher: Launcher | None = None,
+                  fresh_first: str | None = None, confirmations: Confirmations | None = None) -> CellRecord:
     """The judged record of one task: a skip, or its cell run (again, `retries` times, while it fails). A cell
     that a warm worker ran to anything but a pass is run again in a fresh process, and that run is the record:
     a worker polluted by an earlier cell can never decide a verdict. Only an expected failure that a fresh
@@ -187,20 +188,20 @@ def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, ext
     starts_fresh = fresh_first is not None and bool(fresh_first) and not (
         confirmations is not None and confirmations.has_group(task.cell.case.name, fresh_first))
     launcher = fresh if launcher is None or starts_fresh else launcher
-    record = run_cell(task, settings, processes, launcher, extra_env)
+    record = run_attempt(task, settings, processes, launcher, extra_env)
     if launcher.isolation != fresh.isolation and _needs_fresh_process(record):
         confirmed_by = confirmations.confirmed_by(record) if confirmations is not None else None
         if confirmed_by:
             record["confirmed_by"] = confirmed_by
         else:
             warm = record
-            record = run_cell(task, settings, processes, fresh, extra_env)
+            record = run_attempt(task, settings, processes, fresh, extra_env)
             record["warm_attempt"] = warm_attempt(warm)
             launcher = fresh
     retries = task.cell.case.retries
     while (judged := unwaived(record))["verdict"] in FAILING_VERDICTS and retries > 0:
         retries -= 1
-        record = run_cell(task, settings, processes, launcher, extra_env, first_failure=judged["reason"])
+        record = run_attempt(task, settings, processes, launcher, extra_env, first_failure=judged["reason"])
     if starts_fresh and fresh_first:
         record["fresh_first"] = fresh_first
     if confirmations is not None:

@@ -64,7 +64,7 @@ def engine_args_for(
             args[axis] = axes[axis]
     if axes["speculative"]:
         draft = models[axes["speculative"]]
-        if draft.draft is None:  # a KeyError: the cell's record is an error naming it (cell_run.run_cell)
+        if draft.draft is None:  # a KeyError: the cell's record is an error naming it (cell_run.run_attempt)
             raise KeyError(f"speculative model {axes['speculative']} has no draft section in the model registry")
         source = model_source(draft, built, axes["speculative"], use_hub)
         args["speculative_config"] = {
