@@ -28,7 +28,7 @@ from kvmatrix.harness.run.session import session_waivers, this_device
 from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES, installed_vllm_version
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import CASES_DIR, case_files, load_cases, load_models, load_pool
-from kvmatrix.matrix.pool import PoolError, resolve
+from kvmatrix.matrix.machine import PoolError, resolve
 
 
 def runnable_classes(cases_dir: Path) -> list[str]:
