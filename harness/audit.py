@@ -28,7 +28,7 @@ from kvmatrix.harness.run.session import session_waivers, this_device
 from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES, installed_vllm_version
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import CASES_DIR, case_files, load_cases, load_models, load_pool
-from kvmatrix.matrix.pool import PoolError, resolve
+from kvmatrix.matrix.machine import PoolError, resolve
 
 
 def runnable_classes(cases_dir: Path) -> list[str]:
@@ -74,7 +74,8 @@ def rejudged(run_dir: RunDir, cases_dir: Path) -> list[tuple[CellRecord, CellRec
             judge_record(now, Task(cell, gpu, pool[gpu], stored.get("emulated_from")), run_dir, waivers)
         else:
             if cell is None:
-                now.update(verdict="error", reason="no cell of the current cases has this id (renamed or removed)")
+                now.update({"verdict": "error",
+                            "reason": "no cell of the current cases has this id (renamed or removed)"})
             now, _ = waive(now, waivers)
         pairs.append((stored, now))
     return pairs
@@ -86,7 +87,7 @@ def render(pairs_by_run: dict[str, list[tuple[CellRecord, CellRecord]]]) -> tupl
              + " | FAIL+ERROR as stored | environment | unexplained now |", "|" + "---|" * (len(VERDICTS) + 8)]
     unexplained, environment = [], []
     for run, pairs in pairs_by_run.items():
-        for gpu in sorted({now.get("gpu_class") for _, now in pairs}):
+        for gpu in sorted({now["gpu_class"] for _, now in pairs}):
             mine = [(s, n) for s, n in pairs if n.get("gpu_class") == gpu]
             counts = Counter(n["verdict"] for _, n in mine)
             before = sum(s["verdict"] in FAILING_VERDICTS for s, _ in mine)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, with_config
+from typing_extensions import TypedDict
 
 from kvmatrix.matrix.schema import Strict
 
@@ -30,6 +31,31 @@ DEFAULT_EXECUTION = {"cuda": "graphs", "cpu": "eager"}
 WORKLOAD_VALUES = ("plain", "shared_prefix", "chunked_prefill", "preemption")
 # The plainest run, every differential cell's oracle by default: eager, no prefix reuse, no chunking.
 ORACLE = {"execution": "eager", "workload": "plain"}
+
+
+@with_config(ConfigDict(extra="allow"))  # a newer harness's axes pass
+class Axes(TypedDict, total=False):
+    """A cell's place on its case's matrix, a value for each of AXES: `Cell.axes` and the record's `axes` (records
+    from before the execution and workload axes lack those two)."""
+
+    kv_cache_dtype: str
+    kv_cache_dtype_skip_layers: list[str]
+    speculative: str | None
+    attention_backend: str | None
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    execution: str  # EXECUTION_VALUES (`default`: the class's default, DEFAULT_EXECUTION)
+    workload: str  # WORKLOAD_VALUES
+
+
+def cell_axes(values: dict[str, Any]) -> Axes:
+    """A cell's axes: each of AXES from `values`, in that order (the order its record's JSON keeps)."""
+    return Axes(kv_cache_dtype=values["kv_cache_dtype"],
+                kv_cache_dtype_skip_layers=values["kv_cache_dtype_skip_layers"],
+                speculative=values["speculative"], attention_backend=values["attention_backend"],
+                tensor_parallel_size=values["tensor_parallel_size"],
+                pipeline_parallel_size=values["pipeline_parallel_size"],
+                execution=values["execution"], workload=values["workload"])
 
 
 def resolved_execution(execution: str, device: str | None) -> str:
@@ -70,9 +96,9 @@ class Combination(Strict):
 class MatrixAxes(Strict):
     kv_cache_dtype: list[str] = Field(default_factory=lambda: ["auto"], min_length=1)
     # Strings, as vLLM wants them (`--kv-cache-dtype-skip-layers 0 3 sliding_window`); ints are rejected there.
-    kv_cache_dtype_skip_layers: list[list[str]] = Field(default_factory=lambda: [[]], min_length=1)
-    speculative: list[str | None] = Field(default_factory=lambda: [None], min_length=1)
-    attention_backend: list[str | None] = Field(default_factory=lambda: [None], min_length=1)
+    kv_cache_dtype_skip_layers: list[list[str]] = Field(default=[[]], min_length=1)  # pydantic copies it
+    speculative: list[str | None] = Field(default=[None], min_length=1)
+    attention_backend: list[str | None] = Field(default=[None], min_length=1)
     # GPUs per cell: a cell runs on tensor_parallel_size x pipeline_parallel_size GPUs of its class.
     tensor_parallel_size: list[int] = Field(default_factory=lambda: [1], min_length=1)
     pipeline_parallel_size: list[int] = Field(default_factory=lambda: [1], min_length=1)

@@ -24,7 +24,7 @@ class Case(Strict):
     # Free labels for grouping cells in reports, e.g. the regression class a case covers (`class-7`).
     tags: list[str] = Field(default_factory=list)
     model: str
-    gpus: list[str | dict[str, Any]] = Field(default_factory=lambda: ["*"])
+    gpus: list[str | dict[str, Any]] = Field(default=["*"])  # pydantic copies it
     matrix: MatrixAxes = Field(default_factory=MatrixAxes)
     engine_args: dict[str, Any] = Field(default_factory=dict)
     # Environment for the cell process: only variables the installed vLLM reads (checked at load), never

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from typing import TypeGuard
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -21,7 +22,7 @@ _RANGE = re.compile(r"^\s*(==|!=|<=|>=|<|>|~=)")
 _GLOB_CHARS = set("*?[")
 
 
-def is_range(value: object) -> bool:
+def is_range(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and bool(_RANGE.match(value))
 
 

@@ -7,7 +7,15 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvmatrix.matrix.axes import AXES, AXIS_DEFAULTS, AXIS_ID_NAMES, OPTIONAL_ID_AXES, resolved_execution
+from kvmatrix.matrix.axes import (
+    AXES,
+    AXIS_DEFAULTS,
+    AXIS_ID_NAMES,
+    OPTIONAL_ID_AXES,
+    Axes,
+    cell_axes,
+    resolved_execution,
+)
 from kvmatrix.matrix.case import Case
 from kvmatrix.matrix.conditions import gpu_matches, matches, when_matches
 from kvmatrix.matrix.schema import CaseError, GpuClass, ModelEntry
@@ -17,7 +25,7 @@ from kvmatrix.matrix.schema import CaseError, GpuClass, ModelEntry
 class Cell:
     cell_id: str
     case: Case
-    axes: dict[str, Any]
+    axes: Axes
     gpu_classes: tuple[str, ...]
     source: str = field(default="", compare=False)
     baseline_id: str | None = None  # the cell whose accuracy this one is compared with (accuracy cases only)
@@ -128,7 +136,7 @@ def expand_case(
     classes = [gpu_classes] * len(combos) + [tuple(g for g in gpu_classes if g in needed) for _, needed in added]
     combos = combos + [c for c, _ in added]
     baselines = [baseline_for(c, baseline, combos, ids) for c in combos]
-    cells = [Cell(ids[i], case, c, classes[i], source, baselines[i],
+    cells = [Cell(ids[i], case, cell_axes(c), classes[i], source, baselines[i],
                   tuple((g, ids[o]) for g, o in oracles.get(i, {}).items()),
                   tuple((g, tuple(sorted(w))) for g, w in references.get(i, {}).items()))
              for i, c in enumerate(combos)]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from kvmatrix.matrix.case import Case
 from kvmatrix.matrix.expand import combinations
@@ -146,7 +146,7 @@ def load_cases(paths: Iterable[Path] | None = None, vocabulary: Vocabulary | Non
     return [load_case(p, vocabulary) for p in (case_files() if paths is None else paths)]
 
 
-def _load_named(path: Path, cls: type, what: str) -> dict[str, Any]:
+def _load_named(path: Path, cls: type[BaseModel], what: str) -> dict[str, Any]:
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise CaseError(str(path), None, None, f"the {what} file is a mapping of name to entry")

@@ -50,10 +50,10 @@ def _list_rows(records: list[CellRecord], shown: list[str], gpus: list[str], log
     by_key = {(r["cell_id"], r.get("gpu_class", "?")): (r, text) for r, text in zip(records, shown, strict=True)}
     rows = []
     for cell_id in dict.fromkeys(r["cell_id"] for r in records):
-        entries = []
+        entries: list[dict[str, Any] | None] = []
         for gpu in gpus:
             r, text = by_key.get((cell_id, gpu), (None, ""))
-            entries.append(r and {
+            entries.append(None if r is None else {
                 "verdict": r["verdict"],
                 "reason": r.get("reason", ""),
                 "facts": text,

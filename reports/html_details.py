@@ -7,6 +7,7 @@ stays small."""
 from __future__ import annotations
 
 import json
+from typing import Any
 from urllib.parse import quote
 
 from kvmatrix.harness.record.model import CellRecord
@@ -36,8 +37,8 @@ def _builders(record: CellRecord) -> list[list]:
     out = []
     for g in record.get("attn_groups") or []:
         builder = g.get("builder") or {}
-        queries = " / ".join(f"{k.removeprefix('q_data_type').strip('_') or 'q'} "
-                             f"{str(builder[k]).replace('torch.', '')}" for k in QUERY_DTYPE_FIELDS if builder.get(k))
+        queries = " / ".join(f"{k.removeprefix('q_data_type').strip('_') or 'q'} {str(dtype).replace('torch.', '')}"
+                             for k in QUERY_DTYPE_FIELDS if (dtype := builder.get(k)))
         out.append([g.get("group"), g.get("backend"), builder.get("class"), queries or None,
                     str(builder.get("cache_dtype") or builder.get("kv_cache_dtype") or "") or None])
     return out
@@ -46,7 +47,7 @@ def _builders(record: CellRecord) -> list[list]:
 class _Shared:
     """Tables stored once: each distinct table gets an index into `tables`."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.tables: list[list] = []
         self._index: dict[tuple, int] = {}
         self.runs: dict[str, int] = {}
@@ -70,7 +71,7 @@ def facts_text(record: CellRecord) -> str:
 
 def _entry(record: CellRecord, shared: _Shared, run_prefix: str, finding: bool, shown: str,
            runs: list[tuple[str, str, str]]) -> dict:
-    entry = {
+    entry: dict[str, Any] = {
         "gpu": record.get("gpu_class", "?"), "v": record["verdict"],
         "reason": record.get("reason", ""),
         "facts": shown,

@@ -40,8 +40,8 @@ def mark(record: CellRecord) -> str:
         return record["fingerprint"][:8] if name.startswith("crash ") and record.get("fingerprint") else name
     # Only a requested dtype that no target layer got: skipped layers keep another dtype by design.
     requested = axes_of(record).get("kv_cache_dtype")
-    resolved = sorted({la.get("kv_cache_dtype") for la in record.get("layers") or []
-                       if la.get("role", "target") == "target" and la.get("kv_cache_dtype")})
+    resolved = sorted({dtype for la in record.get("layers") or []
+                       if la.get("role", "target") == "target" and (dtype := la.get("kv_cache_dtype"))})
     if requested not in (None, "auto") and resolved and requested not in resolved:
         return "kv " + "/".join(resolved)
     return "LEAK" if record.get("leak") else verdict

@@ -73,7 +73,7 @@ def leaks(records: list[CellRecord]) -> list[str]:
     return [f"{r['cell_id']} on {r.get('gpu_class', '?')}: {r['leak']}" for r in records if r.get("leak")]
 
 
-def fresh_rerun(record: dict) -> str:
+def fresh_rerun(record: CellRecord) -> str:
     """For a cell a warm worker ran to anything but a pass, so a fresh process ran it again (that run is the
     record): what the worker's run saw. A worker that saw a failure the fresh process does not see was polluted."""
     warm = record.get("warm_attempt")
@@ -91,5 +91,5 @@ def fresh_rerun(record: dict) -> str:
             f"{str(warm.get('verdict')).upper()} ({saw}); {agreed}{retired}")
 
 
-def fresh_reruns(records: list[dict]) -> list[str]:
+def fresh_reruns(records: list[CellRecord]) -> list[str]:
     return [f"{r['cell_id']} on {r.get('gpu_class', '?')}: {fresh_rerun(r)}" for r in records if r.get("warm_attempt")]

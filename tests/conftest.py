@@ -12,7 +12,7 @@ import yaml
 
 from kvmatrix.harness.vllm_compat import detect_cpu_isa, installed_vllm_version
 from kvmatrix.matrix.load import CASES_DIR, load_pool
-from kvmatrix.matrix.pool import LocalDevice, class_of
+from kvmatrix.matrix.machine import LocalDevice, class_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # The class of the CPU these tests run on: cells that start vLLM here run as this class.

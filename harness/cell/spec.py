@@ -39,7 +39,7 @@ class CellSpec:
     # whose prompts an oracle generates plainly after its own, and how many top logprobs each position records
     # (cells of a differential pair only).
     workload: dict[str, Any] | None = None
-    references: list[dict[str, Any]] = field(default_factory=list)
+    references: list[dict[str, Any] | None] = field(default_factory=list)
     logprobs: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys of a newer runner this cell does not know
 

@@ -80,10 +80,10 @@ def after_vllm_cell(result_path: str) -> str | None:
 
 
 def main() -> None:
-    from kvmatrix.harness.cell.main import main as run_cell
+    from kvmatrix.harness.cell.main import main as cell_main
 
     os.environ.update(IN_PROCESS_ENGINE_ENV)
-    serve(run_cell, int(sys.argv[1]), after_vllm_cell, gpu_memory_left_mib)
+    serve(cell_main, int(sys.argv[1]), after_vllm_cell, gpu_memory_left_mib)
     _flush()
     os._exit(0)  # as a cell process does: vLLM's shutdown hooks must not turn a clean end into a hang
 

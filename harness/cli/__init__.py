@@ -17,7 +17,7 @@ from kvmatrix.harness.judge.waivers import WaiverError
 from kvmatrix.harness.record.model import RecordError
 from kvmatrix.harness.run.canary import EnvironmentBroken
 from kvmatrix.harness.run.guards import GuardError
-from kvmatrix.matrix.pool import PoolError
+from kvmatrix.matrix.machine import PoolError
 from kvmatrix.matrix.schema import CaseError
 
 # What a command raises when it cannot do what was asked: said in one line, exit USAGE.

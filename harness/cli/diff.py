@@ -36,7 +36,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         run_id = Path(run_id).name
     run_id = run_id or history.latest_run(db)
     classes = [g for g in history.classes_of(db, run_id) if not args.gpu or g in args.gpu] if run_id else []
-    if not classes:
+    if not run_id or not classes:
         print(f"kvmatrix: no run {run_id or ''} with those GPU classes in {args.db}", file=sys.stderr)
         return USAGE
     if args.against and not history.classes_of(db, args.against):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import datetime
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kvmatrix.harness.cli.exit_codes import OK
@@ -10,11 +12,15 @@ from kvmatrix.harness.cli.output import write_reports
 from kvmatrix.harness.cli.selection import add_selection_options, load_cells
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.judge.waivers import Waiver
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.model import CellRecord
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.guards import cases_dir_for
 from kvmatrix.harness.run.session import session_waivers
+from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.load import load_pool
+from kvmatrix.matrix.schema import GpuClass
 
 
 def add_arguments(rej: argparse.ArgumentParser) -> None:
@@ -33,14 +39,23 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
     waivers = session_waivers(Path(args.cases_dir), pool)
     for folder in args.run_dirs:
         run_dir = RunDir(Path(folder))
-        records = []
-        for record in run_dir.records():
-            cell, gpu = by_id.get(record["cell_id"]), record.get("gpu_class")
-            if cell is not None and gpu in pool and record.get("status") != "skipped":
-                reclassify(record, run_dir)
-                judge_record(record, Task(cell, gpu, pool[gpu], record.get("emulated_from")), run_dir, waivers)
-                run_dir.write(record)
-            records.append(record)
+        records = rejudge_run(run_dir, by_id, pool, waivers)
         paths = write_reports(run_dir, records, f"kvmatrix {run_dir.root.name}")
         print(paths["md"].read_text())
     return OK
+
+
+def rejudge_run(run_dir: RunDir, cells: Mapping[str, Cell], pool: Mapping[str, GpuClass],
+                waivers: Sequence[Waiver], today: datetime.date | None = None) -> list[CellRecord]:
+    """Every record of a run folder, those of a known cell and class that ran judged again and written back in
+    place (the others as stored). `today` decides which waivers have expired (default: the date now)."""
+    records = []
+    for record in run_dir.records():
+        cell, gpu = cells.get(record["cell_id"]), record.get("gpu_class", "")
+        if cell is not None and gpu in pool and record.get("status") != "skipped":
+            reclassify(record, run_dir)
+            judge_record(record, Task(cell, gpu, pool[gpu], record.get("emulated_from")), run_dir, waivers,
+                         today=today)
+            run_dir.write(record)
+        records.append(record)
+    return records

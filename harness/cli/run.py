@@ -26,7 +26,7 @@ from kvmatrix.harness.run.session import Session, open_session
 from kvmatrix.harness.surface.promises import promised, refusals
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.load import shared_file
-from kvmatrix.matrix.pool import PoolError
+from kvmatrix.matrix.machine import PoolError
 from kvmatrix.matrix.schema import CaseError
 from kvmatrix.reports import findings_pages
 

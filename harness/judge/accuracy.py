@@ -55,13 +55,14 @@ def judge_accuracy(
     reason: str, results: list[RuleResult],
 ) -> tuple[Verdict, str]:
     """(verdict, reason) after accuracy; adds `accuracy_vs_baseline` to the record and a row to `results`."""
-    accuracy: Accuracy = cell.case.accuracy
+    accuracy, baseline_id = cell.case.accuracy, cell.baseline_id
+    assert accuracy is not None and baseline_id is not None, "judged only for a cell with an accuracy baseline"
     if verdict != "pass":
         return verdict, reason
-    if cell.cell_id == cell.baseline_id:
+    if cell.cell_id == baseline_id:
         return _judge_baseline(record, accuracy, results, verdict, reason)
-    baseline = read_json(run_dir.record_path(cell.baseline_id, gpu_name))
-    comparison = compare(record, baseline, cell.baseline_id, accuracy.confidence)
+    baseline = read_json(run_dir.record_path(baseline_id, gpu_name))
+    comparison = compare(record, baseline, baseline_id, accuracy.confidence)
     record["accuracy_vs_baseline"] = comparison
     rule = f"accuracy vs {cell.baseline_id}: max_drop {accuracy.max_drop}"
     if "missing" in comparison:

@@ -21,7 +21,15 @@ from typing import Any
 from kvmatrix.harness.judge.accuracy import compare as compare_accuracy
 from kvmatrix.harness.judge.accuracy import describe as describe_accuracy
 from kvmatrix.harness.record.files import RunDir, read_json, run_mode
-from kvmatrix.harness.record.model import CellRecord, DifferentialComparison, RuleResult, Verdict
+from kvmatrix.harness.record.model import (
+    CellRecord,
+    DifferentialComparison,
+    KvGroup,
+    Reference,
+    RuleResult,
+    TokenComparison,
+    Verdict,
+)
 from kvmatrix.matrix.axes import resolved_execution
 from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expand import Cell
@@ -99,8 +107,8 @@ def state_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
 
 def _layer_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
     out: list[str] = []
-    layers = {la.get("name"): la for la in theirs.get("layers") or []}
-    mine_layers = {la.get("name"): la for la in mine.get("layers") or []}
+    layers = {la["name"]: la for la in theirs.get("layers") or []}
+    mine_layers = {la["name"]: la for la in mine.get("layers") or []}
     if set(layers) != set(mine_layers):
         out.append(f"layers {sorted(mine_layers)} vs the oracle's {sorted(layers)}")
     for name in sorted(set(layers) & set(mine_layers)):
@@ -112,7 +120,8 @@ def _layer_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
 
 def _kv_group_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
     out: list[str] = []
-    groups, mine_groups = theirs.get("kv_groups") or [], mine.get("kv_groups") or []
+    groups: list[KvGroup] = theirs.get("kv_groups") or []
+    mine_groups: list[KvGroup] = mine.get("kv_groups") or []
     if len(groups) != len(mine_groups):
         out.append(f"{len(mine_groups)} KV-cache groups, oracle {len(groups)}")
     for g, (a, b) in enumerate(zip(mine_groups, groups, strict=False)):
@@ -145,6 +154,16 @@ def _lp(position: dict[str, float] | None, token: int) -> float | None:
     return None if position is None else position.get(str(token))
 
 
+def _lead(position: dict[str, float] | None, chosen: int, other: int) -> list[float]:
+    """[logprob of the chosen token - the other's] at one position, or [] where the other's is not recorded."""
+    other_lp = _lp(position, other)
+    if other_lp is None:
+        return []
+    chosen_lp = _lp(position, chosen)
+    assert chosen_lp is not None, "a position's logprobs hold the token chosen there"
+    return [chosen_lp - other_lp]
+
+
 def compare_sequence(mine: list[int], theirs: list[int], mine_lp: list[dict] | None, theirs_lp: list[dict] | None,
                      exact: bool, logprob_tolerance: float, tie_tolerance: float) -> dict[str, Any]:
     """One sequence against the oracle's: the first divergent token (index, the oracle's and this cell's), the
@@ -170,29 +189,29 @@ def compare_sequence(mine: list[int], theirs: list[int], mine_lp: list[dict] | N
     out["max_logprob_delta"] = round(max(deltas), 5) if deltas else 0.0
     ok = out["max_logprob_delta"] <= logprob_tolerance
     if index is not None:
+        # How far each side's chosen token is ahead of the other's, where the other's is among its logprobs.
         gaps = []
-        if out["token"] is not None and index < len(theirs_lp) and (
-                (mine_in_theirs := _lp(theirs_lp[index], out["token"])) is not None):
-            gaps.append(_lp(theirs_lp[index], out["oracle_token"]) - mine_in_theirs)
-        if out["oracle_token"] is not None and index < len(mine_lp) and (
-                (theirs_in_mine := _lp(mine_lp[index], out["oracle_token"])) is not None):
-            gaps.append(_lp(mine_lp[index], out["token"]) - theirs_in_mine)
+        if out["token"] is not None and index < len(theirs_lp):
+            gaps += _lead(theirs_lp[index], out["oracle_token"], out["token"])
+        if out["oracle_token"] is not None and index < len(mine_lp):
+            gaps += _lead(mine_lp[index], out["token"], out["oracle_token"])
         out["tie_gap"] = round(min(abs(g) for g in gaps), 5) if gaps else None
         ok = ok and out["tie_gap"] is not None and out["tie_gap"] <= tie_tolerance
     out["ok"] = ok
     return out
 
 
-def compare_tokens(mine: dict[str, Any], theirs: dict[str, Any], exact: bool, rule: Differential) -> dict[str, Any]:
+def compare_tokens(mine: CellRecord | Reference, theirs: Reference, exact: bool, rule: Differential
+                   ) -> TokenComparison:
     """Every sequence of `mine` (tokens, logprobs) against `theirs`: per-sequence results, and the first that does
     not agree."""
-    sequences = [compare_sequence(a, b, (mine.get("logprobs") or [None] * len(mine["tokens"]))[s],
-                                  (theirs.get("logprobs") or [None] * len(theirs["tokens"]))[s],
+    mine_lp, theirs_lp = mine.get("logprobs") or [], theirs.get("logprobs") or []
+    sequences = [compare_sequence(a, b, mine_lp[s] if mine_lp else None, theirs_lp[s] if theirs_lp else None,
                                   exact, rule.logprob_tolerance, rule.tie_tolerance)
                  for s, (a, b) in enumerate(zip(mine["tokens"], theirs["tokens"], strict=False))]
-    out: dict[str, Any] = {"exact": exact, "sequences": len(sequences),
-                           "identical": sum(1 for s in sequences if s["first_divergence"] is None),
-                           "per_sequence": sequences}
+    out: TokenComparison = {"exact": exact, "sequences": len(sequences),
+                            "identical": sum(1 for s in sequences if s["first_divergence"] is None),
+                            "per_sequence": sequences}
     if len(mine["tokens"]) != len(theirs["tokens"]):
         out["ok"] = False
         out["detail"] = f"{len(mine['tokens'])} sequences, the oracle {len(theirs['tokens'])}"
@@ -262,6 +281,7 @@ def judge_differential(record: CellRecord, cell: Cell, run_dir: RunDir, gpu_name
         comparison["missing"] = missing
         results.append({"rule": title, "ok": True, "detail": missing})
         return verdict, f"{reason}; not compared with its oracle: {missing}"
+    assert oracle is not None, "an absent oracle is missing"
     if _crashed(record) or _crashed(oracle):
         ok, detail = _crash_comparison(record, oracle, mode, oracle_mode)
         comparison["crash"] = detail
@@ -330,12 +350,12 @@ def _missing(record: CellRecord, oracle: CellRecord | None) -> str | None:
     return None
 
 
-def _oracle_outputs(record: CellRecord, oracle: CellRecord) -> dict[str, Any] | str:
+def _oracle_outputs(record: CellRecord, oracle: CellRecord) -> Reference | str:
     """The oracle's generation of this cell's prompts (its own, or its reference run of this cell's workload), or
     why there is none."""
     workload = (record.get("workload_run") or {}).get("name")
     if workload is None:
-        return {"tokens": oracle.get("tokens") or [], "logprobs": oracle.get("logprobs")}
+        return {"tokens": oracle.get("tokens") or [], "logprobs": oracle.get("logprobs") or []}
     reference = (oracle.get("references") or {}).get(workload)
     if not reference:
         return f"the oracle generated no {workload} reference"

@@ -21,8 +21,7 @@ def _query_dtypes(record: CellRecord) -> str:
     queries = []
     for group in record.get("attn_groups") or []:
         builder = group.get("builder") or {}
-        q = [builder.get(k) for k in QUERY_DTYPE_FIELDS]
-        q = [x.replace("torch.", "") for x in q if x]
+        q = [str(x).replace("torch.", "") for x in (builder.get(k) for k in QUERY_DTYPE_FIELDS) if x]
         if q:
             queries.append("/".join(_unique(q)))
     return ",".join(_unique(queries))

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from kvmatrix.harness.record.model import CellRecord, ExceptionInfo
+from kvmatrix.harness.record.parts import Crash as CrashPart
 from kvmatrix.harness.vllm_compat import ENGINE_DEATH_WRAPPER
 
 ID_LENGTH = 8
@@ -60,6 +61,10 @@ class Crash:
         parts = "\x1f".join(part or "" for part in (self.type, self.message, self.site, self.phase))
         return hashlib.sha256(parts.encode()).hexdigest()[:ID_LENGTH]
 
+    def part(self) -> CrashPart:
+        """The record's `crash`: these parts, in this order."""
+        return CrashPart(type=self.type, message=self.message, site=self.site, phase=self.phase)
+
 
 @dataclass
 class _Raised:
@@ -104,7 +109,7 @@ def stamp(record: CellRecord, log_tail: str = "") -> None:
     record.pop("fingerprint", None)
     record.pop("crash", None)
     if crash is not None:
-        record.update(fingerprint=crash.id, crash=asdict(crash))
+        record.update({"fingerprint": crash.id, "crash": crash.part()})
 
 
 def failure_name(record: CellRecord) -> str | None:

@@ -48,11 +48,11 @@ def judge_record(record: CellRecord, task: Task, run_dir: RunDir, waivers: Seque
     elif record.get("signature") in ENVIRONMENT_SIGNATURES:
         verdict, reason = "error", f"environment, not vLLM: {record.get('error_tail')}"
     if first_failure is not None and verdict == "pass":
-        record.update(flaky=True, first_failure=first_failure)
+        record.update({"flaky": True, "first_failure": first_failure})
     if record.get("flaky") and verdict == "pass":
         first = f" ({record['first_failure']})" if record.get("first_failure") else ""
         verdict, reason = "fail", f"flaky: failed first{first}, then passed"
-    record.update(expectations=results, verdict=verdict, reason=reason, tags=list(task.cell.case.tags))
+    record.update({"expectations": results, "verdict": verdict, "reason": reason, "tags": list(task.cell.case.tags)})
     waived, _ = waive(record, waivers, today)  # a "removable" waiver is reported over the whole run
     record.update(waived)
     return record

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvmatrix.harness.judge.fingerprint import failure_name
-from kvmatrix.harness.record.model import CellRecord, Layer, RuleResult, Verdict
+from kvmatrix.harness.record.model import CellRecord, Layer, RankState, RuleResult, Verdict
 from kvmatrix.harness.vllm_compat import signature_matches
 from kvmatrix.matrix.conditions import matches, when_matches
-from kvmatrix.matrix.expectations import CrashExpected, Expectation, RecordCheck, RefusalExpected
+from kvmatrix.matrix.expectations import CrashExpected, Expectation, PageSizeRatio, RecordCheck, RefusalExpected
 
 
 @dataclass(frozen=True)
@@ -83,21 +83,22 @@ def _check_builders(record: CellRecord, check: RecordCheck, skip: list[str]) -> 
     groups = [g for g in record.get("attn_groups") or [] if names & set(g.get("layer_names") or [])]
     if not groups:
         return False, f"no attention group holds {_describe(check.select)}"
-    items = [(f"{g.get('backend')} builder (group {g.get('group')})", g.get("builder") or {}) for g in groups]
+    items: list[tuple[str, Mapping[str, Any]]] = [
+        (f"{g.get('backend')} builder (group {g.get('group')})", g.get("builder") or {}) for g in groups]
     return _check_values(items, check.wanted())
 
 
 def _page_size(record: CellRecord, selector: str | list[int], skip: list[str]) -> tuple[int | None, str]:
-    sizes = {la.get("page_size_bytes") for la in select_layers(record, selector, skip)}
+    sizes = [la.get("page_size_bytes") for la in select_layers(record, selector, skip)]
     if not sizes or None in sizes:
         return None, f"no page size recorded for {_describe(selector)}"
-    if len(sizes) > 1:
-        return None, f"{_describe(selector)} have several page sizes {sorted(sizes)}"
-    return sizes.pop(), ""
+    known = {size for size in sizes if size is not None}
+    if len(known) > 1:
+        return None, f"{_describe(selector)} have several page sizes {sorted(known)}"
+    return known.pop(), ""
 
 
-def _check_page_ratio(record: CellRecord, rule: Expectation, skip: list[str]) -> tuple[bool, str]:
-    ratio = rule.page_size_ratio
+def _check_page_ratio(record: CellRecord, ratio: PageSizeRatio, skip: list[str]) -> tuple[bool, str]:
     num, why = _page_size(record, ratio.of, skip)
     den, why_den = _page_size(record, ratio.to, skip)
     if num is None or den is None:
@@ -118,7 +119,7 @@ RANK_FIELDS = ("kv_cache_dtype", "backend", "spec_dtype", "page_size_bytes")
 RANKS_RULE = "every rank resolves each layer alike (built in)"
 
 
-def _check_ranks(ranks: list[dict]) -> tuple[bool, str]:
+def _check_ranks(ranks: list[RankState]) -> tuple[bool, str]:
     """Ranks that disagree with rank 0 on a layer's dtype, backend, spec dtype or page size."""
     first = {layer["name"]: layer for layer in ranks[0].get("layers") or []}
     for rank in ranks[1:]:
@@ -138,8 +139,8 @@ FORCED_BACKEND_RULE = "a forced attention backend is the one that runs (built in
 
 def _check_forced_backend(record: CellRecord, forced: str) -> tuple[bool, str]:
     """The target's attention layers run the backend the cell forced (a draft may need another one)."""
-    ran = sorted({la["backend"] for la in record.get("layers") or []
-                  if la.get("backend") and la.get("role", "target") == "target"})
+    ran = sorted({backend for la in record.get("layers") or []
+                  if (backend := la.get("backend")) and la.get("role", "target") == "target"})
     replaced = [b for b in ran if b != forced]
     if replaced:
         return False, f"forced attention backend {forced}, vLLM ran {', '.join(replaced)} instead"
@@ -181,8 +182,9 @@ def check_expectations(record: CellRecord, applicable: list[Expectation], skip: 
     expected_crash: ExpectedCrash | None = None
     for rule in applicable:
         text = _describe_rule(rule)
-        if isinstance(rule.crash, CrashExpected) or rule.refuse is not None:
-            expected_crash = (rule.refuse or rule.crash, text)
+        expected = rule.refuse if rule.refuse is not None else rule.crash
+        if isinstance(expected, (CrashExpected, RefusalExpected)):
+            expected_crash = (expected, text)
             continue
         if rule.crash is False:
             ok = record.get("status") == "ok"
@@ -199,7 +201,7 @@ def _record_checks(record: CellRecord, rule: Expectation, skip: list[str]) -> li
               for name, check in (("layers", _check_layers), ("groups", _check_groups), ("builders", _check_builders))
               if getattr(rule, name) is not None]
     if rule.page_size_ratio is not None:
-        checks.append(_check_page_ratio(record, rule, skip))
+        checks.append(_check_page_ratio(record, rule.page_size_ratio, skip))
     return checks
 
 

@@ -191,8 +191,9 @@ def unwaived(record: CellRecord) -> CellRecord:
         return record
     prefix = f"waived ({waived.get('link')}): "
     reason = record.get("reason") or ""
-    out: CellRecord = {k: v for k, v in record.items() if k != "waived"}
-    out.update(verdict=waived.get("verdict", record["verdict"]), reason=reason.removeprefix(prefix))
+    out = record.copy()
+    del out["waived"]
+    out.update({"verdict": waived.get("verdict", record["verdict"]), "reason": reason.removeprefix(prefix)})
     return out
 
 

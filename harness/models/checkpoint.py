@@ -169,9 +169,9 @@ def common(arch: str, model_type: str, layers: int = LAYERS) -> dict:
     }
 
 
-def layer_shapes(cfg: dict, attn: dict[str, tuple[int, int]], prefix: str = "model.") -> dict:
+def layer_shapes(cfg: dict, attn: dict[str, tuple[int, ...]], prefix: str = "model.") -> dict:
     h, i = cfg["hidden_size"], cfg["intermediate_size"]
-    shapes = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for n in range(cfg["num_hidden_layers"]):
         p = f"{prefix}layers.{n}."
         shapes.update({f"{p}self_attn.{k}.weight": v for k, v in attn.items()})

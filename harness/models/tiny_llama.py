@@ -30,7 +30,7 @@ def llama_config() -> dict:
 def _llama_shapes(cfg: dict, qk_norm: bool = False, prefix: str = "model.") -> dict:
     h, d = cfg["hidden_size"], cfg["head_dim"]
     q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
-    attn = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q)}
+    attn: dict[str, tuple[int, ...]] = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q)}
     if qk_norm:  # Qwen3-style per-head norms (the DFlash draft's layer)
         attn |= {"q_norm": (d,), "k_norm": (d,)}
     return layer_shapes(cfg, attn, prefix)

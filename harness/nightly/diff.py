@@ -96,7 +96,8 @@ def diff_records(baseline: list[CellRecord], current: list[CellRecord], first_se
         fingerprint = rec.get("fingerprint")
         change = Change(*key, before, rec["verdict"], what_changed(prev, rec) if prev else (),
                         rec.get("reason", ""), bool(rec.get("flaky")), fingerprint,
-                        shared[fingerprint] - 1 if fingerprint else 0, (first_seen or {}).get(fingerprint))
+                        shared[fingerprint] - 1 if fingerprint else 0,
+                        (first_seen or {}).get(fingerprint) if fingerprint else None)
         failing_now, failing_before = rec["verdict"] in FAILING_VERDICTS, before in FAILING_VERDICTS
         if failing_now and not failing_before:
             out.new_failures.append(change)  # a failing new cell is a new failure too

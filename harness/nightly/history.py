@@ -141,8 +141,8 @@ def import_records(db: sqlite3.Connection, records: list[CellRecord], run_id: st
 
 def import_run(db: sqlite3.Connection, run_dir: Path | str, vllm_commit: str | None = None) -> list[tuple[str, str]]:
     """Import one run folder (`reports/runs/<run-id>/`); its name is the run id of records that lack one."""
-    run_dir = RunDir(Path(run_dir))
-    return import_records(db, run_dir.records(), run_id=run_dir.root.name, vllm_commit=vllm_commit)
+    folder = RunDir(Path(run_dir))
+    return import_records(db, folder.records(), run_id=folder.root.name, vllm_commit=vllm_commit)
 
 
 def runs_frame(db: sqlite3.Connection) -> pd.DataFrame:

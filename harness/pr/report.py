@@ -5,6 +5,7 @@ sections (new failures, fixed, changed with the same verdict) with head compared
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tabulate import tabulate
 
@@ -27,7 +28,7 @@ class Side:
     def records(self) -> dict[str, CellRecord]:
         out = {}
         for cell_id, step in self.steps.items():
-            record = read_json(step.record) if step.record else None
+            record = read_json(Path(step.record)) if step.record else None
             if record is not None:
                 out[cell_id] = record
         return out

@@ -91,13 +91,13 @@ def read_tail(path: Path, n: int = 8000) -> str:
 
 
 def read_result(path: Path | str) -> CellRecord:
-    """A cell's result file as far as the cell wrote it (it rewrites the file after every phase); {} where it
-    wrote none, or none that parses."""
+    """A cell's result file as far as the cell wrote it (it rewrites the file after every phase), checked as a
+    record; {} where it wrote none, or none that parses."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
+    return check_record(data, str(path)) if isinstance(data, dict) else {}
 
 
 def read_json(path: Path) -> CellRecord | None:

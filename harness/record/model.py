@@ -11,7 +11,8 @@ here must have its type. Records of old releases carry older names too (vllm_com
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict, Unpack
@@ -130,13 +131,14 @@ class RecordError(ValueError):
         super().__init__(f"{where}: not a cell record: " + "; ".join(f"field '{f}': {m}" for f, m in problems))
 
 
-def check_record(record: CellRecord, where: str) -> CellRecord:
-    """The record itself, once it fits CellRecord; else RecordError naming `where` and the fields."""
+def check_record(record: Mapping[str, Any], where: str) -> CellRecord:
+    """The record itself (not pydantic's copy: its JSON stays as it was), once it fits CellRecord; else
+    RecordError naming `where` and the fields."""
     try:
         _ADAPTER.validate_python(record)
     except ValidationError as err:
         raise RecordError(where, validation_problems(err)) from None
-    return record
+    return cast(CellRecord, record)  # just validated
 
 
 def new_record(**fields: Unpack[CellRecord]) -> CellRecord:

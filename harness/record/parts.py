@@ -10,32 +10,20 @@ from typing import Literal, get_args
 from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict
 
+from kvmatrix.matrix.axes import Axes  # noqa: F401  (the record's `axes`: defined with the matrix it places a cell on)
+
 # The verdicts, worst first: the one order every report and table counts, sorts and lists them in.
 Verdict = Literal["fail", "error", "xfail", "pass", "skip"]
 # ok / crash: the cell process's own; timeout / killed / error: the runner's (harness/judge/outcome.py).
 Status = Literal["ok", "crash", "timeout", "killed", "error", "skipped"]
 Mode = Literal["full", "probe"]  # probe: `kvmatrix run --probe-only`; records from before the modes ran in full
 
-VERDICTS: tuple[str, ...] = get_args(Verdict)
+VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 # What makes a run red (its exit status), a cell a new failure, a waiver apply, a retry happen.
 FAILING_VERDICTS = ("fail", "error")
 # What a report lists one by one below its table: the failures and the expected ones.
 LISTED_VERDICTS = (*FAILING_VERDICTS, "xfail")
 open_to_other_keys = with_config(ConfigDict(extra="allow"))
-
-
-@open_to_other_keys
-class Axes(TypedDict, total=False):
-    """The cell's place on the case's matrix (matrix/axes.py AXES)."""
-
-    kv_cache_dtype: str
-    kv_cache_dtype_skip_layers: list[str]
-    speculative: str | None
-    attention_backend: str | None
-    tensor_parallel_size: int
-    pipeline_parallel_size: int
-    execution: str  # matrix/axes.py EXECUTION_VALUES (`default`: the class's default, matrix/axes.py)
-    workload: str  # matrix/axes.py WORKLOAD_VALUES
 
 
 # --- what the worker resolved (harness/cell/probe.py) ------------------------------------------------------
@@ -85,8 +73,9 @@ class KvGroup(TypedDict, total=False):
 
 
 # An attention metadata builder's dtypes: the named ones (vllm_compat.BUILDER_DTYPE_ATTRS, with the current names
-# of renamed ones, vllm_compat.QUERY_DTYPE_FIELDS) and any other attribute holding a dtype. `class` is a keyword.
-Builder = open_to_other_keys(TypedDict("Builder", {
+# of renamed ones, vllm_compat.QUERY_DTYPE_FIELDS) and any other attribute holding a dtype. `class` is a keyword,
+# hence the functional form, opened by a call (a type checker reads no decorator there).
+Builder = TypedDict("Builder", {
     "class": str,
     "module": str | None,
     "q_data_type_prefill": str | None,
@@ -94,7 +83,8 @@ Builder = open_to_other_keys(TypedDict("Builder", {
     "q_data_type": str | None,
     "cache_dtype": str | None,
     "kv_cache_dtype": str | None,
-}, total=False))
+}, total=False)
+open_to_other_keys(Builder)
 
 
 @open_to_other_keys

@@ -16,7 +16,7 @@ from kvmatrix.harness.run.session import this_device
 from kvmatrix.harness.vllm_compat import installed_vllm_version
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import case_files, cases_option, load_case, load_models, load_pool
-from kvmatrix.matrix.pool import class_of
+from kvmatrix.matrix.machine import class_of
 
 
 def find_cell(cases_dir: Path, cell_id: str):

@@ -22,7 +22,7 @@ from kvmatrix.harness.run.engine_args import engine_args_for, models_needed
 from kvmatrix.harness.run.models import build_models
 from kvmatrix.matrix.conditions import is_range, when_matches
 from kvmatrix.matrix.expand import Cell
-from kvmatrix.matrix.expectations import RecordCheck
+from kvmatrix.matrix.expectations import CrashExpected, RecordCheck
 from kvmatrix.matrix.schema import X86_CPU_LEVELS, GpuClass, ModelEntry
 
 HERE_MARK = "@HERE@"  # the script's own folder, replaced when it runs
@@ -100,7 +100,7 @@ def expectations(cell: Cell, context: dict, version: str | None) -> dict[str, An
             names = rule.refuse.names
             out["refuse"] = {"signatures": names, "optional": rule.refuse.optional,
                              "patterns": _signature_patterns(names, version)}
-        if rule.crash not in (None, False):
+        if isinstance(rule.crash, CrashExpected):
             out["not_encoded"].append(f"known crash {rule.crash.signature} (the script asserts a clean run)")
         if rule.layers is not None:
             _layer_rule(rule.layers, out)

@@ -15,7 +15,7 @@ from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import classify_outcome
 from kvmatrix.harness.judge.waivers import unwaived
 from kvmatrix.harness.record.files import read_result, read_tail
-from kvmatrix.harness.record.model import CellRecord, check_record, finished_now, new_record
+from kvmatrix.harness.record.model import CellRecord, Timings, WarmAttempt, check_record, finished_now, new_record
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.accuracy_plan import accuracy_spec, offline_reason
@@ -47,10 +47,11 @@ def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mo
     cell, version, length = task.cell, settings.vllm_version, engine_args["max_model_len"]
     differential = cell.case.differential
     paired = differential is not False and (cell.oracle_on(task.gpu_name) or cell.is_oracle_on(task.gpu_name))
+    top_logprobs = differential.top_logprobs if differential is not False and paired else None
     return CellSpec(
         workload=workload_plan(cell.axes["workload"], length, version)[1],
         references=[workload_plan(w, length, version)[1] for w in cell.references_on(task.gpu_name)],
-        logprobs=differential.top_logprobs if paired else None,
+        logprobs=top_logprobs,
         cell_id=task.cell.cell_id,
         engine_args=engine_args,
         **generation(task.cell, mode),
@@ -60,9 +61,10 @@ def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mo
     )
 
 
-def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, launcher: Launcher,
-             extra_env: dict[str, str] | None = None, first_failure: str | None = None) -> CellRecord:
-    """Run one cell to a judged record (not yet written); `first_failure`: why an earlier attempt failed."""
+def run_attempt(task: Task, settings: RunSettings, processes: CellProcesses, launcher: Launcher,
+                extra_env: dict[str, str] | None = None, first_failure: str | None = None) -> CellRecord:
+    """One attempt at a cell: its process run once, to a judged record (not yet written); `first_failure`: why an
+    earlier attempt failed."""
     cell, run_dir = task.cell, settings.run_dir
     stem = f"{task.key}.{os.getpid()}"  # two harnesses on one run folder (xdist workers) never share files
     files = CellFiles(run_dir.root / "work" / f"{stem}.spec.json", run_dir.root / "work" / f"{stem}.result.json",
@@ -100,8 +102,8 @@ def run_cell(task: Task, settings: RunSettings, processes: CellProcesses, launch
     outcome["isolation"] = launched.isolation
     if launched.worker is not None:
         outcome["worker"] = launched.worker
-        if launched.worker.get("teardown_s") is not None:
-            outcome.setdefault("timings", {})["teardown_s"] = launched.worker["teardown_s"]
+        if (teardown_s := launched.worker.get("teardown_s")) is not None:
+            outcome.setdefault("timings", {})["teardown_s"] = teardown_s
     if settings.gpu_memory is not None and gpu in processes.gpu_baselines:
         outcome.update(check_gpu_memory(settings.gpu_memory, gpu, processes, settings.gpu_settle_s))
     return finish(record, task, settings, outcome, started, first_failure)
@@ -119,7 +121,7 @@ def finish(record: CellRecord, task: Task, settings: RunSettings, outcome: CellR
     record.update(outcome)
     record.setdefault("vllm_version", settings.vllm_version)
     record.setdefault("signature", None)
-    timings = dict(record.get("timings") or {})
+    timings = (record.get("timings") or Timings()).copy()
     timings["total_s"] = round(time.monotonic() - started, 3)
     record["timings"] = timings
     judge_record(check_record(record, f"the record of {task.key}"), task, settings.run_dir, settings.waivers,
@@ -129,8 +131,10 @@ def finish(record: CellRecord, task: Task, settings: RunSettings, outcome: CellR
 
 
 def skip_record(task: Task, reason: str, run_id: str) -> CellRecord:
-    return new_record(**base_record(task, run_id), status="skipped", verdict="skip", reason=reason,
-                      expectations=[], tags=list(task.cell.case.tags))
+    record = base_record(task, run_id)
+    record.update({"status": "skipped", "verdict": "skip", "reason": reason, "expectations": [],
+                   "tags": list(task.cell.case.tags)})
+    return check_record(record, f"the skip record of {task.key}")
 
 
 def not_run_reason(task: Task, settings: RunSettings) -> str | None:
@@ -164,9 +168,9 @@ def gpus_reason(task: Task, gpus_here: int | None) -> str | None:
     return f"needs {needed} GPUs of class {task.gpu_name} ({ranks}); this machine has {gpus_here}"
 
 
-def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, extra_env: dict[str, str] | None = None,
-                launcher: Launcher | None = None, fresh_first: str | None = None,
-                confirmations: Confirmations | None = None) -> CellRecord:
+def judged_record(task: Task, settings: RunSettings, processes: CellProcesses,
+                  extra_env: dict[str, str] | None = None, launcher: Launcher | None = None,
+                  fresh_first: str | None = None, confirmations: Confirmations | None = None) -> CellRecord:
     """The judged record of one task: a skip, or its cell run (again, `retries` times, while it fails). A cell
     that a warm worker ran to anything but a pass is run again in a fresh process, and that run is the record:
     a worker polluted by an earlier cell can never decide a verdict. Only an expected failure that a fresh
@@ -181,24 +185,24 @@ def cell_record(task: Task, settings: RunSettings, processes: CellProcesses, ext
     if not settings.use_hub:
         ensure_models(task, settings.models, settings.cache_dir / "models", settings.built)
     fresh = FreshProcess(settings.cell_command)
-    starts_fresh = bool(fresh_first) and not (
+    starts_fresh = fresh_first is not None and bool(fresh_first) and not (
         confirmations is not None and confirmations.has_group(task.cell.case.name, fresh_first))
     launcher = fresh if launcher is None or starts_fresh else launcher
-    record = run_cell(task, settings, processes, launcher, extra_env)
+    record = run_attempt(task, settings, processes, launcher, extra_env)
     if launcher.isolation != fresh.isolation and _needs_fresh_process(record):
         confirmed_by = confirmations.confirmed_by(record) if confirmations is not None else None
         if confirmed_by:
             record["confirmed_by"] = confirmed_by
         else:
             warm = record
-            record = run_cell(task, settings, processes, fresh, extra_env)
-            record["warm_attempt"] = {key: warm.get(key) for key in WARM_ATTEMPT_FIELDS}
+            record = run_attempt(task, settings, processes, fresh, extra_env)
+            record["warm_attempt"] = warm_attempt(warm)
             launcher = fresh
     retries = task.cell.case.retries
     while (judged := unwaived(record))["verdict"] in FAILING_VERDICTS and retries > 0:
         retries -= 1
-        record = run_cell(task, settings, processes, launcher, extra_env, first_failure=judged["reason"])
-    if starts_fresh:
+        record = run_attempt(task, settings, processes, launcher, extra_env, first_failure=judged["reason"])
+    if starts_fresh and fresh_first:
         record["fresh_first"] = fresh_first
     if confirmations is not None:
         confirmations.add(record, fresh_first)
@@ -222,11 +226,14 @@ def expected_not_to_pass(task: Task, settings: RunSettings, last_verdicts: dict[
     return f"{last} in the last run" if last not in (None, "pass", "skip") else None
 
 
-# What a record keeps of the warm worker's attempt when a fresh process ran the cell again.
-WARM_ATTEMPT_FIELDS = ("status", "verdict", "signature", "signal", "error_tail", "reason", "worker", "timings")
+def warm_attempt(warm: CellRecord) -> WarmAttempt:
+    """What a record keeps of the warm worker's attempt when a fresh process ran the cell again."""
+    return WarmAttempt(status=warm.get("status"), verdict=warm.get("verdict"), signature=warm.get("signature"),
+                       signal=warm.get("signal"), error_tail=warm.get("error_tail"), reason=warm.get("reason"),
+                       worker=warm.get("worker"), timings=warm.get("timings"))
 
 
-def _needs_fresh_process(record: dict) -> bool:
+def _needs_fresh_process(record: CellRecord) -> bool:
     """Anything but a pass (before waivers) or a clean refusal the case expects: a failure, an xfail, an error,
     a timeout, a kill or a signal."""
     return (unwaived(record)["verdict"] not in ("pass", "skip")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kvmatrix.harness.record.parts import Mode
 from kvmatrix.harness.vllm_compat import (
     PROBE_ONLY_ARG_NAMES,
     SMALLEST_KV_BLOCK_TOKENS,
@@ -63,6 +64,8 @@ def engine_args_for(
             args[axis] = axes[axis]
     if axes["speculative"]:
         draft = models[axes["speculative"]]
+        if draft.draft is None:  # a KeyError: the cell's record is an error naming it (cell_run.run_attempt)
+            raise KeyError(f"speculative model {axes['speculative']} has no draft section in the model registry")
         source = model_source(draft, built, axes["speculative"], use_hub)
         args["speculative_config"] = {
             "method": draft.draft.method,
@@ -116,7 +119,7 @@ def workload_plan(workload: str, max_model_len: int, vllm_version: str | None
     return args, params
 
 
-def cell_mode(cell: Cell, probe_only: bool) -> tuple[str, str | None]:
+def cell_mode(cell: Cell, probe_only: bool) -> tuple[Mode, str | None]:
     """("probe" or "full", why a cell runs in full although the run is probe-only). Only cells that need the
     resolved state alone may probe: an accuracy cell needs the whole engine for lm-eval."""
     if not probe_only:

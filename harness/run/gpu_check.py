@@ -58,9 +58,9 @@ def check_gpu_memory(memory: GpuMemory, gpu: int, processes: CellProcesses, sett
     if foreign or driver_level:
         processes.keep_leak(gpu, set(foreign), leaked)
     if foreign:
-        held = "1 process still holds" if len(foreign) == 1 else f"{len(foreign)} processes still hold"
+        holders = "1 process still holds" if len(foreign) == 1 else f"{len(foreign)} processes still hold"
         pids = ", ".join(str(pid) for pid in sorted(foreign))
-        out["leak"] = f"{held} {leaked:.0f} MiB on GPU {gpu} after the cell ended: pids {pids}"
+        out["leak"] = f"{holders} {leaked:.0f} MiB on GPU {gpu} after the cell ended: pids {pids}"
     elif driver_level:
         out["leak"] = (f"GPU {gpu} holds {leaked:.0f} MiB above its baseline after the cell ended, held by no "
                        "listed process (driver-level)")

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from kvmatrix.harness.record.model import CellRecord
+
 PROC_STAT = Path("/proc/stat")
 
 
@@ -36,12 +38,12 @@ def _busy_seconds(stat: Path) -> float | None:
     return (sum(jiffies) - jiffies[3] - jiffies[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def summary(start: Reading, end: Reading, records: Iterable[dict]) -> str:
+def summary(start: Reading, end: Reading, records: Iterable[CellRecord]) -> str:
     """One line: the host's busy share between two readings, and the CPU seconds of the cells that finished in
     between (a resumed run's earlier cells are not this host's work now)."""
     wall = end.at - start.at
-    cells_cpu_s = sum((r.get("timings") or {}).get("cpu_s") or 0.0 for r in records
-                      if _finished_at(r) >= int(start.wall_clock))  # records stamp whole seconds
+    cells_cpu_s = sum(((r.get("timings") or {}).get("cpu_s") or 0.0 for r in records
+                       if _finished_at(r) >= int(start.wall_clock)), 0.0)  # records stamp whole seconds
     cells = f"the cells' own processes {cells_cpu_s:.0f} CPU-s"
     if start.busy_s is None or end.busy_s is None or wall <= 0:
         return f"host CPU: not readable here; {cells}"
@@ -50,6 +52,6 @@ def summary(start: Reading, end: Reading, records: Iterable[dict]) -> str:
             f"{wall:.0f} s); {cells}")
 
 
-def _finished_at(record: dict) -> float:
+def _finished_at(record: CellRecord) -> float:
     stamp = record.get("finished_at")
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else 0.0

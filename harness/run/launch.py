@@ -18,8 +18,9 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
+from kvmatrix.harness.record.parts import WorkerInfo
 from kvmatrix.harness.record.paths import CELL_CWD
 from kvmatrix.harness.run.process import CellProcesses, die_with_parent, killpg
 
@@ -31,7 +32,7 @@ class Launched:
     returncode: int
     timed_out: bool
     isolation: str  # "process" or "worker"
-    worker: dict[str, Any] | None = None  # pid, cells it ran before this one, why it retired
+    worker: WorkerInfo | None = None  # pid, cells it ran before this one, why it retired
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,11 @@ class _Worker:
     processes: CellProcesses
     cells: int = 0
 
+    @property
+    def requests(self) -> IO[str]:
+        assert self.proc.stdin is not None, "a worker is started with its stdin a pipe (WarmWorkers._start)"
+        return self.proc.stdin
+
     def read_reply(self, timeout: float) -> tuple[dict | None, bool]:
         """The worker's answer for the cell; (None, timed out?) when it died or ran past `timeout`."""
         ready, _, _ = select.select([self.reply], [], [], timeout)
@@ -109,7 +115,7 @@ class _Worker:
     def close(self, grace_s: float = 0.0) -> None:
         """End the worker (given `grace_s` to exit by itself), its whole process group with it."""
         try:
-            self.proc.stdin.close()  # end of requests: a healthy worker exits by itself
+            self.requests.close()  # end of requests: a healthy worker exits by itself
         except OSError:
             pass
         try:
@@ -136,13 +142,13 @@ class WarmWorker:
                processes: CellProcesses, gpu: int | None) -> Launched:
         worker = self._workers.pop(share_key, None) or self._start(env, processes, gpu)
         self._workers[share_key] = worker  # the most recent last
-        info = {"pid": worker.proc.pid, "cells_before": worker.cells}
+        info: WorkerInfo = {"pid": worker.proc.pid, "cells_before": worker.cells}
         worker.cells += 1
         request = {"spec": str(files.spec), "result": str(files.result), "log": str(files.log)}
         files.log.write_bytes(b"")
         try:
-            worker.proc.stdin.write(json.dumps(request) + "\n")
-            worker.proc.stdin.flush()
+            worker.requests.write(json.dumps(request) + "\n")
+            worker.requests.flush()
         except OSError:  # died between cells
             pass
         reply, timed_out = worker.read_reply(timeout)

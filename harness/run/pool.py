@@ -18,7 +18,7 @@ from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.accuracy_plan import baseline_gates, baselines_first
 from kvmatrix.harness.run.canary import EnvironmentBroken, canary_failure, pick_canary
 from kvmatrix.harness.run.cell_env import run_mark
-from kvmatrix.harness.run.cell_run import cell_record, expected_not_to_pass, not_run_reason
+from kvmatrix.harness.run.cell_run import expected_not_to_pass, judged_record, not_run_reason
 from kvmatrix.harness.run.confirmations import Confirmations, confirmation_gates
 from kvmatrix.harness.run.gpu_check import pinned_gpus
 from kvmatrix.harness.run.gpu_memory import gpu_baselines
@@ -154,8 +154,8 @@ class _LocalRun:
         record = None
         try:
             slot_env = self.pool.slot_env(slot) if self.pool.slot_env else None
-            record = cell_record(task, self.settings, self.processes, slot_env, self.launchers[slot],
-                                 self.expected[task.key] if self.warm else None, self.confirmations)
+            record = judged_record(task, self.settings, self.processes, slot_env, self.launchers[slot],
+                                   self.expected[task.key] if self.warm else None, self.confirmations)
         finally:
             with self.lock:
                 if record is not None:
@@ -167,7 +167,7 @@ class _LocalRun:
         ranks_env = self.pool.ranks_env
         env = ranks_env(gpus) if ranks_env else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
         # A fresh process each: the ranks are the engine's own processes, nothing a slot's worker could keep.
-        record = cell_record(task, self.settings, self.processes, env)
+        record = judged_record(task, self.settings, self.processes, env)
         if not self.processes.stopping:
             self.keep(task, record)
 
@@ -258,7 +258,7 @@ def _run_gated(tasks: list[Task], waits: dict[str, set[str]], one: Callable[[Tas
     baseline, its family's pilot) have all finished, passing over one that would wait for a long model build a
     running cell is doing (`builds`: such builds a task does as it starts) while another is ready; an
     interrupted harness kills every running cell first."""
-    pending, finished = list(tasks), set()
+    pending, finished = list(tasks), set[str]()
     running: dict[Future, Task] = {}
 
     def next_ready() -> Task | None:

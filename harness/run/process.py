@@ -71,7 +71,7 @@ class CellProcesses:
 try:  # resolved once here: the forked child must not load libraries (another thread may hold the loader lock)
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
 except (OSError, AttributeError):
-    _prctl = None
+    _prctl = None  # type: ignore[assignment]  # not Linux: no parent-death signal
 
 
 def die_with_parent(parent: int) -> Callable[[], None]:

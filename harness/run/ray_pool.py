@@ -4,7 +4,7 @@ Each GPU class is a Ray resource: by default a custom resource `gpu_class:<class
 declares with its slot count (`ray start --resources '{"gpu_class:L4": 4}'`), or, with `real_gpus`, Ray's own
 `accelerator_type` with a GPU share of 1/slots_per_device (Ray then sets the task's CUDA_VISIBLE_DEVICES, which
 the cell process inherits). A cell goes to a node of the class it really runs on (the host class when emulating)
-and runs there exactly as locally (`cell_record`: one cell process, retries, judging) in a scratch run folder;
+and runs there exactly as locally (`judged_record`: one cell process, retries, judging) in a scratch run folder;
 its record and log come back to the driver, which writes them into the run folder as `run_tasks` does (same
 `RunDir.write`, same resume: finished cells are not sent again).
 
@@ -32,7 +32,7 @@ from kvmatrix.harness.record.files import RunDir, record_stem
 from kvmatrix.harness.record.model import CellRecord, finished_now, new_record
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.accuracy_plan import baselines_first
-from kvmatrix.harness.run.cell_run import cell_record, skip_record
+from kvmatrix.harness.run.cell_run import judged_record, skip_record
 from kvmatrix.harness.run.pool import OnRecord, finished_records
 from kvmatrix.harness.run.process import CellProcesses
 from kvmatrix.harness.run.settings import RunSettings
@@ -64,12 +64,12 @@ def run_on_node(task: Task, settings: RunSettings, baselines: list[CellRecord]) 
     (settings.cache_dir / "ray-scratch").mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=settings.cache_dir / "ray-scratch"))
     try:
-        # The cell builds the models this node lacks (cell_record: ensure_models), into this copy.
+        # The cell builds the models this node lacks (judged_record: ensure_models), into this copy.
         here = dataclasses.replace(settings, run_dir=RunDir(scratch / settings.run_dir.root.name),
                                    built=dict(settings.built))
         for baseline in baselines:
             here.run_dir.write(baseline)
-        record = cell_record(task, here, CellProcesses())
+        record = judged_record(task, here, CellProcesses())
         log = here.run_dir.log_path(task.cell.cell_id, task.gpu_name)
         return record, log.read_bytes() if record.get("log") and log.exists() else None
     finally:

@@ -30,7 +30,7 @@ from kvmatrix.harness.vllm_compat import (
 )
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.load import CASES_DIR, load_models, load_pool, shared_file
-from kvmatrix.matrix.pool import LocalDevice, PoolError, detect_device, resolve
+from kvmatrix.matrix.machine import LocalDevice, PoolError, detect_device, resolve
 from kvmatrix.matrix.schema import GpuClass, ModelEntry, Vocabulary
 
 

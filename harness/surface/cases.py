@@ -80,8 +80,8 @@ def _case(backend: str, points: list, not_here: list, version: str | None) -> di
                        "refuse": {"signature": PLATFORM_REFUSALS, "optional": True,
                                   "reason": "the platform may refuse, clearly, what a backend's declaration cannot "
                                             "see (the CPU's instruction set)"}})
-    for (reasons, classes), refused_dtypes in refused.items():
-        expect.append({"when": {"gpu": list(classes), "kv_cache_dtype": refused_dtypes},
+    for (reasons, refusing), refused_dtypes in refused.items():
+        expect.append({"when": {"gpu": list(refusing), "kv_cache_dtype": refused_dtypes},
                        "refuse": {"signature": REFUSALS,
                                   "reason": f"vLLM {version} declares {backend} refuses it: {reasons}"}})
     case = {

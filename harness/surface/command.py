@@ -23,7 +23,7 @@ from kvmatrix.harness.surface.declared import Surface, declared_surface, summary
 from kvmatrix.harness.surface.promises import HEADERS, promise_table
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import case_files, load_cases, load_models, load_pool
-from kvmatrix.matrix.pool import PoolError
+from kvmatrix.matrix.machine import PoolError
 
 
 def surface_in(env: GivenEnv) -> Surface:

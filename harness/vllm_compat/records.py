@@ -33,5 +33,5 @@ def normalized_builder(fields: Mapping[str, Any], version: str | None) -> Builde
 def normalize_record(record: CellRecord) -> None:
     """Current field names on a stored record of any release (records written before a rename are judged alike)."""
     for group in record.get("attn_groups") or []:
-        if group.get("builder"):
-            group["builder"] = normalized_builder(group["builder"], record.get("vllm_version"))
+        if builder := group.get("builder"):
+            group["builder"] = normalized_builder(builder, record.get("vllm_version"))

@@ -119,7 +119,7 @@ def known_env_vars() -> frozenset[str]:
         for node in body:
             target = node.target if isinstance(node, ast.AnnAssign) else None
             if getattr(target, "id", None) == "environment_variables" and isinstance(node.value, ast.Dict):
-                names = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+                names = {k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
                 return frozenset(names - HARNESS_OWNED_ENV)
     return frozenset()
 

@@ -1,4 +1,4 @@
-"""The GPU pool at run time: which class this machine is, and whether a requested class may run here.
+"""This machine in the GPU pool: which class it is, and whether a requested class may run here.
 
 A class runs natively when the machine is that class; another class may be emulated, only when asked: a CUDA
 class on a real GPU (vLLM's decisions follow the emulated compute capability, kernels still run on the real card),
