@@ -50,6 +50,8 @@ def _with_includes(path: Path, data: dict, case: str, seen: tuple[Path, ...] = (
         raise CaseError(str(path), case, "include", "a list of file names next to this one")
     merged: dict = {}
     for name in includes:
+        if "\0" in name:  # no file can be named so: Path.resolve would raise ValueError, not name the field
+            raise CaseError(str(path), case, "include", f"{name!r} is not a file name")
         target = (path.parent / name).resolve()
         if target.parent != path.parent.resolve():
             raise CaseError(str(path), case, "include", f"{name!r} is not a file in {path.parent}")

