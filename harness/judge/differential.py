@@ -201,6 +201,10 @@ def compare_sequence(mine: list[int], theirs: list[int], mine_lp: list[dict] | N
     return out
 
 
+# The close rule of one sequence, every function it calls: `kvmatrix repro` copies them into a script verbatim.
+SEQUENCE_RULE = (_lp, _lead, compare_sequence)
+
+
 def compare_tokens(mine: CellRecord | Reference, theirs: Reference, exact: bool, rule: Differential
                    ) -> TokenComparison:
     """Every sequence of `mine` (tokens, logprobs) against `theirs`: per-sequence results, and the first that does

@@ -211,7 +211,7 @@ def render(spec: dict[str, Any], command: str) -> str:
         "from typing import Any  # noqa: E402",
         "",
         "",
-        *_verbatim(workloads._logprobs, differential._lp, differential.compare_sequence),
+        *_verbatim(workloads._logprobs, *differential.SEQUENCE_RULE),
         "# The runtime, inlined from kvmatrix's harness/repro/standalone.py",
         _body(),
         "",
