@@ -153,11 +153,11 @@ def logged_lines(logger: str, patterns: list[str]) -> Iterator[list[str]]:
     removes handlers from its loggers."""
     found: list[str] = []
     make_record = logging.getLogRecordFactory()
-    reading = [True]
+    reading = True
 
     def keeping(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = make_record(*args, **kwargs)
-        if reading[0] and (record.name == logger or record.name.startswith(logger + ".")):
+        if reading and (record.name == logger or record.name.startswith(logger + ".")):
             message = record.getMessage()
             if any(re.search(p, message) for p in patterns):
                 found.append(message)
@@ -171,7 +171,7 @@ def logged_lines(logger: str, patterns: list[str]) -> Iterator[list[str]]:
         # process: putting back the one found here would drop vLLM's wrapper, which adds the `vllm_process_name`
         # its format needs, and every later message of a warm worker would fail to format (KeyError). Ours is
         # taken out only where it is still the outermost; inside a wrapper it stays, reading nothing.
-        reading[0] = False
+        reading = False
         if logging.getLogRecordFactory() is keeping:
             logging.setLogRecordFactory(make_record)
 

@@ -170,8 +170,8 @@ def run_oracle(spec: dict, error, tokens, logprobs) -> list:
         return [f"crashes in {crashed} only"]
     problems = []
     for s, (mine, theirs) in enumerate(zip(tokens or [], oracle_tokens or [], strict=False)):
-        got = compare_sequence(mine, theirs, (logprobs or [None] * (s + 1))[s],  # noqa: F821 - inlined
-                               (oracle_logprobs or [None] * (s + 1))[s], oracle["tokens_exact"],
+        got = compare_sequence(mine, theirs, logprobs[s] if logprobs else None,  # noqa: F821 - inlined
+                               oracle_logprobs[s] if oracle_logprobs else None, oracle["tokens_exact"],
                                oracle["logprob_tolerance"], oracle["tie_tolerance"])
         print(f"sequence {s} against the oracle: {got}")
         if not got["ok"]:
