@@ -1,4 +1,4 @@
-"""Models are built as their cells start (harness/run/models.py: ensure_models): each once, however many cells of
+"""Models are built as their cells start (harness/run/model_builds.py: ensure_models): each once, however many cells of
 it start together, and a build that failed is not tried again for every cell."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kvmatrix.harness.models import tiny, trained
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
-from kvmatrix.harness.run import models as run_models
+from kvmatrix.harness.run import model_builds
 from kvmatrix.matrix.schema import ModelEntry
 
 
@@ -41,19 +41,19 @@ def test_concurrent_cells_build_their_model_once(tmp_path, monkeypatch):
     monkeypatch.setattr(tiny, "build", slow_build)
     models = {"llama": ModelEntry(tiny="llama"), "hub": ModelEntry(hub_id="org/model")}
     built: dict[str, Path] = {}
-    threads = [threading.Thread(target=run_models.ensure_models, args=(_Task("llama"), models, tmp_path, built))
+    threads = [threading.Thread(target=model_builds.ensure_models, args=(_Task("llama"), models, tmp_path, built))
                for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert calls == ["llama"] and built == {"llama": tmp_path / "llama"}
-    run_models.ensure_models(_Task("hub"), models, tmp_path, built)  # a hub-only model has nothing to build
+    model_builds.ensure_models(_Task("hub"), models, tmp_path, built)  # a hub-only model has nothing to build
     assert built == {"llama": tmp_path / "llama"}
     # A folder named but missing here (a Ray node given the head's paths) is built again.
     node_built = {"llama": tmp_path / "elsewhere"}
     (tmp_path / "llama").rmdir()
-    run_models.ensure_models(_Task("llama"), models, tmp_path, node_built)
+    model_builds.ensure_models(_Task("llama"), models, tmp_path, node_built)
     assert calls == ["llama", "llama"] and node_built == {"llama": tmp_path / "llama"}
 
 
@@ -68,7 +68,7 @@ def test_a_failed_build_is_tried_once_and_its_cells_go_on(tmp_path, monkeypatch,
     models = {"llama": ModelEntry(tiny="llama")}
     built: dict[str, Path] = {}
     for _ in range(3):
-        run_models.ensure_models(_Task("llama"), models, tmp_path, built)
+        model_builds.ensure_models(_Task("llama"), models, tmp_path, built)
     assert calls == ["llama"] and built == {}
     assert "building llama (llama) failed: OSError('disk full')" in capsys.readouterr().err
 
@@ -105,7 +105,7 @@ def test_the_trained_family_builds_one_model_at_a_time(tmp_path, monkeypatch):
 CONCURRENT_BUILDS = textwrap.dedent("""
     import sys, threading
     from pathlib import Path
-    from kvmatrix.harness.run import models as run_models
+    from kvmatrix.harness.run import model_builds
     from kvmatrix.matrix.load import CASES_DIR, load_models
 
     class Task:
@@ -116,13 +116,13 @@ CONCURRENT_BUILDS = textwrap.dedent("""
     names = sys.argv[3:]
     built = {}
     if together:  # the first builds of a fresh process, side by side: the libraries are imported then
-        threads = [threading.Thread(target=run_models.ensure_models, args=(Task(n), models, cache, built))
+        threads = [threading.Thread(target=model_builds.ensure_models, args=(Task(n), models, cache, built))
                    for n in names]
         [t.start() for t in threads]
         [t.join() for t in threads]
     else:
         for n in names:
-            run_models.ensure_models(Task(n), models, cache, built)
+            model_builds.ensure_models(Task(n), models, cache, built)
     print("BUILT", sorted(built))
 """)
 

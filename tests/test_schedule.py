@@ -16,7 +16,7 @@ import pytest
 from kvmatrix.harness.nightly import history
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.run import models as models_module
+from kvmatrix.harness.run import model_builds
 from kvmatrix.harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
 from kvmatrix.harness.run.pool import run_tasks
 from kvmatrix.harness.run.schedule import order_tasks
@@ -277,7 +277,7 @@ def test_a_free_slot_passes_over_cells_that_would_wait_for_a_running_build(cases
         time.sleep(4)
         return cases_dir
 
-    monkeypatch.setattr(models_module, "_build", training)
+    monkeypatch.setattr(model_builds, "_build", training)
     finished: list[str] = []
     run_tasks(tasks, settings, jobs=2, on_record=lambda r, *_: finished.append(r["cell_id"]))
     assert sorted(finished[:3]) == ["ok[kv=auto,skip=-,spec=-]", "ok[kv=bfloat16,skip=-,spec=-]",

@@ -17,6 +17,7 @@ checkout itself is left alone); there GOOD must be good and BAD bad (harness/bis
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shutil
@@ -128,10 +129,7 @@ def bisect_ordered(plan: Plan, refs: list[str], target: str) -> list[Result]:
             result.conclusion = f"no change: the cell is {old.outcome} at both ends ({old.verdict} / {new.verdict})"
         else:
             searches.append(_Search(result, 0, len(refs) - 1, old.outcome))
-    while active := [s for s in searches if s.middle() is not None]:
-        wanted: dict[int, list[_Search]] = {}
-        for search in active:
-            wanted.setdefault(search.middle(), []).append(search)
+    while wanted := _wanted_refs(searches):
         i, group = min(wanted.items(), key=lambda item: (-len(item[1]), item[0]))  # the ref most cells need
         steps = run_steps(plan, refs[i], [s.result.cell for s in group], "bisect")
         for search in group:
@@ -139,6 +137,15 @@ def bisect_ordered(plan: Plan, refs: list[str], target: str) -> list[Result]:
     for search in searches:
         search.conclude(refs)
     return list(results.values())
+
+
+def _wanted_refs(searches: list[_Search]) -> dict[int, list[_Search]]:
+    """The searches not yet done, by the ref each would run next."""
+    wanted: dict[int, list[_Search]] = {}
+    for search in searches:
+        if (middle := search.middle()) is not None:
+            wanted.setdefault(middle, []).append(search)
+    return wanted
 
 
 def bisect_releases(plan: Plan, versions: list[str]) -> Result:
@@ -150,12 +157,13 @@ def _git(repo: Path, *args: str, check: bool = True) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=check).stdout.strip()
 
 
-def bisect_git(plan: Plan, repo: Path, good: str, bad: str) -> Result:
+def bisect_git(plan: Plan, repo: Path, checkout: Path, good: str, bad: str) -> Result:
+    """The plan's cell over `repo`'s commits from GOOD to BAD: `git bisect run` in a worktree at `checkout`, the
+    plan's `checkout`."""
     good_sha, bad_sha = _git(repo, "rev-parse", f"{good}^{{commit}}"), _git(repo, "rev-parse", f"{bad}^{{commit}}")
     target = (f"{plan.package} wheels from {plan.wheel_index}" if plan.mode == "wheel"
               else f"{repo} over {plan.package} {plan.base_version}")
     result = Result(plan.cell, good_sha, bad_sha, f"commits of {target}", "")
-    checkout = Path(plan.checkout)
     shutil.rmtree(checkout, ignore_errors=True)  # left by an interrupted bisection in the same folder
     _git(repo, "worktree", "prune")
     _git(repo, "worktree", "add", "--detach", str(checkout), bad_sha)
@@ -201,7 +209,8 @@ def _bisect_in_worktree(plan: Plan, checkout: Path, good: str, bad: str, result:
 
 
 def _name_refs(checkout: Path, result: Result) -> Result:
-    for ref in {result.good, result.bad, result.first_bad, result.last_good, *result.candidates} - {None}:
+    refs = (result.good, result.bad, result.first_bad, result.last_good, *result.candidates)
+    for ref in {r for r in refs if r is not None}:
         result.names[ref] = _git(checkout, "log", "-1", "--format=%h %s", ref)
     return result
 
@@ -218,29 +227,29 @@ def bisect(cells: list[str], good: str | None, bad: str | None, repo: Path | Non
     slug = re.sub(r"[^\w.=,-]+", "_", cells[0]) + (f"-and-{len(cells) - 1}-more" if len(cells) > 1 else "")
     folder = Path(folder or RUNS_DIR / f"bisect-{time.strftime('%Y%m%d-%H%M%S')}-{slug}").resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    common = {"cells": cells, "folder": str(folder), "cache_dir": str(Path(cache_dir).resolve()), "package": package,
-              "gpu": gpu, "isolation": isolation}
+    plan_of = functools.partial(Plan, cells=cells, folder=str(folder), cache_dir=str(Path(cache_dir).resolve()),
+                                package=package, gpu=gpu, isolation=isolation)
     if envs is not None:
         chosen = between(envs, good, bad)
-        plan = Plan(**common, mode="given", envs={e.ref: e.as_json() for e in chosen})
+        plan = plan_of(mode="given", envs={e.ref: e.as_json() for e in chosen})
         plan.save()
         results = bisect_ordered(plan, [e.ref for e in chosen], "given environments " + ", ".join(
             f"{e.ref}={e.spec}" for e in chosen))
     elif repo is None:
         if good is None or bad is None:
             raise ValueError("--good and --bad are needed to bisect releases")
-        plan = Plan(**common, mode="release")
+        plan = plan_of(mode="release")
         plan.save()
         versions = releases_between(good, bad, available_versions(package))
         results = bisect_ordered(plan, versions, f"{package} releases {', '.join(versions)}")
     else:
         if good is None or bad is None or len(cells) > 1:
             raise ValueError("a git bisection takes one --cell and both --good and --bad")
-        mode = "wheel" if wheel_index else "overlay"
-        plan = Plan(**common, mode=mode, wheel_index=wheel_index, base_version=base_version or here_version,
-                    checkout=str(folder / "checkout"))
+        mode, checkout = "wheel" if wheel_index else "overlay", folder / "checkout"
+        plan = plan_of(mode=mode, wheel_index=wheel_index, base_version=base_version or here_version,
+                       checkout=str(checkout))
         plan.base_ref = _git(Path(repo), "rev-parse", base_ref or good) if mode == "overlay" else None
-        results = [bisect_git(plan, Path(repo).resolve(), good, bad)]
+        results = [bisect_git(plan, Path(repo).resolve(), checkout, good, bad)]
     (folder / "result.md").write_text("\n\n".join(render(r) for r in results) + "\n")
     write_json_atomic(folder / "result.json", {"results": [{
         "cell": r.cell, "good": r.good, "bad": r.bad, "first_bad": r.first_bad, "last_good": r.last_good,

@@ -39,6 +39,11 @@ class GivenEnv:
     def as_json(self) -> dict:
         return {"ref": self.ref, "spec": self.spec, "command": list(self.command), "path_first": list(self.path_first)}
 
+    @classmethod
+    def from_json(cls, data: dict) -> GivenEnv:
+        """The environment `as_json` wrote (a plan's `envs`)."""
+        return cls(data["ref"], data["spec"], tuple(data["command"]), tuple(data["path_first"]))
+
 
 def given_env(ref: str, spec: str) -> GivenEnv:
     """What `spec` (a folder, an interpreter or a command prefix) means; never raises: a spec that is none of

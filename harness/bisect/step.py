@@ -114,20 +114,29 @@ def step_environment(plan: Plan, ref: str) -> tuple[list[str], list[str]]:
     its PYTHONPATH."""
     cache = Path(plan.cache_dir)
     if plan.mode == "given":
-        env = GivenEnv(**{k: tuple(v) if isinstance(v, list) else v for k, v in plan.envs[ref].items()})
+        env = GivenEnv.from_json(plan.envs[ref])
         check(env)
         return list(env.command), list(env.path_first)
     if plan.mode == "release":
         return [str(release_env(plan.package, ref, cache))], []
     if plan.mode == "wheel":
-        return [str(wheel_env(plan.package, ref, plan.wheel_index, cache))], []
-    changed = compiled_changes(Path(plan.checkout), plan.base_ref, ref)
+        return [str(wheel_env(plan.package, ref, planned(plan.wheel_index, "wheel index"), cache))], []
+    checkout = Path(planned(plan.checkout, "checkout"))
+    changed = compiled_changes(checkout, planned(plan.base_ref, "base commit"), ref)
     if changed:
         raise EnvBuildError(f"changes compiled code, needs its own build: {', '.join(changed[:5])}")
-    python = release_env(plan.package, plan.base_version, cache)
+    # None where no vLLM is installed here and no --base-version was given: then no step has an environment.
+    python = release_env(plan.package, planned(plan.base_version, "base release"), cache)
     overlay = Path(plan.overlay or Path(plan.folder) / "overlay")
-    sync_overlay(Path(plan.checkout) / "vllm", package_dir(python), overlay / "vllm")
+    sync_overlay(checkout / "vllm", package_dir(python), overlay / "vllm")
     return [str(python)], [str(overlay)]
+
+
+def planned(value: str | None, what: str) -> str:
+    """A plan field its mode needs (`bisect` sets it for that mode); without it, a step has no environment."""
+    if value is None:
+        raise EnvBuildError(f"the bisection's plan has no {what}")
+    return value
 
 
 def run_step(plan: Plan, ref: str, label: str = "") -> Step:
@@ -207,8 +216,8 @@ def _save(plan: Plan, step: Step) -> Step:
 def main(argv: list[str]) -> int:
     try:
         plan = Plan.load(Path(argv[0]))
-        ref = subprocess.run(["git", "-C", plan.checkout, "rev-parse", "HEAD"], capture_output=True, text=True,
-                             check=True).stdout.strip()
+        ref = subprocess.run(["git", "-C", planned(plan.checkout, "checkout"), "rev-parse", "HEAD"],
+                             capture_output=True, text=True, check=True).stdout.strip()
         return EXIT_CODE[run_step(plan, ref, label="bisect").outcome]
     except Exception:  # noqa: BLE001 - any fault of ours aborts the bisection rather than marking a commit bad
         traceback.print_exc()

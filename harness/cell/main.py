@@ -19,17 +19,21 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kvmatrix.harness import vllm_compat
 from kvmatrix.harness.cell import workloads
 from kvmatrix.harness.cell.probe import probe
 from kvmatrix.harness.cell.spec import CellSpec
 from kvmatrix.harness.record.files import write_json_atomic
-from kvmatrix.harness.record.model import CellRecord, ExceptionInfo, check_record, new_record
+from kvmatrix.harness.record.model import CellRecord, Emulation, ExceptionInfo, Reference, check_record, new_record
 
 MESSAGE_CAP = 4096
 TRACEBACK_CAP = 4096
+# Each phase of the cell process and the record's timing of it.
+PHASE_TIMINGS: dict[str, Literal["import_s", "init_s", "probe_s", "generate_s", "references_s", "accuracy_s"]] = {
+    "import": "import_s", "init": "init_s", "probe": "probe_s", "generate": "generate_s",
+    "references": "references_s", "accuracy": "accuracy_s"}
 
 
 class CellResult:
@@ -71,7 +75,7 @@ class CellResult:
             self.data["exception"] = describe(exc)
             return False, None
         finally:
-            self.data["timings"][f"{phase}_s"] = round(time.monotonic() - started, 3)
+            self.data["timings"][PHASE_TIMINGS[phase]] = round(time.monotonic() - started, 3)
             self.data["timings"]["cpu_s"] = round(cpu_seconds() - self.cpu_started, 1)
             self.save()
 
@@ -91,15 +95,17 @@ def describe(exc: BaseException) -> ExceptionInfo:
     }
 
 
-# A warm worker's vLLM once imported: (the emulation key it was imported under, vllm, the emulation record).
-_imported: tuple[tuple, Any, dict | None] | None = None
+# What a cell emulates, as the runner gives a warm worker cells of one only: (the CUDA capability, the CPU level).
+EmulationKey = tuple[tuple[int, ...], str | None]
+# A warm worker's vLLM once imported: (the emulation it was imported under, vllm, the emulation record).
+_imported: tuple[EmulationKey, Any, Emulation | None] | None = None
 
 
 def import_vllm(result: CellResult, capability: list[int] | None, cpu_isa: str | None) -> Any:
     """vLLM, imported under the spec's emulation; in a warm worker the second cell finds it already imported (the
     runner gives a worker only cells of one emulation, so a different one is the runner's bug)."""
     global _imported
-    key = (tuple(capability or ()), cpu_isa)
+    key: EmulationKey = (tuple(capability or ()), cpu_isa)
     if _imported is not None:
         imported_key, vllm, emulation = _imported
         if imported_key != key:
@@ -108,7 +114,8 @@ def import_vllm(result: CellResult, capability: list[int] | None, cpu_isa: str |
         return _versions(result, vllm)
     if capability is not None:
         # Before LLM(): vLLM reads the capability while it picks backends and checks dtypes.
-        patched = vllm_compat.emulate_device_capability(*capability, result.data["vllm_version"])
+        major, minor = capability
+        patched = vllm_compat.emulate_device_capability(major, minor, result.data["vllm_version"])
         result.data["emulation"] = {"capability": list(capability), "patched_classes": patched}
     if cpu_isa is not None:
         # Before `import vllm`: its CPU platform picks a kernel build at import.
@@ -213,9 +220,10 @@ def generate(result: CellResult, vllm: Any, llm: Any, prompts: list[str], max_to
         result.data["logprobs"] = workloads.outputs_of(outputs, logprobs)["logprobs"]
 
 
-def generate_workload(result: CellResult, vllm: Any, llm: Any, spec: CellSpec) -> None:
+def generate_workload(result: CellResult, vllm: Any, llm: Any, workload: dict[str, Any], max_tokens: int,
+                      logprobs: int | None) -> None:
     """The workload's generation instead of the plain one (harness/cell/workloads.py)."""
-    got, facts = workloads.run_workload(vllm, llm, spec.workload, result.data, spec.max_tokens, spec.logprobs)
+    got, facts = workloads.run_workload(vllm, llm, workload, result.data, max_tokens, logprobs)
     result.data["workload_run"] = facts
     result.data["tokens"], result.data["texts"] = got.get("tokens", []), got.get("texts", [])
     if "logprobs" in got:
@@ -226,9 +234,12 @@ def generate_workload(result: CellResult, vllm: Any, llm: Any, spec: CellSpec) -
 
 def generate_references(result: CellResult, vllm: Any, llm: Any, spec: CellSpec) -> None:
     """As an oracle: each workload's prompts generated plainly, for the cells compared with this one."""
-    result.data["references"] = {
-        params["name"]: workloads.run_reference(vllm, llm, params, result.data, spec.max_tokens, spec.logprobs)
-        for params in spec.references}
+    references: dict[str, Reference] = {}
+    for params in spec.references:
+        assert params is not None, "an oracle's references are its cells' workloads, never plain (matrix/expand.py)"
+        references[params["name"]] = workloads.run_reference(vllm, llm, params, result.data, spec.max_tokens,
+                                                             spec.logprobs)
+    result.data["references"] = references
 
 
 def measure_accuracy(result: CellResult, llm: Any, accuracy: dict[str, Any]) -> None:
@@ -247,19 +258,21 @@ def main(spec_path: str, result_path: str) -> int:
     if not ok:
         return 1
     result.run("probe", lambda: probe_engine(result, llm))
-    if spec.workload is None:
+    workload, accuracy = spec.workload, spec.accuracy
+    if workload is None:
         ok, _ = result.run("generate", lambda: generate(result, vllm, llm, spec.prompts, spec.max_tokens,
                                                         spec.logprobs))
     else:
-        ok, _ = result.run("generate", lambda: generate_workload(result, vllm, llm, spec))
+        ok, _ = result.run("generate", lambda: generate_workload(result, vllm, llm, workload, spec.max_tokens,
+                                                                 spec.logprobs))
     if not ok:
         return 1
     if spec.references:
         ok, _ = result.run("references", lambda: generate_references(result, vllm, llm, spec))
         if not ok:
             return 1
-    if spec.accuracy is not None:
-        ok, _ = result.run("accuracy", lambda: measure_accuracy(result, llm, dataclasses.asdict(spec.accuracy)))
+    if accuracy is not None:
+        ok, _ = result.run("accuracy", lambda: measure_accuracy(result, llm, dataclasses.asdict(accuracy)))
         if not ok:
             return 1
     result.data["phase"] = "done"

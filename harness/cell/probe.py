@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any
+from typing import Any, cast
 
 from kvmatrix.harness import vllm_compat as compat
-from kvmatrix.harness.record.model import AttnGroup, Builder, CellRecord, KvGroup, Layer
+from kvmatrix.harness.record.model import AttnGroup, Builder, CellRecord, KvGroup, Layer, Runtime
 
 _MISSING = object()
 
@@ -38,11 +38,12 @@ def probe(worker: Any) -> CellRecord:
     }
 
 
-def _runtime(runner: Any, version: str) -> dict[str, Any]:
+def _runtime(runner: Any, version: str) -> Runtime:
     """What the engine resolved for the execution mode and the workloads' runtime paths (compilation and CUDA-graph
     mode, prefix caching, chunked prefill, batch limits, KV blocks)."""
     paths = compat.for_version(compat.RUNTIME_CONFIG_PATHS, version)[0]
-    return {field: _plain(_path(runner, path)) for field, path in paths.items()}
+    # The table's keys are Runtime's fields, unknown to mypy (check_record checks them as the cell saves its record).
+    return cast(Runtime, {field: _plain(_path(runner, path)) for field, path in paths.items()})
 
 
 def layer_index(name: str) -> int | None:
@@ -55,7 +56,7 @@ def _layer(name: str, module: Any, groups: list, draft: set[str], version: str) 
     group_index, spec = _spec_of(name, groups)
     backend = _layer_backend(module, version)
     scales = compat.for_version(compat.LAYER_SCALE_ATTRS, version)[0]
-    return {
+    layer: Layer = {
         "name": name,
         "index": layer_index(name),
         "role": "draft" if name in draft else "target",
@@ -66,8 +67,10 @@ def _layer(name: str, module: Any, groups: list, draft: set[str], version: str) 
         "spec_dtype": _plain(getattr(spec, "dtype", None)),
         "page_size_bytes": _plain(getattr(spec, "page_size_bytes", None)),
         "group": group_index,
-        **{key: _scale(module, attrs) for key, attrs in scales.items()},
     }
+    # The table's keys are Layer's scale fields (k_scale, v_scale), unknown to mypy; last, as they always were.
+    layer.update(cast(Layer, {key: _scale(module, attrs) for key, attrs in scales.items()}))
+    return layer
 
 
 def _spec_of(name: str, groups: list) -> tuple[int | None, Any]:
@@ -82,13 +85,15 @@ def _spec_of(name: str, groups: list) -> tuple[int | None, Any]:
 
 def _kv_group(index: int, group: Any) -> KvGroup:
     spec = getattr(group, "kv_cache_spec", None)
-    return {
+    kv_group: KvGroup = {
         "group": index,
         "layer_names": list(getattr(group, "layer_names", None) or []),
         "spec_type": type(spec).__name__ if spec is not None else None,
         "spec_module": compat.class_module(spec),
-        **{field: _plain(getattr(spec, field, None)) for field in compat.KV_SPEC_FIELDS},
     }
+    # KV_SPEC_FIELDS are KvGroup's spec fields, which mypy cannot tell from a tuple of strings.
+    kv_group.update(cast(KvGroup, {field: _plain(getattr(spec, field, None)) for field in compat.KV_SPEC_FIELDS}))
+    return kv_group
 
 
 def _attn_groups(runner: Any, version: str) -> list[AttnGroup]:

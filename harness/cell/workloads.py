@@ -19,9 +19,10 @@ its KV cache is the class's usual size), the preemption batch at once.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, TypedDict
 
 from kvmatrix.harness import vllm_compat as compat
+from kvmatrix.harness.record.model import CellRecord, Reference, WorkloadRun
 
 WORKLOAD_SEED = 34
 SUFFIX_TOKENS = 8
@@ -56,9 +57,9 @@ def workload_prompts(params: dict[str, Any], block_size: int, pool: list[int], m
     raise ValueError(f"unknown workload {name!r}")
 
 
-def block_size_of(record: dict) -> int | None:
+def block_size_of(record: CellRecord) -> int | None:
     """The KV block size the engine resolved (the largest of its KV-cache groups)."""
-    sizes = [g.get("block_size") for g in record.get("kv_groups") or [] if g.get("block_size")]
+    sizes = [size for g in record.get("kv_groups") or [] if (size := g.get("block_size"))]
     return max(sizes) if sizes else None
 
 
@@ -73,9 +74,18 @@ def preemptions(llm: Any) -> int | None:
     return int(sum(v for v in values if v is not None)) if values else None
 
 
-def outputs_of(outputs: list[Any], logprobs: int | None) -> dict[str, Any]:
+class Generation(TypedDict, total=False):
+    """What requests generated, one entry per request in order (the record's tokens, texts and logprobs)."""
+
+    tokens: list[list[int]]
+    texts: list[str]
+    cached_tokens: list[int | None]
+    logprobs: list[list[dict[str, float]]]
+
+
+def outputs_of(outputs: list[Any], logprobs: int | None) -> Generation:
     """tokens, texts and (when asked) each position's chosen-token and top logprobs of request outputs."""
-    data: dict[str, Any] = {
+    data: Generation = {
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
         "texts": [o.outputs[0].text for o in outputs],
         "cached_tokens": [getattr(o, "num_cached_tokens", None) for o in outputs],
@@ -93,22 +103,14 @@ def _logprobs(completion: Any) -> list[dict[str, float]]:
     return out
 
 
-def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
-    for part in parts:
-        for key, value in part.items():
-            merged.setdefault(key, []).extend(value)
-    return merged
-
-
-def run_workload(vllm: Any, llm: Any, params: dict[str, Any], record: dict, max_tokens: int,
-                 logprobs: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def run_workload(vllm: Any, llm: Any, params: dict[str, Any], record: CellRecord, max_tokens: int,
+                 logprobs: int | None) -> tuple[Generation, WorkloadRun]:
     """(what the generation gave: tokens, texts, logprobs, cached tokens; the workload's facts: prompt lengths,
     block size, whether its path was reached and why)."""
     sampling = vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=logprobs)
     block = block_size_of(record)
     runtime = record.get("runtime") or {}
-    facts: dict[str, Any] = {"name": params["name"], "block_size": block}
+    facts: WorkloadRun = {"name": params["name"], "block_size": block}
     if block is None:
         return {}, {**facts, "reached": False, "detail": "no KV block size recorded"}
     prompts = workload_prompts(params, block, token_pool(llm), max_tokens)
@@ -120,7 +122,7 @@ def run_workload(vllm: Any, llm: Any, params: dict[str, Any], record: dict, max_
     requests = [{"prompt_token_ids": p} for p in prompts]
     name = params["name"]
     if name == "shared_prefix":
-        got = merge([outputs_of(llm.generate([r], sampling, use_tqdm=False), logprobs) for r in requests])
+        got = outputs_of([o for r in requests for o in llm.generate([r], sampling, use_tqdm=False)], logprobs)
         cached = got["cached_tokens"][1] or 0
         reached = cached >= 2 * block
         detail = f"second request reused {cached} cached tokens ({cached // block} blocks of {block})"
@@ -145,8 +147,8 @@ def run_workload(vllm: Any, llm: Any, params: dict[str, Any], record: dict, max_
     return got, {**facts, "reached": reached, "detail": detail}
 
 
-def run_reference(vllm: Any, llm: Any, params: dict[str, Any], record: dict, max_tokens: int,
-                  logprobs: int | None) -> dict[str, Any]:
+def run_reference(vllm: Any, llm: Any, params: dict[str, Any], record: CellRecord, max_tokens: int,
+                  logprobs: int | None) -> Reference:
     """A workload's prompts generated plainly in an oracle's engine: each request alone after the prefix cache is
     emptied (the preemption batch at once, in a KV cache that holds it)."""
     sampling = vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=logprobs)
@@ -161,8 +163,8 @@ def run_reference(vllm: Any, llm: Any, params: dict[str, Any], record: dict, max
     if params["name"] == "preemption":
         llm.reset_prefix_cache()
         return {**outputs_of(llm.generate(requests, sampling, use_tqdm=False), logprobs), "block_size": block}
-    parts = []
+    outputs = []
     for request in requests:
         llm.reset_prefix_cache()
-        parts.append(outputs_of(llm.generate([request], sampling, use_tqdm=False), logprobs))
-    return {**merge(parts), "block_size": block}
+        outputs += llm.generate([request], sampling, use_tqdm=False)
+    return {**outputs_of(outputs, logprobs), "block_size": block}

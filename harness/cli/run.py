@@ -99,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
           + (" (probe-only)" if args.probe_only else "")
           + f", isolation {args.isolation}, vLLM {settings.vllm_version}, run {session.run_dir.root}"
           + (f", on the Ray cluster at {args.ray}" if args.ray else ""), flush=True)
-    # No models built up front: each cell builds what it needs as it starts (harness/run/models.py), so cells
+    # No models built up front: each cell builds what it needs as it starts (harness/run/model_builds.py), so cells
     # of other models run while one trains.
     run = run_on_ray if args.ray else run_here
     records = run(args, tasks, session, progress_printer(started.at))

@@ -119,6 +119,7 @@ class Timings(TypedDict, total=False):
     init_s: float
     probe_s: float
     generate_s: float
+    references_s: float  # an oracle's plain generation of its cells' workload prompts
     accuracy_s: float
     teardown_s: float  # a warm worker's engine teardown after the cell
     total_s: float

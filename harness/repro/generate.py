@@ -19,7 +19,7 @@ from kvmatrix.harness.models.trained import BUILDERS as TRAINED_BUILDERS
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.repro import standalone
 from kvmatrix.harness.run.engine_args import engine_args_for, models_needed
-from kvmatrix.harness.run.models import build_models
+from kvmatrix.harness.run.model_builds import build_models
 from kvmatrix.matrix.conditions import is_range, when_matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.expectations import CrashExpected, RecordCheck

@@ -1,8 +1,16 @@
 """The body of a standalone reproduction script (`kvmatrix repro`): copied verbatim into the script after its
 SPEC and the checkpoint builder's `weights` function, so it imports only vLLM, torch, safetensors (a vLLM
-dependency) and the standard library, never kvmatrix. Kept as a module so that ruff and the tests read it."""
+dependency) and the standard library, never kvmatrix. Kept as a module so that ruff, mypy and the tests read it;
+the names the script defines ahead of it are imported for the checkers alone, above the part copied."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what the script defines ahead of this body, verbatim (harness/repro/generate.py render)
+    from kvmatrix.harness.cell.workloads import _logprobs
+    from kvmatrix.harness.judge.differential import compare_sequence
+    from kvmatrix.harness.models.checkpoint import per_channel_fp8, weights
 
 import enum
 import json
@@ -25,8 +33,8 @@ def write_model(folder: Path, model: dict) -> None:
     import torch
     from safetensors.torch import save_file
 
-    tensors = weights({k: tuple(v) for k, v in model["shapes"].items()}, model["seed"])  # noqa: F821 - inlined
-    tensors = per_channel_fp8(tensors, model.get("fp8_per_channel", []))  # noqa: F821 - inlined
+    tensors = weights({k: tuple(v) for k, v in model["shapes"].items()}, model["seed"])
+    tensors = per_channel_fp8(tensors, model.get("fp8_per_channel", []))
     for name, (dtype, shape, values) in model["extra"].items():
         tensors[name] = torch.tensor(values, dtype=getattr(torch, dtype)).reshape(shape)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
@@ -43,7 +51,9 @@ def emulate(emulation: dict) -> None:
         capability = DeviceCapability(*emulation["compute_capability"])
         for obj in list(vars(cuda).values()):
             if isinstance(obj, type) and obj.__module__ == cuda.__name__ and "get_device_capability" in vars(obj):
-                obj.get_device_capability = classmethod(lambda cls, device_id=0: capability)
+                # Patching vLLM's class on purpose; mypy knows `obj` only as some class, without this method.
+                obj.get_device_capability = classmethod(  # type: ignore[attr-defined]
+                    lambda cls, device_id=0: capability)
     for probe in emulation.get("cpu_isa_probes_off", []):
         # emulate_cpu_isa: the CPU backend asks torch.cpu which instruction sets exist; higher levels answer no.
         import torch.cpu
@@ -146,7 +156,7 @@ def run(spec: dict, engine_args: dict | None = None):
         outputs = llm.generate(spec["prompts"], params)
     except Exception as err:  # noqa: BLE001 - a refusal or a crash is what this script observes
         return None, None, f"{type(err).__name__}: {err}", None, None
-    logprobs = [_logprobs(o.outputs[0]) for o in outputs] if top else None  # noqa: F821 - inlined
+    logprobs = [_logprobs(o.outputs[0]) for o in outputs] if top else None
     return (layers, [o.outputs[0].text for o in outputs], None, [list(o.outputs[0].token_ids) for o in outputs],
             logprobs)
 
@@ -170,7 +180,7 @@ def run_oracle(spec: dict, error, tokens, logprobs) -> list:
         return [f"crashes in {crashed} only"]
     problems = []
     for s, (mine, theirs) in enumerate(zip(tokens or [], oracle_tokens or [], strict=False)):
-        got = compare_sequence(mine, theirs, logprobs[s] if logprobs else None,  # noqa: F821 - inlined
+        got = compare_sequence(mine, theirs, logprobs[s] if logprobs else None,
                                oracle_logprobs[s] if oracle_logprobs else None, oracle["tokens_exact"],
                                oracle["logprob_tolerance"], oracle["tie_tolerance"])
         print(f"sequence {s} against the oracle: {got}")

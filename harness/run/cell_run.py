@@ -25,7 +25,7 @@ from kvmatrix.harness.run.engine_args import cell_mode, engine_args_for, generat
 from kvmatrix.harness.run.gpu_check import check_gpu_memory
 from kvmatrix.harness.run.gpu_memory import physical_index
 from kvmatrix.harness.run.launch import CellFiles, FreshProcess, Launcher
-from kvmatrix.harness.run.models import ensure_models
+from kvmatrix.harness.run.model_builds import ensure_models
 from kvmatrix.harness.run.process import CellProcesses, cap_log
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.vllm_compat import GRAPH_EXECUTIONS, MULTI_RANK_ENV

@@ -79,10 +79,10 @@ def run_on_node(task: Task, settings: RunSettings, baselines: list[CellRecord]) 
 def unobserved_record(task: Task, settings: RunSettings, why: str) -> CellRecord:
     """A cell the pool could not run: an `error` for the report, never a record file (a rerun runs it)."""
     why = f"{why} (not recorded: a rerun with the same run id runs it again)"
-    record = new_record(**{**skip_record(task, why, settings.run_dir.root.name), "status": "error",
-                           "error_tail": why, "vllm_version": settings.vllm_version, "signature": None,
-                           "finished_at": finished_now()})
-    return judge_record(record, task, settings.run_dir, settings.waivers)
+    fields: CellRecord = {**skip_record(task, why, settings.run_dir.root.name), "status": "error",
+                          "error_tail": why, "vllm_version": settings.vllm_version, "signature": None,
+                          "finished_at": finished_now()}
+    return judge_record(new_record(**fields), task, settings.run_dir, settings.waivers)
 
 
 def run_tasks_on_ray(

@@ -15,7 +15,7 @@ from kvmatrix.harness.record.paths import DEFAULT_CACHE
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.cell_run import not_run_reason
 from kvmatrix.harness.run.gpu_memory import open_gpu_memory
-from kvmatrix.harness.run.models import build_models
+from kvmatrix.harness.run.model_builds import build_models
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.run.slots import ranks_env, slot_count, slot_env
 from kvmatrix.harness.vllm_compat import (

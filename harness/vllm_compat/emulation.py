@@ -32,7 +32,8 @@ def emulate_device_capability(major: int, minor: int, version: str | None) -> li
     for name, obj in vars(module).items():
         # Only classes defined there: the imported base Platform also has the method, and other platforms use it.
         if isinstance(obj, type) and obj.__module__ == module.__name__ and "get_device_capability" in vars(obj):
-            obj.get_device_capability = classmethod(get_device_capability)
+            # Patching vLLM's class on purpose; mypy knows `obj` only as some class, without this method.
+            obj.get_device_capability = classmethod(get_device_capability)  # type: ignore[attr-defined]
             patched.append(name)
     if not patched:
         raise RuntimeError(f"no class with get_device_capability in {module.__name__}")
@@ -58,14 +59,16 @@ def reported_capability(major: int, minor: int, version: str | None) -> Iterator
     capability = _device_capability(major, minor, version)
     platform = type(current_platform)
     own = vars(platform).get("get_device_capability")
-    platform.get_device_capability = classmethod(lambda cls, device_id=0: capability)
+    # Patching vLLM's platform class on purpose (put back below); mypy refuses any assignment to a method.
+    platform.get_device_capability = classmethod(  # type: ignore[method-assign, assignment]
+        lambda cls, device_id=0: capability)
     try:
         yield
     finally:
         if own is None:
             del platform.get_device_capability
         else:
-            platform.get_device_capability = own
+            platform.get_device_capability = own  # type: ignore[method-assign]  # vLLM's own method, put back
 
 
 # ---------------------------------------------------------------------------------------------------------------
