@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import platform
 import shutil
 from pathlib import Path
@@ -47,6 +48,46 @@ def shipped_matrix():
     pool = load_pool()
     cells = {c.cell_id: c for c in expand_all(load_cases(), load_models(), pool)}
     return pool, cells, load_waivers(gpu_classes=pool)
+
+
+def judged_classes(root: Path, runs: dict[str, str], vllm_version: str) -> dict[str, dict[str, dict]]:
+    """Each GPU class's captured records (`runs`: class -> run folder under `root`) judged again in their folder
+    under the shipped case files, as `kvmatrix rejudge` does: class -> cell id -> record."""
+    from kvmatrix.harness.judge.judge import judge_record
+    from kvmatrix.harness.judge.outcome import reclassify
+    from kvmatrix.harness.record.files import RunDir
+    from kvmatrix.harness.record.task import Task
+
+    pool, cells, waivers = shipped_matrix()
+    out: dict[str, dict[str, dict]] = {}
+    for gpu, run in runs.items():
+        run_dir = RunDir(root / run)
+        out[gpu] = {}
+        for path in sorted(run_dir.root.glob(f"{gpu}--*.json")):
+            record = json.loads(path.read_text())
+            assert record.get("vllm_version", vllm_version) == vllm_version
+            assert record.get("emulated_from") == (None if gpu == "H200" else "H200")
+            if record["status"] != "skipped":
+                reclassify(record, run_dir)
+                task = Task(cells[record["cell_id"]], gpu, pool[gpu], record.get("emulated_from"))
+                record = judge_record(record, task, run_dir, waivers)
+            out[gpu][record["cell_id"]] = record
+    return out
+
+
+def judged_archive_fixtures(archive: Path, runs: dict[str, str], vllm_version: str):
+    """The module fixtures `unpacked` (the archive, once per module) and `judged` (its classes' records judged
+    again, `judged_classes`) of a test module over one device session's archive: `unpacked, judged = ...`."""
+
+    @pytest.fixture(scope="module")
+    def unpacked(tmp_path_factory) -> Path:
+        return unpacked_archive(tmp_path_factory, archive)
+
+    @pytest.fixture(scope="module")
+    def judged(unpacked) -> dict[str, dict[str, dict]]:
+        return judged_classes(unpacked, runs, vllm_version)
+
+    return unpacked, judged
 
 
 @pytest.fixture

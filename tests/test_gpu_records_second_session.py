@@ -17,44 +17,15 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 
-import pytest
-
-from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.judge.outcome import reclassify
-from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.record.task import Task
-from tests.conftest import FIXTURES, shipped_matrix, unpacked_archive
+from tests.conftest import FIXTURES, judged_archive_fixtures
 
 ARCHIVE = FIXTURES / "runs" / "h200-graphs-vllm-0.33.0-2026-12-02-second.tar.xz"
 RUNS = {"H200": "h200-vllm0.33.0-graphs", "A100": "h200-as-A100-vllm0.33.0-graphs",
         "L4": "h200-as-L4-vllm0.33.0-graphs", "B200": "h200-as-B200-vllm0.33.0-graphs"}
 
 
-@pytest.fixture(scope="module")
-def unpacked(tmp_path_factory) -> Path:
-    return unpacked_archive(tmp_path_factory, ARCHIVE)
-
-
-@pytest.fixture(scope="module")
-def judged(unpacked) -> dict[str, dict[str, dict]]:
-    """Each class's records judged again in their folder, as `kvmatrix rejudge` does."""
-    pool, cells, waivers = shipped_matrix()
-    out: dict[str, dict[str, dict]] = {}
-    for gpu, run in RUNS.items():
-        run_dir = RunDir(unpacked / run)
-        out[gpu] = {}
-        for path in sorted(run_dir.root.glob(f"{gpu}--*.json")):
-            record = json.loads(path.read_text())
-            assert record.get("vllm_version", "0.33.0") == "0.33.0"
-            assert record.get("emulated_from") == (None if gpu == "H200" else "H200")
-            if record["status"] != "skipped":
-                reclassify(record, run_dir)
-                task = Task(cells[record["cell_id"]], gpu, pool[gpu], record.get("emulated_from"))
-                record = judge_record(record, task, run_dir, waivers)
-            out[gpu][record["cell_id"]] = record
-    return out
+unpacked, judged = judged_archive_fixtures(ARCHIVE, RUNS, "0.33.0")
 
 
 def test_no_unexplained_failure_on_any_class(judged):

@@ -33,7 +33,7 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
     """Judge stored records again under the current case files and signature table, without running vLLM: those
     of the folder the (first) run was made with, unless --cases-dir names another."""
     args.cases_dir = cases_dir_for(args.cases_dir, args.run_dirs[0])
-    cells, _, _ = load_cells(args)
+    cells, _, _ = load_cells(args, of_installed_vllm=False)
     by_id = {c.cell_id: c for c in cells}
     pool = load_pool(Path(args.cases_dir))
     waivers = session_waivers(Path(args.cases_dir), pool)

@@ -26,14 +26,17 @@ def add_selection_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cell", action="append", help="only this exact cell id; repeatable")
 
 
-def load_cells(args: argparse.Namespace, tolerant: bool = False) -> tuple[list[Cell], list[CaseError], list[Cell]]:
+def load_cells(args: argparse.Namespace, tolerant: bool = False, of_installed_vllm: bool = True
+               ) -> tuple[list[Cell], list[CaseError], list[Cell]]:
     """(selected cells, case files set aside, every cell of the matrix). With `tolerant`, a case file that fails
     to load or expand is set aside as an error (the other cases still run); otherwise it stops the command. A
-    selection that matches no cell raises SelectionError naming it."""
+    selection that matches no cell raises SelectionError naming it. `of_installed_vllm=False` does not hold the
+    cases to the installed vLLM's names (KV dtypes, engine arguments): judging records another release made, from
+    cases generated for it, runs no vLLM here."""
     cases_dir = Path(args.cases_dir)
     files = case_files(cases_dir)
     models, pool = load_models(cases_dir), load_pool(cases_dir)
-    vocabulary = vllm_vocabulary(models)
+    vocabulary = vllm_vocabulary(models) if of_installed_vllm else None
     cells: list[Cell] = []
     errors: list[CaseError] = []
     for path in files:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from kvmatrix.harness.record.model import CellRecord
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
+from kvmatrix.harness.vllm_compat.signatures import ENVIRONMENT_SIGNATURES
 from kvmatrix.matrix.conditions import check_condition_value, matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.load import CASES_DIR
@@ -211,6 +212,10 @@ def waive(record: CellRecord, waivers: Iterable[Waiver], today: datetime.date | 
         if record["verdict"] in FAILING_VERDICTS:
             return {**record, "reason": f"waiver expired on {waiver.until} ({waiver.link}): "
                                         f"{record.get('reason', '')}"}, None
+        return record, None
+    if record["verdict"] == "error" and record.get("signature") in ENVIRONMENT_SIGNATURES:
+        # A broken install is mended, not waived: a waiver for vLLM's failure must not hide it (seen: a B200 waiver
+        # over a record of the install without `quack`).
         return record, None
     if record["verdict"] in FAILING_VERDICTS:
         return {**record, "verdict": "xfail", "reason": f"waived ({waiver.link}): {record.get('reason', '')}",

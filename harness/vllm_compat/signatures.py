@@ -46,7 +46,16 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     # Seen on the H200 emulating a B200 (vLLM 0.33.0, sparse MLA): the indexer's DeepGEMM kernel asserts that the
     # MX scale-factor format vLLM picked for SM100 matches the real card's arch ("is_mx_sf == (arch_major == 10
     # or ...)").
-    ("kernel_checks_real_arch", "", (r"Assertion error \(csrc/[^)]*\): .{0,120}arch_major",)),
+    # Seen there too (vLLM 0.33.0, FLASHINFER_MLA on the MLA cases): FlashInfer picks its MLA decode kernel by the
+    # real card, not the TRT-LLM-gen one vLLM's B200 choice asks for ("multi_ctas_kv_counter_buffer is only
+    # supported by the trtllm-gen backend"); and a CUTLASS DSL kernel of vLLM's SM100 path compiled for the real card
+    # (glm-ct-kv, bfloat16: "error[UNSUP_ARCH]: The `vectorize` attribute requires compute capability 10.0 or
+    # higher; your target is `sm_90a`").
+    ("kernel_checks_real_arch", "", (
+        r"Assertion error \(csrc/[^)]*\): .{0,120}arch_major",
+        r"is only supported by the trtllm-gen backend",
+        r"requires compute capability [\d.]+ or higher; your target is `?sm_\w+",
+    )),
     ("cutlass_missing", "", (
         r"No module named '(?:nvidia_)?cutlass",
         r"(?:cannot|could not|failed to) import .{0,40}cutlass",
