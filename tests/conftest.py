@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import platform
 import shutil
 from pathlib import Path
@@ -52,26 +51,19 @@ def shipped_matrix():
 
 def judged_classes(root: Path, runs: dict[str, str], vllm_version: str) -> dict[str, dict[str, dict]]:
     """Each GPU class's captured records (`runs`: class -> run folder under `root`) judged again in their folder
-    under the shipped case files, as `kvmatrix rejudge` does: class -> cell id -> record."""
-    from kvmatrix.harness.judge.judge import judge_record
-    from kvmatrix.harness.judge.outcome import reclassify
+    under the shipped case files, by `kvmatrix rejudge`'s own function: class -> cell id -> record."""
+    from kvmatrix.harness.cli.rejudge import rejudge_run
     from kvmatrix.harness.record.files import RunDir
-    from kvmatrix.harness.record.task import Task
 
     pool, cells, waivers = shipped_matrix()
     out: dict[str, dict[str, dict]] = {}
     for gpu, run in runs.items():
-        run_dir = RunDir(root / run)
-        out[gpu] = {}
-        for path in sorted(run_dir.root.glob(f"{gpu}--*.json")):
-            record = json.loads(path.read_text())
+        records = rejudge_run(RunDir(root / run), cells, pool, waivers)
+        for record in records:
+            assert record["cell_id"] in cells and record.get("gpu_class") == gpu
             assert record.get("vllm_version", vllm_version) == vllm_version
             assert record.get("emulated_from") == (None if gpu == "H200" else "H200")
-            if record["status"] != "skipped":
-                reclassify(record, run_dir)
-                task = Task(cells[record["cell_id"]], gpu, pool[gpu], record.get("emulated_from"))
-                record = judge_record(record, task, run_dir, waivers)
-            out[gpu][record["cell_id"]] = record
+        out[gpu] = {record["cell_id"]: record for record in records}
     return out
 
 

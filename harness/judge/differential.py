@@ -323,6 +323,7 @@ def _compared(record: CellRecord, oracle: CellRecord, cell: Cell, rule: Differen
     if differences:
         failures.append(f"resolved state differs: {differences[0]}")
     paired = _paired_accuracy(record, oracle, cell, comparison["oracle"])
+    accuracy = cell.case.accuracy if paired is not None and "missing" not in paired else None
     theirs = _oracle_outputs(record, oracle)
     if isinstance(theirs, str):
         comparison["tokens_missing"] = theirs
@@ -334,17 +335,16 @@ def _compared(record: CellRecord, oracle: CellRecord, cell: Cell, rule: Differen
         # Where numerics may differ (the close rule) and the pair's samples were compared, the paired accuracy judges
         # them: two probe prompts' logprobs near a tolerance are noise beside 200 paired samples (seen on the H200:
         # the clipping fp8 checkpoint, identical tokens, one logprob 0.102 off, accuracy within its bound).
-        judged_by_accuracy = not exact and paired is not None and "missing" not in paired
-        detail = tokens["detail"] + ("; the paired accuracy judges this pair" if judged_by_accuracy
-                                     and not tokens["ok"] else "")
+        judged_by_accuracy = not exact and accuracy is not None
         ok = tokens["ok"] or judged_by_accuracy
+        detail = tokens["detail"] + ("" if tokens["ok"] or not ok else "; the paired accuracy judges this pair")
         results.append({"rule": f"{title}: greedy tokens agree", "ok": ok, "detail": detail})
         if not ok:
             failures.append(tokens["detail"])
     if paired is not None:
         comparison["accuracy"] = paired
-    if paired is not None and "missing" not in paired and cell.case.accuracy is not None:
-        dropped = paired["significant"] and paired["delta"] < -cell.case.accuracy.max_drop
+    if paired is not None and accuracy is not None:
+        dropped = paired["significant"] and paired["delta"] < -accuracy.max_drop
         results.append({"rule": f"{title}: accuracy", "ok": not dropped, "detail": describe_accuracy(paired)})
         if dropped:
             failures.append(f"significant accuracy drop: {describe_accuracy(paired)}")

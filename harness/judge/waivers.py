@@ -28,7 +28,7 @@ from pathlib import Path
 
 from kvmatrix.harness.record.model import CellRecord
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
-from kvmatrix.harness.vllm_compat.signatures import ENVIRONMENT_SIGNATURES
+from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES
 from kvmatrix.matrix.conditions import check_condition_value, matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.load import CASES_DIR
