@@ -20,7 +20,7 @@ from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassify
 from kvmatrix.harness.judge.waivers import waive
 from kvmatrix.harness.record.files import RUNS_DIR, RunDir
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.parts import FAILING_VERDICTS, VERDICTS
 from kvmatrix.harness.record.paths import CELL_CWD
 from kvmatrix.harness.record.task import Task
@@ -60,7 +60,7 @@ def run_classes(classes: list[str], runs_dir: Path, extra: list[str]) -> list[Pa
     return folders
 
 
-def rejudged(run_dir: RunDir, cases_dir: Path) -> list[tuple[CellRecord, CellRecord]]:
+def rejudged(run_dir: RunDir, cases_dir: Path) -> list[tuple[JudgedRecord, JudgedRecord]]:
     """(record as stored, record judged again now with waivers applied) for every record of a run folder."""
     pool, models = load_pool(cases_dir), load_models(cases_dir)
     waivers = session_waivers(cases_dir, pool)
@@ -81,7 +81,7 @@ def rejudged(run_dir: RunDir, cases_dir: Path) -> list[tuple[CellRecord, CellRec
     return pairs
 
 
-def render(pairs_by_run: dict[str, list[tuple[CellRecord, CellRecord]]]) -> tuple[str, int]:
+def render(pairs_by_run: dict[str, list[tuple[JudgedRecord, JudgedRecord]]]) -> tuple[str, int]:
     """The Markdown audit (a table per run: verdicts as stored and as judged now) and the unexplained count."""
     lines = ["| run | class | emulated on | vLLM | cells | " + " | ".join(VERDICTS)
              + " | FAIL+ERROR as stored | environment | unexplained now |", "|" + "---|" * (len(VERDICTS) + 8)]
@@ -107,7 +107,7 @@ def render(pairs_by_run: dict[str, list[tuple[CellRecord, CellRecord]]]) -> tupl
     return "\n".join(lines) + "\n", len(unexplained)
 
 
-def _listed(found: list[tuple[str, CellRecord]]) -> list[str]:
+def _listed(found: list[tuple[str, JudgedRecord]]) -> list[str]:
     return [f"- **{n['verdict'].upper()}** `{n['cell_id']}` @{n.get('gpu_class')} ({run}): {n.get('reason')}"
             for run, n in found]
 

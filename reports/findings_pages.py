@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kvmatrix.harness.judge.fingerprint import failure_name
 from kvmatrix.harness.record.files import record_stem
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.matrix.load import cases_option
 from kvmatrix.reports.summary import facts
 
@@ -28,11 +28,11 @@ INDEX = "README.md"
 HARNESS_ARGS = ("model", "tokenizer", "seed", "max_model_len", "enforce_eager", "dtype")
 
 
-def unexplained(records: list[CellRecord]) -> list[CellRecord]:
+def unexplained(records: list[JudgedRecord]) -> list[JudgedRecord]:
     return [r for r in records if r.get("verdict") == "fail"]
 
 
-def reproducer(record: CellRecord, cases_dir: Path | None = None) -> str:
+def reproducer(record: JudgedRecord, cases_dir: Path | None = None) -> str:
     """The `kvmatrix run` command for this one cell on the class it ran as, with the cases it ran with."""
     parts = ["kvmatrix", "run", *cases_option(cases_dir), "--gpu", record["gpu_class"]]
     if record.get("emulated_from"):
@@ -43,14 +43,14 @@ def reproducer(record: CellRecord, cases_dir: Path | None = None) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def standalone_reproducer(record: CellRecord, cases_dir: Path | None = None) -> str:
+def standalone_reproducer(record: JudgedRecord, cases_dir: Path | None = None) -> str:
     """The `kvmatrix repro` command writing a script that reproduces this cell with vLLM and torch alone."""
     parts = ["kvmatrix", "repro", record["cell_id"], *cases_option(cases_dir), "--gpu", record["gpu_class"],
              "--out", "repro.py"]
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def _environment(record: CellRecord) -> list[str]:
+def _environment(record: JudgedRecord) -> list[str]:
     host = f"emulated on a real {record['emulated_from']}" if record.get("emulated_from") else "real"
     return [
         f"- vLLM {record.get('vllm_version')}, torch {record.get('torch_version')}, Python {record.get('python')}",
@@ -59,7 +59,7 @@ def _environment(record: CellRecord) -> list[str]:
     ]
 
 
-def _layer_table(record: CellRecord) -> list[str]:
+def _layer_table(record: JudgedRecord) -> list[str]:
     layers = record.get("layers") or []
     if not layers:
         return ["No resolved state was recorded (the cell ended before the probe ran)."]
@@ -71,7 +71,7 @@ def _layer_table(record: CellRecord) -> list[str]:
     return rows
 
 
-def _crash(record: CellRecord) -> list[str]:
+def _crash(record: JudgedRecord) -> list[str]:
     crash = record.get("crash")
     if not crash:
         return []
@@ -80,11 +80,11 @@ def _crash(record: CellRecord) -> list[str]:
     return [f"- fingerprint `{record['fingerprint']}`: `{crash['type']}`{where}{phase}: {crash['message'] or '-'}"]
 
 
-def page_name(record: CellRecord) -> str:
+def page_name(record: JudgedRecord) -> str:
     return f"{record_stem(record['cell_id'], record['gpu_class'])}--vllm{record.get('vllm_version')}.md"
 
 
-def page(record: CellRecord, same_crash: tuple[CellRecord, ...] = (), cases_dir: Path | None = None) -> str:
+def page(record: JudgedRecord, same_crash: tuple[JudgedRecord, ...] = (), cases_dir: Path | None = None) -> str:
     """The page of one failure; `same_crash`: the other failures with its fingerprint, linked; `cases_dir`: the
     folder its run was made with (None: the built-in cases)."""
     shown = " · ".join(f"{k} {v}" for k, v in facts(record).items())
@@ -132,14 +132,14 @@ def page(record: CellRecord, same_crash: tuple[CellRecord, ...] = (), cases_dir:
     return "\n".join(lines) + "\n"
 
 
-def write(records: list[CellRecord], out_dir: Path, cases_dirs: Mapping[str, Path] | None = None) -> list[Path]:
+def write(records: list[JudgedRecord], out_dir: Path, cases_dirs: Mapping[str, Path] | None = None) -> list[Path]:
     """A page per unexplained failure, and an index that lists failures with one crash together; returns the
     pages written (none: no index either). `cases_dirs`: the cases folder of each run id, for the reproducers."""
     failures = unexplained(records)
     if not failures:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
-    groups: dict[str, list[CellRecord]] = {}
+    groups: dict[str, list[JudgedRecord]] = {}
     for record in sorted(failures, key=lambda r: (r["gpu_class"], r["cell_id"])):
         groups.setdefault(record.get("fingerprint") or page_name(record), []).append(record)
     written, index = [], ["# Unexplained failures", "", "| cell | GPU class | vLLM | signature | crash | page |",

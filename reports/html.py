@@ -13,7 +13,7 @@ from typing import Any
 
 import jinja2
 
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.parts import VERDICTS
 from kvmatrix.reports.diff_md import Comparison, detail, move
 from kvmatrix.reports.html_details import details_json, facts_text
@@ -26,7 +26,7 @@ _ENV = jinja2.Environment(
 )
 
 
-def render(records: list[CellRecord], title: str = "kvmatrix", header: str = "", log_prefix: str = "",
+def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "", log_prefix: str = "",
            diff: list[Comparison] | None = None, first_seen: dict[str, str] | None = None,
            history: History | None = None) -> str:
     """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash; `history`
@@ -43,7 +43,7 @@ def render(records: list[CellRecord], title: str = "kvmatrix", header: str = "",
     )
 
 
-def _list_rows(records: list[CellRecord], shown: list[str], gpus: list[str], log_prefix: str,
+def _list_rows(records: list[JudgedRecord], shown: list[str], gpus: list[str], log_prefix: str,
                first_seen: dict[str, str] | None) -> list[dict[str, Any]]:
     """The list view: one row per cell id, one entry per GPU class (None: no record there)."""
     shared = crash_counts(records)

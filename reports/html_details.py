@@ -10,7 +10,7 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.vllm_compat import QUERY_DTYPE_FIELDS
 from kvmatrix.reports.findings_pages import page_name, unexplained
 from kvmatrix.reports.html_grid import changed_nights
@@ -22,18 +22,18 @@ BUILDER_COLUMNS = ("group", "backend", "class", "query dtypes", "cache_dtype")
 ERROR_TAIL_CHARS = 1500
 
 
-def _layers(record: CellRecord) -> list[list]:
+def _layers(record: JudgedRecord) -> list[list]:
     return [[la.get("name"), la.get("role", "target"), la.get("backend"), la.get("kv_cache_dtype"),
              la.get("spec_dtype"), la.get("page_size_bytes"), la.get("k_scale"), la.get("v_scale")]
             for la in record.get("layers") or []]
 
 
-def _groups(record: CellRecord) -> list[list]:
+def _groups(record: JudgedRecord) -> list[list]:
     return [[g.get("group"), g.get("spec_type"), g.get("dtype"), g.get("block_size"), g.get("page_size_bytes"),
              len(g.get("layer_names") or [])] for g in record.get("kv_groups") or []]
 
 
-def _builders(record: CellRecord) -> list[list]:
+def _builders(record: JudgedRecord) -> list[list]:
     out = []
     for g in record.get("attn_groups") or []:
         builder = g.get("builder") or {}
@@ -65,11 +65,11 @@ class _Shared:
         return self._index[key]
 
 
-def facts_text(record: CellRecord) -> str:
+def facts_text(record: JudgedRecord) -> str:
     return " · ".join(f"{k} {v}" for k, v in facts(record).items())
 
 
-def _entry(record: CellRecord, shared: _Shared, run_prefix: str, finding: bool, shown: str,
+def _entry(record: JudgedRecord, shared: _Shared, run_prefix: str, finding: bool, shown: str,
            runs: list[tuple[str, str, str]]) -> dict:
     entry: dict[str, Any] = {
         "gpu": record.get("gpu_class", "?"), "v": record["verdict"],
@@ -91,7 +91,7 @@ def _entry(record: CellRecord, shared: _Shared, run_prefix: str, finding: bool, 
     return {k: v for k, v in entry.items() if v not in (None, "", [])}
 
 
-def details_json(records: list[CellRecord], run_prefix: str = "", shown: list[str] | None = None,
+def details_json(records: list[JudgedRecord], run_prefix: str = "", shown: list[str] | None = None,
                  history: dict[tuple[str, str], list[tuple[str, str, str]]] | None = None) -> str:
     """The panel's data, indexed like `records`, as JSON safe inside a <script> element. `run_prefix`: the run
     folder relative to the page (logs and findings pages are named relative to it); `shown`: each record's

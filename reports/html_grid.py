@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvmatrix.harness.judge.fingerprint import failure_name
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 
 # (GPU class, cell id) → [(run id, verdict, resolved state)], oldest first (harness/nightly/history.py)
 History = dict[tuple[str, str], list[tuple[str, str, str]]]
@@ -27,7 +27,7 @@ def axis_text(value) -> str:
     return "-" if value in (None, "") else str(value)
 
 
-def mark(record: CellRecord) -> str:
+def mark(record: JudgedRecord) -> str:
     """One word for a square: the failure's name; else the resolved KV dtype where it is not the requested one;
     else the verdict. A crash with no signature shows its fingerprint."""
     verdict = record["verdict"]
@@ -56,7 +56,7 @@ class Grid:
     columns: list[tuple[str, ...]] = field(default_factory=list)
     squares: dict[tuple[tuple[str, ...], tuple[str, ...]], int] = field(default_factory=dict)  # → record index
 
-    def view(self, records: list[CellRecord], history: History | None = None) -> dict:
+    def view(self, records: list[JudgedRecord], history: History | None = None) -> dict:
         """The template's view: header rows (one per column axis), and per row its squares (None: no record).
         `history`: each square's verdicts in its class's last runs (harness/nightly/history.py verdict_history),
         shown as a strip in the square."""
@@ -73,7 +73,7 @@ class Grid:
                 "verdicts": sorted({records[i]["verdict"] for i in self.squares.values()})}
 
     @staticmethod
-    def _square(records: list[CellRecord], index: int | None, history: History) -> dict | None:
+    def _square(records: list[JudgedRecord], index: int | None, history: History) -> dict | None:
         if index is None:
             return None
         r = records[index]
@@ -101,7 +101,7 @@ def _spans(prefixes: list[tuple[str, ...]]) -> list[dict]:
     return spans
 
 
-def axes_of(record: CellRecord) -> dict:
+def axes_of(record: JudgedRecord) -> dict:
     """The record's axes; for a record without them, as its cell id spells them (`case[kv=fp8,skip=0+3,...]`)."""
     if record.get("axes"):
         return dict(record["axes"])
@@ -111,11 +111,11 @@ def axes_of(record: CellRecord) -> dict:
     return {by_short[k]: v for k, v in parts.items() if k in by_short}
 
 
-def _case_of(record: CellRecord) -> str:
+def _case_of(record: JudgedRecord) -> str:
     return record.get("case") or record["cell_id"].split("[", 1)[0]
 
 
-def grids(records: list[CellRecord], gpus: list[str]) -> list[Grid]:
+def grids(records: list[JudgedRecord], gpus: list[str]) -> list[Grid]:
     """One grid per case, cases and rows in first-seen order, columns in `gpus` order then first-seen order."""
     by_case: dict[str, list[int]] = {}
     for i, r in enumerate(records):

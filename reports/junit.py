@@ -7,12 +7,12 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 
 from kvmatrix.harness.judge.fingerprint import failure_name
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.reports.summary import fresh_rerun
 
 
-def render(records: list[CellRecord]) -> str:
-    by_class: dict[str, list[CellRecord]] = defaultdict(list)
+def render(records: list[JudgedRecord]) -> str:
+    by_class: dict[str, list[JudgedRecord]] = defaultdict(list)
     for r in records:
         by_class[r.get("gpu_class", "?")].append(r)
     root = ET.Element("testsuites", name="kvmatrix")
@@ -27,7 +27,7 @@ def render(records: list[CellRecord]) -> str:
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def _testcase(suite: ET.Element, gpu: str, r: CellRecord) -> None:
+def _testcase(suite: ET.Element, gpu: str, r: JudgedRecord) -> None:
     case = ET.SubElement(suite, "testcase", classname=f"kvmatrix.{gpu}.{r.get('case')}",
                          name=r["cell_id"], time=str((r.get("timings") or {}).get("total_s", 0)))
     reason = r.get("reason", "")

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.parts import LISTED_VERDICTS
 from kvmatrix.reports.summary import counts, crash_counts, frame, fresh_reruns, leaks, pivot, same_crash
 
 
-def class_differences(records: list[CellRecord], reference: str) -> list[str]:
+def class_differences(records: list[JudgedRecord], reference: str) -> list[str]:
     """Per cell, how each other GPU class's record differs from the reference class's (verdict, backend, KV
     dtype, query dtype, page size, signature): what an emulated or other class decides differently."""
     from kvmatrix.harness.nightly.diff import what_changed  # reports stay importable without the history modules' deps
 
-    by_class: dict[str, dict[str, CellRecord]] = {}
+    by_class: dict[str, dict[str, JudgedRecord]] = {}
     for r in records:
         by_class.setdefault(r.get("gpu_class", "?"), {})[r["cell_id"]] = r
     ref = by_class.get(reference, {})
@@ -35,7 +35,7 @@ def class_differences(records: list[CellRecord], reference: str) -> list[str]:
     return lines
 
 
-def cells_per_tag(records: list[CellRecord]) -> pd.DataFrame:
+def cells_per_tag(records: list[JudgedRecord]) -> pd.DataFrame:
     """Cells that ran (any verdict but skip) per case tag and GPU class, e.g. per regression class."""
     rows = [(tag, r["gpu_class"]) for r in records if r.get("verdict") != "skip" for tag in r.get("tags") or []]
     if not rows:
@@ -46,7 +46,7 @@ def cells_per_tag(records: list[CellRecord]) -> pd.DataFrame:
     return counted.reindex(index=order, columns=classes, fill_value=0).rename_axis(columns=None)
 
 
-def differential_lines(records: list[CellRecord]) -> list[str]:
+def differential_lines(records: list[JudgedRecord]) -> list[str]:
     """One line per compared cell: the pair, its modes, what the comparison found (harness/judge/differential.py)."""
     out = []
     for r in records:
@@ -67,7 +67,7 @@ def differential_lines(records: list[CellRecord]) -> list[str]:
     return out
 
 
-def render(records: list[CellRecord], title: str = "kvmatrix", header: str = "", compare_to: str | None = None,
+def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "", compare_to: str | None = None,
            first_seen: dict[str, str] | None = None) -> str:
     """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash."""
     df = frame(records)
@@ -103,7 +103,7 @@ def _section(heading: str, items: list[str]) -> list[str]:
     return ["", f"## {heading}", "", *items] if items else []
 
 
-def _problems(df: pd.DataFrame, records: list[CellRecord], first_seen: dict[str, str] | None) -> list[str]:
+def _problems(df: pd.DataFrame, records: list[JudgedRecord], first_seen: dict[str, str] | None) -> list[str]:
     """A line per failure and expected failure, with the other cells its crash was seen in."""
     problems = df[df["verdict"].isin(LISTED_VERDICTS)]
     if problems.empty:

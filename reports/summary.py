@@ -7,23 +7,23 @@ from collections import Counter
 import pandas as pd
 
 from kvmatrix.harness.judge.facts import facts
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.parts import VERDICTS
 
 
-def cell_text(record: CellRecord) -> str:
+def cell_text(record: JudgedRecord) -> str:
     # A leak leaves the verdict as it is (the cell's results stand) but must catch the eye beside it.
     marker = ["LEAK"] if record.get("leak") else []
     parts = [record["verdict"].upper(), *marker] + [f"{k} {v}" for k, v in facts(record).items()]
     return " · ".join(parts)
 
 
-def crash_counts(records: list[CellRecord]) -> Counter:
+def crash_counts(records: list[JudgedRecord]) -> Counter:
     """How many of these records share each fingerprint."""
     return Counter(r["fingerprint"] for r in records if r.get("fingerprint"))
 
 
-def same_crash(record: CellRecord, counts: Counter, first_seen: dict[str, str] | None = None) -> str:
+def same_crash(record: JudgedRecord, counts: Counter, first_seen: dict[str, str] | None = None) -> str:
     """"same crash as 4 other cells; first seen <run>" for a failure (first seen: from the history database)."""
     fingerprint = record.get("fingerprint")
     return same_crash_text(counts[fingerprint] - 1, (first_seen or {}).get(fingerprint)) if fingerprint else ""
@@ -36,7 +36,7 @@ def same_crash_text(others: int, first_seen: str | None = None) -> str:
     return "; ".join(parts)
 
 
-def frame(records: list[CellRecord]) -> pd.DataFrame:
+def frame(records: list[JudgedRecord]) -> pd.DataFrame:
     """One row per record with the fields reports need."""
     rows = [
         {
@@ -68,12 +68,12 @@ def counts(df: pd.DataFrame) -> dict[str, int]:
     return {v: int(got.get(v, 0)) for v in VERDICTS if got.get(v)}
 
 
-def leaks(records: list[CellRecord]) -> list[str]:
+def leaks(records: list[JudgedRecord]) -> list[str]:
     """One line per cell that left GPU memory behind (see harness/run/gpu_check.py)."""
     return [f"{r['cell_id']} on {r.get('gpu_class', '?')}: {r['leak']}" for r in records if r.get("leak")]
 
 
-def fresh_rerun(record: CellRecord) -> str:
+def fresh_rerun(record: JudgedRecord) -> str:
     """For a cell a warm worker ran to anything but a pass, so a fresh process ran it again (that run is the
     record): what the worker's run saw. A worker that saw a failure the fresh process does not see was polluted."""
     warm = record.get("warm_attempt")
@@ -91,5 +91,5 @@ def fresh_rerun(record: CellRecord) -> str:
             f"{str(warm.get('verdict')).upper()} ({saw}); {agreed}{retired}")
 
 
-def fresh_reruns(records: list[CellRecord]) -> list[str]:
+def fresh_reruns(records: list[JudgedRecord]) -> list[str]:
     return [f"{r['cell_id']} on {r.get('gpu_class', '?')}: {fresh_rerun(r)}" for r in records if r.get("warm_attempt")]

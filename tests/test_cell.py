@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness.judge.signatures import classify
-from kvmatrix.harness.record.model import check_record
+from kvmatrix.harness.record.model import check_cell_output
 from kvmatrix.harness.vllm_compat import SIGNATURE_FAMILIES, detect_cpu_isa, installed_vllm_version
 from kvmatrix.matrix.schema import X86_CPU_LEVELS
 from tests.conftest import needs_fp8_kv
@@ -56,7 +56,7 @@ def run_cell_process(tmp_path: Path, engine_args: dict, emulate_cpu_isa: str | N
     proc = subprocess.run([sys.executable, "-m", "kvmatrix.harness.cell", str(spec_path), str(result_path)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     result = json.loads(result_path.read_text())
-    check_record(result, str(result_path))  # what a real cell writes fits the one record model
+    check_cell_output(result, str(result_path))  # what a real cell writes is a cell's output, nothing later
     assert result["probe_error"] is None, result["probe_error"]
     assert proc.returncode == (0 if result["status"] == "ok" else 1), proc.stdout[-3000:]
     return result

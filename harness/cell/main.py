@@ -26,7 +26,7 @@ from kvmatrix.harness.cell import workloads
 from kvmatrix.harness.cell.probe import probe
 from kvmatrix.harness.cell.spec import CellSpec
 from kvmatrix.harness.record.files import write_json_atomic
-from kvmatrix.harness.record.model import CellRecord, Emulation, ExceptionInfo, Reference, check_record, new_record
+from kvmatrix.harness.record.model import CellOutput, Emulation, ExceptionInfo, Reference, check_cell_output
 
 MESSAGE_CAP = 4096
 TRACEBACK_CAP = 4096
@@ -39,7 +39,7 @@ PHASE_TIMINGS: dict[str, Literal["import_s", "init_s", "probe_s", "generate_s", 
 class CellResult:
     def __init__(self, path: Path, cell_id: str):
         self.path = path
-        self.data: CellRecord = new_record(
+        self.data = CellOutput(
             cell_id=cell_id,
             vllm_version=vllm_compat.installed_vllm_version(),
             torch_version=None,
@@ -60,7 +60,7 @@ class CellResult:
         self.cpu_started = cpu_seconds()
 
     def save(self) -> None:
-        write_json_atomic(self.path, check_record(self.data, str(self.path)))
+        write_json_atomic(self.path, check_cell_output(self.data, str(self.path)))
 
     def run(self, phase: str, step: Callable[[], Any]) -> tuple[bool, Any]:
         """Run one phase; on an exception, record it as the cell's crash. Returns (succeeded, value)."""

@@ -13,12 +13,12 @@ import re
 from typing import Any, cast
 
 from kvmatrix.harness import vllm_compat as compat
-from kvmatrix.harness.record.model import AttnGroup, Builder, CellRecord, KvGroup, Layer, Runtime
+from kvmatrix.harness.record.model import AttnGroup, Builder, CellOutput, KvGroup, Layer, Runtime
 
 _MISSING = object()
 
 
-def probe(worker: Any) -> CellRecord:
+def probe(worker: Any) -> CellOutput:
     import vllm
 
     version = vllm.__version__
@@ -42,7 +42,8 @@ def _runtime(runner: Any, version: str) -> Runtime:
     """What the engine resolved for the execution mode and the workloads' runtime paths (compilation and CUDA-graph
     mode, prefix caching, chunked prefill, batch limits, KV blocks)."""
     paths = compat.for_version(compat.RUNTIME_CONFIG_PATHS, version)[0]
-    # The table's keys are Runtime's fields, unknown to mypy (check_record checks them as the cell saves its record).
+    # The table's keys are Runtime's fields, unknown to mypy (check_cell_output checks them as the cell saves its
+    # result).
     return cast(Runtime, {field: _plain(_path(runner, path)) for field, path in paths.items()})
 
 

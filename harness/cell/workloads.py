@@ -22,7 +22,7 @@ import random
 from typing import Any, TypedDict
 
 from kvmatrix.harness import vllm_compat as compat
-from kvmatrix.harness.record.model import CellRecord, Reference, WorkloadRun
+from kvmatrix.harness.record.model import CellOutput, Reference, WorkloadRun
 
 WORKLOAD_SEED = 34
 SUFFIX_TOKENS = 8
@@ -57,7 +57,7 @@ def workload_prompts(params: dict[str, Any], block_size: int, pool: list[int], m
     raise ValueError(f"unknown workload {name!r}")
 
 
-def block_size_of(record: CellRecord) -> int | None:
+def block_size_of(record: CellOutput) -> int | None:
     """The KV block size the engine resolved (the largest of its KV-cache groups)."""
     sizes = [size for g in record.get("kv_groups") or [] if (size := g.get("block_size"))]
     return max(sizes) if sizes else None
@@ -103,7 +103,7 @@ def _logprobs(completion: Any) -> list[dict[str, float]]:
     return out
 
 
-def run_workload(vllm: Any, llm: Any, params: dict[str, Any], record: CellRecord, max_tokens: int,
+def run_workload(vllm: Any, llm: Any, params: dict[str, Any], record: CellOutput, max_tokens: int,
                  logprobs: int | None) -> tuple[Generation, WorkloadRun]:
     """(what the generation gave: tokens, texts, logprobs, cached tokens; the workload's facts: prompt lengths,
     block size, whether its path was reached and why)."""
@@ -147,7 +147,7 @@ def run_workload(vllm: Any, llm: Any, params: dict[str, Any], record: CellRecord
     return got, {**facts, "reached": reached, "detail": detail}
 
 
-def run_reference(vllm: Any, llm: Any, params: dict[str, Any], record: CellRecord, max_tokens: int,
+def run_reference(vllm: Any, llm: Any, params: dict[str, Any], record: CellOutput, max_tokens: int,
                   logprobs: int | None) -> Reference:
     """A workload's prompts generated plainly in an oracle's engine: each request alone after the prefix cache is
     emptied (the preemption batch at once, in a KV cache that holds it)."""

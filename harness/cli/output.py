@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.reports import html, junit, markdown
 from kvmatrix.reports.summary import fresh_rerun
 
 
 def progress_printer(started: float):
-    def show(record: CellRecord, done: int, total: int, resumed: bool) -> None:
+    def show(record: JudgedRecord, done: int, total: int, resumed: bool) -> None:
         took = (record.get("timings") or {}).get("total_s")
         took_text = "resumed" if resumed else (f"{took:.1f} s" if took is not None else "not run")
         note = "" if record["verdict"] == "pass" else f"  {record.get('reason', '')}"
@@ -29,7 +29,7 @@ def progress_printer(started: float):
     return show
 
 
-def write_reports(run_dir: RunDir, records: list[CellRecord], title: str, header: str = "",
+def write_reports(run_dir: RunDir, records: list[JudgedRecord], title: str, header: str = "",
                   compare_to: str | None = None) -> dict[str, Path]:
     out = {
         "md": run_dir.root / "matrix.md",
@@ -42,6 +42,6 @@ def write_reports(run_dir: RunDir, records: list[CellRecord], title: str, header
     return out
 
 
-def records_in(folders: list[str]) -> list[CellRecord]:
+def records_in(folders: list[str]) -> list[JudgedRecord]:
     """Every record of these run folders, in folder order."""
     return [r for folder in folders for r in RunDir(Path(folder)).records()]

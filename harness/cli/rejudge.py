@@ -14,7 +14,7 @@ from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassify
 from kvmatrix.harness.judge.waivers import Waiver
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.guards import cases_dir_for
 from kvmatrix.harness.run.session import session_waivers
@@ -46,7 +46,7 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
 
 
 def rejudge_run(run_dir: RunDir, cells: Mapping[str, Cell], pool: Mapping[str, GpuClass],
-                waivers: Sequence[Waiver], today: datetime.date | None = None) -> list[CellRecord]:
+                waivers: Sequence[Waiver], today: datetime.date | None = None) -> list[JudgedRecord]:
     """Every record of a run folder, those of a known cell and class that ran judged again and written back in
     place (the others as stored). `today` decides which waivers have expired (default: the date now)."""
     records = []

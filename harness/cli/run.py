@@ -15,7 +15,7 @@ from kvmatrix.harness.cli.selection import add_selection_options, load_cells
 from kvmatrix.harness.judge.waivers import WAIVERS_FILE, WaiverProblem, apply_waivers, cell_keys
 from kvmatrix.harness.nightly import history
 from kvmatrix.harness.record.files import RUNS_DIR
-from kvmatrix.harness.record.model import CellRecord, new_record
+from kvmatrix.harness.record.model import JudgedRecord, check_judged
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
 from kvmatrix.harness.record.task import Task
@@ -107,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def run_here(args: argparse.Namespace, tasks: list[Task], session: Session, on_record: OnRecord
-             ) -> list[CellRecord]:
+             ) -> list[JudgedRecord]:
     """This machine's slots. Cells that failed last time start first, then longest first, by the history (when
     there is one): a run's first failures show early and no long cell starts last."""
     expected, verdicts, backends = {}, {}, {}
@@ -122,7 +122,7 @@ def run_here(args: argparse.Namespace, tasks: list[Task], session: Session, on_r
 
 
 def run_on_ray(args: argparse.Namespace, tasks: list[Task], session: Session, on_record: OnRecord
-               ) -> list[CellRecord]:
+               ) -> list[JudgedRecord]:
     """An existing Ray cluster's nodes of the class (harness/run/ray_pool.py); records land here as local ones do."""
     import ray  # only a Ray pool needs Ray
 
@@ -135,7 +135,7 @@ def run_on_ray(args: argparse.Namespace, tasks: list[Task], session: Session, on
         ray.shutdown()
 
 
-def finish_run(args: argparse.Namespace, records: list[CellRecord], invalid: list[CaseError], every: list[Cell],
+def finish_run(args: argparse.Namespace, records: list[JudgedRecord], invalid: list[CaseError], every: list[Cell],
                session: Session, started: host_cpu.Reading) -> int:
     """Waivers, reports and the exit status, whichever pool ran the cells."""
     lent = shared_file(Path(args.cases_dir), WAIVERS_FILE.name) != Path(args.cases_dir) / WAIVERS_FILE.name
@@ -156,8 +156,8 @@ def finish_run(args: argparse.Namespace, records: list[CellRecord], invalid: lis
     return FAILED if failed else OK
 
 
-def known_failure_problems(records: list[CellRecord], every: list[Cell], session: Session, lent: bool = False
-                           ) -> tuple[list[CellRecord], list[WaiverProblem]]:
+def known_failure_problems(records: list[JudgedRecord], every: list[Cell], session: Session, lent: bool = False
+                           ) -> tuple[list[JudgedRecord], list[WaiverProblem]]:
     """Judging applied the known failures (cases/_waivers.txt) to every cell it ran; records resumed from an
     earlier run get them here (written back, so that history and diffs see what the report shows). Also the
     waivers' problems over the whole run: expired, matching no cell, or removable. A waivers file `lent` to a
@@ -173,9 +173,10 @@ def known_failure_problems(records: list[CellRecord], every: list[Cell], session
     return waived, problems
 
 
-def invalid_case_record(err: CaseError, gpu_name: str) -> CellRecord:
+def invalid_case_record(err: CaseError, gpu_name: str) -> JudgedRecord:
     """A report entry (never a record file: a fixed file must not stay failed) for a case that did not load."""
     case = err.case or Path(err.file).stem
-    return new_record(cell_id=f"{case}[invalid]", case=case, gpu_class=gpu_name, status="error", verdict="error",
-                      reason=str(err), expectations=[])
+    record = JudgedRecord(cell_id=f"{case}[invalid]", case=case, gpu_class=gpu_name, status="error", verdict="error",
+                          reason=str(err), expectations=[])
+    return check_judged(record, f"the record of invalid case {case!r}")
 

@@ -13,13 +13,13 @@ from typing import Any
 
 from kvmatrix.harness.judge.paired_stats import divergence, paired_delta
 from kvmatrix.harness.record.files import RunDir, read_json, run_mode
-from kvmatrix.harness.record.model import AccuracyComparison, CellRecord, RuleResult, Verdict
+from kvmatrix.harness.record.model import AccuracyComparison, JudgedRecord, OutcomeRecord, RuleResult, Verdict
 from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.expectations import Accuracy
 
 
-def compare(record: CellRecord, baseline: CellRecord | None, baseline_id: str, confidence: float
+def compare(record: OutcomeRecord, baseline: JudgedRecord | None, baseline_id: str, confidence: float
             ) -> AccuracyComparison:
     """What the record carries as `accuracy_vs_baseline`: delta, interval, n, p-value, divergence, or why not."""
     out: AccuracyComparison = {"baseline": baseline_id}
@@ -27,7 +27,7 @@ def compare(record: CellRecord, baseline: CellRecord | None, baseline_id: str, c
         # A probe-only record's tokens are a prefix of a full one's: comparing them would be a false failure.
         return {**out, "missing": f"not compared: the baseline ran in {run_mode(baseline)} mode, this cell in "
                                   f"{run_mode(record)} mode"}
-    mine, theirs = record.get("accuracy"), (baseline or {}).get("accuracy")
+    mine, theirs = record.get("accuracy"), baseline.get("accuracy") if baseline is not None else None
     if not theirs:
         return {**out, "missing": "no baseline" + ("" if baseline is None else " accuracy: the baseline cell "
                                                    f"ended {baseline.get('verdict')} ({baseline.get('reason')})")}
@@ -51,7 +51,7 @@ def describe(comparison: AccuracyComparison) -> str:
 
 
 def judge_accuracy(
-    record: CellRecord, cell: Cell, run_dir: RunDir, gpu_name: str, context: dict[str, Any], verdict: Verdict,
+    record: JudgedRecord, cell: Cell, run_dir: RunDir, gpu_name: str, context: dict[str, Any], verdict: Verdict,
     reason: str, results: list[RuleResult],
 ) -> tuple[Verdict, str]:
     """(verdict, reason) after accuracy; adds `accuracy_vs_baseline` to the record and a row to `results`."""
@@ -83,7 +83,7 @@ def judge_accuracy(
     return verdict, f"{reason}; {text}"
 
 
-def _judge_baseline(record: CellRecord, accuracy: Accuracy, results: list[RuleResult], verdict: Verdict, reason: str
+def _judge_baseline(record: OutcomeRecord, accuracy: Accuracy, results: list[RuleResult], verdict: Verdict, reason: str
                     ) -> tuple[Verdict, str]:
     mine = record.get("accuracy")
     if not mine:

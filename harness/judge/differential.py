@@ -23,9 +23,10 @@ from kvmatrix.harness.judge.accuracy import describe as describe_accuracy
 from kvmatrix.harness.record.files import RunDir, read_json, run_mode
 from kvmatrix.harness.record.model import (
     AccuracyComparison,
-    CellRecord,
     DifferentialComparison,
+    JudgedRecord,
     KvGroup,
+    OutcomeRecord,
     Reference,
     RuleResult,
     TokenComparison,
@@ -43,7 +44,7 @@ WORKLOAD_RULE = "the workload takes its runtime path (built in)"
 EXECUTION_RULE = "the engine executes as asked (built in)"
 
 
-def execution_problem(record: CellRecord, gpu_device: str | None) -> tuple[str, bool] | None:
+def execution_problem(record: OutcomeRecord, gpu_device: str | None) -> tuple[str, bool] | None:
     """(what vLLM resolved against the cell's execution, whether that means the cell tested nothing), or None
     where it executes as asked. vLLM may turn compilation or CUDA graphs off for a configuration, or downgrade a
     CUDA-graph mode; a record without `runtime` (older harness) says nothing."""
@@ -72,7 +73,7 @@ def execution_problem(record: CellRecord, gpu_device: str | None) -> tuple[str, 
     return None
 
 
-def mode_of(record: CellRecord, gpu_device: str | None) -> str:
+def mode_of(record: OutcomeRecord, gpu_device: str | None) -> str:
     """How the record's cell ran: its execution (as its class runs `default`) and workload. A record from before
     the axes ran eager and plain, as every cell did then."""
     axes = record.get("axes") or {}
@@ -82,7 +83,7 @@ def mode_of(record: CellRecord, gpu_device: str | None) -> str:
     return f"{execution}/{axes.get('workload', 'plain')}"
 
 
-def judge_workload(record: CellRecord, verdict: Verdict, reason: str, results: list[RuleResult],
+def judge_workload(record: OutcomeRecord, verdict: Verdict, reason: str, results: list[RuleResult],
                    gpu_device: str | None = None) -> tuple[Verdict, str]:
     """A cell that ran but not in its execution mode, or a workload cell that did not take its runtime path, is an
     `error` (it observed nothing); a downgraded CUDA-graph mode is noted."""
@@ -101,13 +102,13 @@ def judge_workload(record: CellRecord, verdict: Verdict, reason: str, results: l
     return "error", f"workload {facts.get('name')} did not take its runtime path: {facts.get('detail')}"
 
 
-def state_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
+def state_differences(mine: OutcomeRecord, theirs: OutcomeRecord) -> list[str]:
     """Where two records' resolved state differs (empty: identical)."""
     return [*_layer_differences(mine, theirs), *_kv_group_differences(mine, theirs),
             *_attention_group_differences(mine, theirs)]
 
 
-def _layer_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
+def _layer_differences(mine: OutcomeRecord, theirs: OutcomeRecord) -> list[str]:
     out: list[str] = []
     layers = {la["name"]: la for la in theirs.get("layers") or []}
     mine_layers = {la["name"]: la for la in mine.get("layers") or []}
@@ -120,7 +121,7 @@ def _layer_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
     return out
 
 
-def _kv_group_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
+def _kv_group_differences(mine: OutcomeRecord, theirs: OutcomeRecord) -> list[str]:
     out: list[str] = []
     groups: list[KvGroup] = theirs.get("kv_groups") or []
     mine_groups: list[KvGroup] = mine.get("kv_groups") or []
@@ -133,7 +134,7 @@ def _kv_group_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
     return out
 
 
-def _attention_group_differences(mine: CellRecord, theirs: CellRecord) -> list[str]:
+def _attention_group_differences(mine: OutcomeRecord, theirs: OutcomeRecord) -> list[str]:
     out: list[str] = []
     builders = {(x.get("group"), x.get("subgroup")): x for x in theirs.get("attn_groups") or []}
     for group in mine.get("attn_groups") or []:
@@ -207,7 +208,7 @@ def compare_sequence(mine: list[int], theirs: list[int], mine_lp: list[dict] | N
 SEQUENCE_RULE = (_lp, _lead, compare_sequence)
 
 
-def compare_tokens(mine: CellRecord | Reference, theirs: Reference, exact: bool, rule: Differential
+def compare_tokens(mine: OutcomeRecord | Reference, theirs: Reference, exact: bool, rule: Differential
                    ) -> TokenComparison:
     """Every sequence of `mine` (tokens, logprobs) against `theirs`: per-sequence results, and the first that does
     not agree."""
@@ -256,15 +257,15 @@ def _tokens_exact(cell: Cell, context: dict[str, Any]) -> bool:
     return bool(rules) and rules[-1].tokens == "exact"
 
 
-def _crashed(record: CellRecord) -> bool:
+def _crashed(record: OutcomeRecord) -> bool:
     return record.get("status") in ("crash", "timeout", "killed")
 
 
-def _failure(record: CellRecord) -> str:
+def _failure(record: OutcomeRecord) -> str:
     return record.get("signature") or record.get("fingerprint") or record.get("status") or "?"
 
 
-def judge_differential(record: CellRecord, cell: Cell, run_dir: RunDir, gpu_name: str, gpu_device: str | None,
+def judge_differential(record: JudgedRecord, cell: Cell, run_dir: RunDir, gpu_name: str, gpu_device: str | None,
                        context: dict[str, Any], verdict: Verdict, reason: str, results: list[RuleResult]
                        ) -> tuple[Verdict, str]:
     """(verdict, reason) after the comparison with the cell's oracle; adds `differential` to the record and its
@@ -301,7 +302,7 @@ def judge_differential(record: CellRecord, cell: Cell, run_dir: RunDir, gpu_name
     return verdict, reason
 
 
-def _crash_comparison(record: CellRecord, oracle: CellRecord, mode: str, oracle_mode: str) -> tuple[bool, str]:
+def _crash_comparison(record: OutcomeRecord, oracle: JudgedRecord, mode: str, oracle_mode: str) -> tuple[bool, str]:
     """Where one of the pair crashed: both crashing is no difference (their failures named), one alone is."""
     if _crashed(record) != _crashed(oracle):
         crashed, ran = (mode, oracle_mode) if _crashed(record) else (oracle_mode, mode)
@@ -311,7 +312,7 @@ def _crash_comparison(record: CellRecord, oracle: CellRecord, mode: str, oracle_
     return True, f"both crash ({_failure(record)}" + ("" if same else f", the oracle {_failure(oracle)}") + ")"
 
 
-def _compared(record: CellRecord, oracle: CellRecord, cell: Cell, rule: Differential, context: dict[str, Any],
+def _compared(record: OutcomeRecord, oracle: JudgedRecord, cell: Cell, rule: Differential, context: dict[str, Any],
               title: str, comparison: DifferentialComparison, results: list[RuleResult]) -> list[str]:
     """The pair's resolved state, greedy tokens and accuracy compared (into `comparison` and `results`); what
     differs, first failure first."""
@@ -351,14 +352,15 @@ def _compared(record: CellRecord, oracle: CellRecord, cell: Cell, rule: Differen
     return failures
 
 
-def _paired_accuracy(record: CellRecord, oracle: CellRecord, cell: Cell, oracle_id: str) -> AccuracyComparison | None:
+def _paired_accuracy(record: OutcomeRecord, oracle: JudgedRecord, cell: Cell, oracle_id: str
+                     ) -> AccuracyComparison | None:
     """The pair's samples compared, paired, or why not (None: not an accuracy cell, or a side has no samples)."""
     if cell.case.accuracy is None or not record.get("accuracy") or not oracle.get("accuracy"):
         return None
     return compare_accuracy(record, oracle, oracle_id, cell.case.accuracy.confidence)
 
 
-def _missing(record: CellRecord, oracle: CellRecord | None) -> str | None:
+def _missing(record: OutcomeRecord, oracle: JudgedRecord | None) -> str | None:
     """Why the pair cannot be compared (None: it can)."""
     if oracle is None:
         return "the oracle has no record in this run"
@@ -371,7 +373,7 @@ def _missing(record: CellRecord, oracle: CellRecord | None) -> str | None:
     return None
 
 
-def _oracle_outputs(record: CellRecord, oracle: CellRecord) -> Reference | str:
+def _oracle_outputs(record: OutcomeRecord, oracle: JudgedRecord) -> Reference | str:
     """The oracle's generation of this cell's prompts (its own, or its reference run of this cell's workload), or
     why there is none."""
     workload = (record.get("workload_run") or {}).get("name")

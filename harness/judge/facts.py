@@ -4,7 +4,7 @@ failure's name): what the reports show in a matrix cell, and what diffs and bise
 from __future__ import annotations
 
 from kvmatrix.harness.judge.fingerprint import failure_name
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.vllm_compat import QUERY_DTYPE_FIELDS
 
 
@@ -16,7 +16,7 @@ def _unique(values) -> list:
     return out
 
 
-def _query_dtypes(record: CellRecord) -> str:
+def _query_dtypes(record: JudgedRecord) -> str:
     """The query dtypes each attention group's builder holds (FlashInfer's), one entry per distinct group."""
     queries = []
     for group in record.get("attn_groups") or []:
@@ -27,7 +27,7 @@ def _query_dtypes(record: CellRecord) -> str:
     return ",".join(_unique(queries))
 
 
-def facts(record: CellRecord) -> dict[str, str]:
+def facts(record: JudgedRecord) -> dict[str, str]:
     """The resolved state in a few short strings: backend, KV dtype, query dtype, page size, and the failure's
     signature (else its fingerprint)."""
     layers = record.get("layers") or []
@@ -56,7 +56,7 @@ def facts(record: CellRecord) -> dict[str, str]:
     return out
 
 
-def _accuracy_facts(record: CellRecord) -> dict[str, str]:
+def _accuracy_facts(record: JudgedRecord) -> dict[str, str]:
     """The cell's score; against its baseline, the paired delta with its interval and the number of samples."""
     accuracy, versus = record.get("accuracy"), record.get("accuracy_vs_baseline") or {}
     if not accuracy:

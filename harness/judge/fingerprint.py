@@ -13,7 +13,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from kvmatrix.harness.record.model import CellRecord, ExceptionInfo
+from kvmatrix.harness.record.model import ExceptionInfo, OutcomeRecord
 from kvmatrix.harness.record.parts import Crash as CrashPart
 from kvmatrix.harness.vllm_compat import ENGINE_DEATH_WRAPPER
 
@@ -83,7 +83,7 @@ def normalize(message: str) -> str:
     return message.strip()[:MESSAGE_CAP]
 
 
-def fingerprint(record: CellRecord, log_tail: str = "") -> Crash | None:
+def fingerprint(record: OutcomeRecord, log_tail: str = "") -> Crash | None:
     """The crash of a record (its status, phase, exception, error tail, signal) and its cell's log tail; None for a
     record that ended ok or was skipped."""
     status, phase = record.get("status"), record.get("phase") or "start"
@@ -103,7 +103,7 @@ def fingerprint(record: CellRecord, log_tail: str = "") -> Crash | None:
     return Crash(raised.type.rsplit(".", 1)[-1], normalize(raised.message), _site(raised.frames), None)
 
 
-def stamp(record: CellRecord, log_tail: str = "") -> None:
+def stamp(record: OutcomeRecord, log_tail: str = "") -> None:
     """Set a record's `fingerprint` (the id) and `crash` (its parts), or remove them where it did not fail."""
     crash = fingerprint(record, log_tail)
     record.pop("fingerprint", None)
@@ -112,7 +112,7 @@ def stamp(record: CellRecord, log_tail: str = "") -> None:
         record.update({"fingerprint": crash.id, "crash": crash.part()})
 
 
-def failure_name(record: CellRecord) -> str | None:
+def failure_name(record: OutcomeRecord) -> str | None:
     """What reports call a failure: its signature's name, else `crash <fingerprint> (<exception type>)`."""
     if record.get("signature"):
         return record["signature"]
@@ -121,7 +121,7 @@ def failure_name(record: CellRecord) -> str | None:
     return None
 
 
-def signal_of(record: CellRecord) -> str | None:
+def signal_of(record: OutcomeRecord) -> str | None:
     """The signal that ended the cell process, if one did."""
     found = _SIGNAL_IN_TAIL.match(record.get("error_tail") or "")
     return record.get("signal") or (found.group(1) if found else None)

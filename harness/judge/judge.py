@@ -1,6 +1,7 @@
-"""The one judging path: a record (fresh from a cell, or stored) → its final verdict and reason, with the
-per-rule results. Used by both pools (this machine's and Ray's), `kvmatrix run`, `rejudge` and `audit`, and the
-pytest front end, so every front end gives a record the same verdict.
+"""The one judging path: an outcome record (fresh from a cell, or a stored record judged again) → its judged
+record: the final verdict and reason, with the per-rule results. Used by both pools (this machine's and Ray's),
+`kvmatrix run`, `rejudge` and `audit`, and the pytest front end, so every front end gives a record the same
+verdict.
 
 In order: the case's expectations (verdict.py); accuracy against the baseline cell (accuracy.py); a workload that
 did not take its runtime path, and the comparison with the cell's oracle (differential.py); a failure
@@ -13,22 +14,27 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Sequence
+from typing import cast
 
 from kvmatrix.harness.judge.accuracy import judge_accuracy
 from kvmatrix.harness.judge.differential import judge_differential, judge_workload
 from kvmatrix.harness.judge.verdict import judge
 from kvmatrix.harness.judge.waivers import Waiver, waive
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord, OutcomeRecord, check_judged
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES, NOT_EMULABLE_SIGNATURES, normalize_record
 
 
-def judge_record(record: CellRecord, task: Task, run_dir: RunDir, waivers: Sequence[Waiver] = (),
-                 first_failure: str | None = None, today: datetime.date | None = None) -> CellRecord:
-    """Set a record's final verdict, reason and per-rule results (in place; also returned). `first_failure` is
-    the reason an earlier attempt of the same cell failed with (a retry); a stored record judged again keeps
-    its `flaky` mark. Stored records are judged again from scratch: a waiver applied earlier is undone first."""
+def judge_record(outcome: OutcomeRecord, task: Task, run_dir: RunDir, waivers: Sequence[Waiver] = (),
+                 first_failure: str | None = None, today: datetime.date | None = None) -> JudgedRecord:
+    """The outcome record judged: its final verdict, reason and per-rule results set in place, so its fields
+    keep their order in the JSON; returned checked as a judged record. `first_failure` is the reason an earlier
+    attempt of the same cell failed with (a retry); a stored record judged again keeps its `flaky` mark. Stored
+    records are judged again from scratch: a waiver applied earlier is undone first."""
+    # The parts of the judgement go in as they are decided (a fresh record gets its verdict only at the end):
+    # check_judged holds it to one.
+    record = cast(JudgedRecord, outcome)
     record.pop("waived", None)
     context = task.context(record.get("vllm_version"))
     normalize_record(record)
@@ -55,4 +61,4 @@ def judge_record(record: CellRecord, task: Task, run_dir: RunDir, waivers: Seque
     record.update({"expectations": results, "verdict": verdict, "reason": reason, "tags": list(task.cell.case.tags)})
     waived, _ = waive(record, waivers, today)  # a "removable" waiver is reported over the whole run
     record.update(waived)
-    return record
+    return check_judged(record, f"the judged record of {task.key}")

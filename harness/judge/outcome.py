@@ -9,17 +9,18 @@ import signal
 from kvmatrix.harness.judge.fingerprint import UNFINGERPRINTED_STATUSES, signal_of, stamp
 from kvmatrix.harness.judge.signatures import classify, last_exception_line
 from kvmatrix.harness.record.files import RunDir, read_tail
-from kvmatrix.harness.record.model import CellRecord, ExceptionInfo
+from kvmatrix.harness.record.model import CellOutput, ExceptionInfo, OutcomeRecord
 
 
 def _failure_text(exception: ExceptionInfo, log_tail: str) -> str:
     return "\n".join(filter(None, [exception.get("message"), exception.get("traceback_tail"), log_tail]))
 
 
-def classify_outcome(returncode: int, timed_out: bool, timeout: float, result: CellRecord, log_tail: str
-                     ) -> CellRecord:
-    """What happened to the cell process, from its result file (possibly partial), exit status and log."""
-    outcome = result.copy()
+def classify_outcome(returncode: int, timed_out: bool, timeout: float, result: CellOutput, log_tail: str
+                     ) -> OutcomeRecord:
+    """What happened to the cell process, from its result file (possibly partial), exit status and log: the
+    result with the outcome added (a new dict)."""
+    outcome: OutcomeRecord = {**result}
     exception = result.get("exception") or {}
     text = _failure_text(exception, log_tail)
     if timed_out:
@@ -47,7 +48,7 @@ def classify_outcome(returncode: int, timed_out: bool, timeout: float, result: C
     return outcome
 
 
-def reclassify(record: CellRecord, run_dir: RunDir) -> None:
+def reclassify(record: OutcomeRecord, run_dir: RunDir) -> None:
     """Name and fingerprint a stored failure again with the current signature table and fingerprint rules (its
     exception and log tail are kept); records of earlier harnesses get their fingerprint here."""
     if record.get("status") in UNFINGERPRINTED_STATUSES:

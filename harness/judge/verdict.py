@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvmatrix.harness.judge.fingerprint import failure_name
-from kvmatrix.harness.record.model import CellRecord, Layer, RankState, RuleResult, Verdict
+from kvmatrix.harness.record.model import Layer, OutcomeRecord, RankState, RuleResult, Verdict
 from kvmatrix.harness.vllm_compat import signature_matches
 from kvmatrix.matrix.conditions import matches, when_matches
 from kvmatrix.matrix.expectations import CrashExpected, Expectation, PageSizeRatio, RecordCheck, RefusalExpected
@@ -33,7 +33,7 @@ class Judgement:
     results: list[RuleResult]
 
 
-def select_layers(record: CellRecord, selector: str | list[int], skip_layers: list[str]) -> list[Layer]:
+def select_layers(record: OutcomeRecord, selector: str | list[int], skip_layers: list[str]) -> list[Layer]:
     layers = record.get("layers") or []
     if isinstance(selector, list):
         return [la for la in layers if la.get("index") in selector]
@@ -63,14 +63,14 @@ def _check_values(items: Sequence[tuple[str, Mapping[str, Any]]], wanted: dict[s
     return True, f"{len(items)} checked"
 
 
-def _check_layers(record: CellRecord, check: RecordCheck, skip: list[str]) -> tuple[bool, str]:
+def _check_layers(record: OutcomeRecord, check: RecordCheck, skip: list[str]) -> tuple[bool, str]:
     layers = select_layers(record, check.select, skip)
     if not layers:
         return False, f"no {_describe(check.select)} recorded"
     return _check_values([(la["name"], la) for la in layers], check.wanted())
 
 
-def _check_groups(record: CellRecord, check: RecordCheck, skip: list[str]) -> tuple[bool, str]:
+def _check_groups(record: OutcomeRecord, check: RecordCheck, skip: list[str]) -> tuple[bool, str]:
     names = {la["name"] for la in select_layers(record, check.select, skip)}
     groups = [g for g in record.get("kv_groups") or [] if names & set(g.get("layer_names") or [])]
     if not groups:
@@ -78,7 +78,7 @@ def _check_groups(record: CellRecord, check: RecordCheck, skip: list[str]) -> tu
     return _check_values([(f"kv group {g.get('group')}", g) for g in groups], check.wanted())
 
 
-def _check_builders(record: CellRecord, check: RecordCheck, skip: list[str]) -> tuple[bool, str]:
+def _check_builders(record: OutcomeRecord, check: RecordCheck, skip: list[str]) -> tuple[bool, str]:
     names = {la["name"] for la in select_layers(record, check.select, skip)}
     groups = [g for g in record.get("attn_groups") or [] if names & set(g.get("layer_names") or [])]
     if not groups:
@@ -88,7 +88,7 @@ def _check_builders(record: CellRecord, check: RecordCheck, skip: list[str]) -> 
     return _check_values(items, check.wanted())
 
 
-def _page_size(record: CellRecord, selector: str | list[int], skip: list[str]) -> tuple[int | None, str]:
+def _page_size(record: OutcomeRecord, selector: str | list[int], skip: list[str]) -> tuple[int | None, str]:
     sizes = [la.get("page_size_bytes") for la in select_layers(record, selector, skip)]
     if not sizes or None in sizes:
         return None, f"no page size recorded for {_describe(selector)}"
@@ -98,7 +98,7 @@ def _page_size(record: CellRecord, selector: str | list[int], skip: list[str]) -
     return known.pop(), ""
 
 
-def _check_page_ratio(record: CellRecord, ratio: PageSizeRatio, skip: list[str]) -> tuple[bool, str]:
+def _check_page_ratio(record: OutcomeRecord, ratio: PageSizeRatio, skip: list[str]) -> tuple[bool, str]:
     num, why = _page_size(record, ratio.of, skip)
     den, why_den = _page_size(record, ratio.to, skip)
     if num is None or den is None:
@@ -137,7 +137,7 @@ def _check_ranks(ranks: list[RankState]) -> tuple[bool, str]:
 FORCED_BACKEND_RULE = "a forced attention backend is the one that runs (built in)"
 
 
-def _check_forced_backend(record: CellRecord, forced: str) -> tuple[bool, str]:
+def _check_forced_backend(record: OutcomeRecord, forced: str) -> tuple[bool, str]:
     """The target's attention layers run the backend the cell forced (a draft may need another one)."""
     ran = sorted({backend for la in record.get("layers") or []
                   if (backend := la.get("backend")) and la.get("role", "target") == "target"})
@@ -147,7 +147,7 @@ def _check_forced_backend(record: CellRecord, forced: str) -> tuple[bool, str]:
     return True, f"forced {forced} runs"
 
 
-def judge(record: CellRecord, rules: list[Expectation], context: dict[str, Any]) -> Judgement:
+def judge(record: OutcomeRecord, rules: list[Expectation], context: dict[str, Any]) -> Judgement:
     """One record's verdict under the case's expectations (those whose `when` holds in `context`)."""
     applicable = [r for r in rules if when_matches(r.when, context)]
     results, expected_crash = check_expectations(record, applicable, context.get("kv_cache_dtype_skip_layers") or [])
@@ -175,7 +175,7 @@ def judge(record: CellRecord, rules: list[Expectation], context: dict[str, Any])
 ExpectedCrash = tuple[CrashExpected | RefusalExpected, str]  # the rule's crash or refusal, and the rule's text
 
 
-def check_expectations(record: CellRecord, applicable: list[Expectation], skip: list[str]
+def check_expectations(record: OutcomeRecord, applicable: list[Expectation], skip: list[str]
                        ) -> tuple[list[RuleResult], ExpectedCrash | None]:
     """Every applicable check's result, and the crash or refusal a rule expects (it decides with the status)."""
     results: list[RuleResult] = []
@@ -195,7 +195,7 @@ def check_expectations(record: CellRecord, applicable: list[Expectation], skip: 
     return results, expected_crash
 
 
-def _record_checks(record: CellRecord, rule: Expectation, skip: list[str]) -> list[tuple[bool, str]]:
+def _record_checks(record: OutcomeRecord, rule: Expectation, skip: list[str]) -> list[tuple[bool, str]]:
     """(ok, detail) of each of a rule's checks on the resolved state: layers, groups, builders, page sizes."""
     checks = [check(record, getattr(rule, name), skip)
               for name, check in (("layers", _check_layers), ("groups", _check_groups), ("builders", _check_builders))
@@ -205,7 +205,7 @@ def _record_checks(record: CellRecord, rule: Expectation, skip: list[str]) -> li
     return checks
 
 
-def _unobserved(record: CellRecord) -> str | None:
+def _unobserved(record: OutcomeRecord) -> str | None:
     """Why the harness could not observe the cell (an error verdict), or None."""
     if record.get("status") == "error":
         return record.get("error_tail") or "the harness could not observe this cell"
@@ -214,7 +214,7 @@ def _unobserved(record: CellRecord) -> str | None:
     return None
 
 
-def _against_expected_crash(record: CellRecord, results: list[RuleResult], failed: list[RuleResult],
+def _against_expected_crash(record: OutcomeRecord, results: list[RuleResult], failed: list[RuleResult],
                             crash: CrashExpected | RefusalExpected, text: str) -> Judgement:
     status, signature, name = record.get("status"), record.get("signature"), failure_name(record)
     refusal = isinstance(crash, RefusalExpected)
@@ -238,7 +238,7 @@ def _against_expected_crash(record: CellRecord, results: list[RuleResult], faile
     return Judgement("xfail", f"expected failure {crash.signature}{member}{link}", results)
 
 
-def _without_expected_crash(record: CellRecord, results: list[RuleResult], failed: list[RuleResult]
+def _without_expected_crash(record: OutcomeRecord, results: list[RuleResult], failed: list[RuleResult]
                             ) -> tuple[Verdict, str]:
     status = record.get("status")
     if status == "timeout":

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
 from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES
 from kvmatrix.matrix.conditions import check_condition_value, matches
@@ -179,13 +179,13 @@ def cell_keys(cells: Iterable[Cell]) -> list[tuple[str, str]]:
     return [(cell.cell_id, gpu) for cell in cells for gpu in cell.gpu_classes]
 
 
-def waiver_for(record: CellRecord, waivers: Iterable[Waiver]) -> Waiver | None:
+def waiver_for(record: JudgedRecord, waivers: Iterable[Waiver]) -> Waiver | None:
     """The first waiver that matches a record's cell, class and vLLM version."""
     return next((w for w in waivers if w.matches(record["cell_id"], record.get("gpu_class") or "?",
                                                  record.get("vllm_version"))), None)
 
 
-def unwaived(record: CellRecord) -> CellRecord:
+def unwaived(record: JudgedRecord) -> JudgedRecord:
     """A record as judged before any waiver (itself where none applied): waiving is applied afresh each time."""
     waived = record.get("waived")
     if not isinstance(waived, dict):
@@ -198,8 +198,8 @@ def unwaived(record: CellRecord) -> CellRecord:
     return out
 
 
-def waive(record: CellRecord, waivers: Iterable[Waiver], today: datetime.date | None = None
-          ) -> tuple[CellRecord, WaiverProblem | None]:
+def waive(record: JudgedRecord, waivers: Iterable[Waiver], today: datetime.date | None = None
+          ) -> tuple[JudgedRecord, WaiverProblem | None]:
     """(the record with the first matching waiver applied, a "removable" problem or None). A waived failure
     becomes `xfail` naming the link; an expired waiver only says so in the reason. The input is not changed."""
     today = today or datetime.date.today()
@@ -229,11 +229,11 @@ def waive(record: CellRecord, waivers: Iterable[Waiver], today: datetime.date | 
 
 
 def apply_waivers(
-    records: list[CellRecord],
+    records: list[JudgedRecord],
     waivers: list[Waiver],
     today: datetime.date | None = None,
     known_cells: Iterable[tuple[str, str]] | None = None,
-) -> tuple[list[CellRecord], list[WaiverProblem]]:
+) -> tuple[list[JudgedRecord], list[WaiverProblem]]:
     """New records with waived failures turned `xfail`, and the problems found. A record is waived by the first
     waiver that matches it. `known_cells` is the whole matrix (`cell_keys(cells)`); without it, the records'
     own cells are the matrix, so a waiver for a class this run did not cover counts as unmatched."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from kvmatrix.harness.judge.facts import facts
 from kvmatrix.harness.record.files import run_mode
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
 
 
@@ -66,7 +66,7 @@ class Diff:
         return not any(getattr(self, name) for name, _ in self.SECTIONS if name not in ("still_failing", "not_in_run"))
 
 
-def what_changed(before: CellRecord, after: CellRecord) -> tuple[str, ...]:
+def what_changed(before: JudgedRecord, after: JudgedRecord) -> tuple[str, ...]:
     """The resolved facts (backend, KV dtype, query dtype, page size, signature) that differ, and the greedy
     output: on a deterministic engine, new tokens mean the numerics moved."""
     old, new = facts(before), facts(after)
@@ -79,11 +79,11 @@ def what_changed(before: CellRecord, after: CellRecord) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _key(record: CellRecord) -> tuple[str, str]:
+def _key(record: JudgedRecord) -> tuple[str, str]:
     return record.get("gpu_class") or "?", record["cell_id"]
 
 
-def diff_records(baseline: list[CellRecord], current: list[CellRecord], first_seen: dict[str, str] | None = None
+def diff_records(baseline: list[JudgedRecord], current: list[JudgedRecord], first_seen: dict[str, str] | None = None
                  ) -> Diff:
     """`first_seen`: fingerprint → the run it first appeared in (harness/nightly/history.py first_seen)."""
     old = {_key(r): r for r in baseline}

@@ -18,7 +18,7 @@ import pandas as pd
 from kvmatrix.harness.judge.facts import facts
 from kvmatrix.harness.judge.fingerprint import fingerprint
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.record.model import CellRecord, check_record, finished_now
+from kvmatrix.harness.record.model import JudgedRecord, check_judged, finished_now
 
 DEFAULT_DB = Path("reports") / "history.sqlite"  # in the working directory, beside its reports/runs/
 
@@ -91,7 +91,7 @@ def _columns(db: sqlite3.Connection) -> set[str]:
     return {row[1] for row in db.execute("PRAGMA table_info(results)")}
 
 
-def _fingerprint_of(record: CellRecord) -> str | None:
+def _fingerprint_of(record: JudgedRecord) -> str | None:
     """The record's own fingerprint; records of earlier harnesses get one from their exception."""
     if record.get("fingerprint"):
         return record["fingerprint"]
@@ -99,7 +99,7 @@ def _fingerprint_of(record: CellRecord) -> str | None:
     return crash.id if crash else None
 
 
-def import_records(db: sqlite3.Connection, records: list[CellRecord], run_id: str | None = None,
+def import_records(db: sqlite3.Connection, records: list[JudgedRecord], run_id: str | None = None,
                    vllm_commit: str | None = None) -> list[tuple[str, str]]:
     """Store records (one run folder's, or any list); returns the (run id, GPU class) runs they belong to.
 
@@ -162,13 +162,13 @@ def results_frame(db: sqlite3.Connection, run_id: str | None = None) -> pd.DataF
                        params=params).drop(columns="record")
 
 
-def records_of(db: sqlite3.Connection, run_id: str, gpu_class: str | None = None) -> list[CellRecord]:
-    """The stored records of a run (of one class), each checked against CellRecord."""
+def records_of(db: sqlite3.Connection, run_id: str, gpu_class: str | None = None) -> list[JudgedRecord]:
+    """The stored records of a run (of one class), each checked as a judged record."""
     sql, params = "SELECT gpu_class, cell_id, record FROM results WHERE run_id = ?", [run_id]
     if gpu_class is not None:
         sql += " AND gpu_class = ?"
         params.append(gpu_class)
-    return [check_record(json.loads(record), f"history record {cell_id} @{gpu} of run {run_id}")
+    return [check_judged(json.loads(record), f"history record {cell_id} @{gpu} of run {run_id}")
             for gpu, cell_id, record in db.execute(sql + " ORDER BY gpu_class, cell_id", params)]
 
 

@@ -12,7 +12,7 @@ from tabulate import tabulate
 from kvmatrix.harness.bisect.step import Step
 from kvmatrix.harness.nightly.diff import Diff, diff_records, what_changed
 from kvmatrix.harness.record.files import read_json
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.reports import diff_md
 
 
@@ -25,7 +25,7 @@ class Side:
     title: str  # short sha and subject
     steps: dict[str, Step] = field(default_factory=dict)  # cell id -> step
 
-    def records(self) -> dict[str, CellRecord]:
+    def records(self) -> dict[str, JudgedRecord]:
         out = {}
         for cell_id, step in self.steps.items():
             record = read_json(Path(step.record)) if step.record else None
@@ -34,7 +34,7 @@ class Side:
         return out
 
 
-def _cell(side: Side, cell_id: str, record: CellRecord | None) -> str:
+def _cell(side: Side, cell_id: str, record: JudgedRecord | None) -> str:
     if record is not None:
         return record["verdict"]
     step = side.steps.get(cell_id)

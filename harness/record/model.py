@@ -1,21 +1,36 @@
-"""What a cell record holds: `CellRecord`, the one typed definition of the JSON object kept per cell (and of the
-partial result the cell process writes on the way), with a TypedDict for every part that cases, judging and
-reports read: layers, KV-cache groups, attention groups and their builders, timings, accuracy, the crash. A
-TypedDict is a plain dict, so records are read and written as before and their JSON is unchanged. `check_record`
-validates one (pydantic) where records are made and where they are read, and a malformed record raises
-RecordError naming the file (or what made it) and the field. Every part is open (total=False, other keys
-allowed): older records, a newer harness's fields and vLLM's own attribute names pass, while each field named
-here must have its type. Records of old releases carry older names too (vllm_compat.normalize_record).
+"""What a cell record holds, phase by phase. The JSON object kept per cell grows as the cell goes through the
+harness, and each phase is a TypedDict extending the one before it (a plain dict: records are read and written as
+before and their JSON is unchanged):
+
+- `CellOutput`: the task's identity, as the runner begins the record (harness/run/cell_run.py), and what the cell
+  process recorded (harness/cell/main.py: its RESULT.json);
+- `OutcomeRecord`: and what only the runner knows once the process ended: the final status, the signal, the
+  failure's signature and fingerprint, the log, which isolation and worker ran it, the GPU-memory check
+  (harness/judge/outcome.py, fingerprint.py; harness/run/cell_run.py, launch.py, gpu_check.py);
+- `JudgedRecord`: and the judgement, a `verdict` always among it (harness/judge/judge.py): what run folders hold
+  (harness/record/files.py), the history stores and reports read.
+
+Each phase is checked (pydantic) at its boundary by a function given where the record is (a file, or what made
+it): `check_cell_output` as the cell process saves its result and as the runner reads it back
+(files.read_result); `check_outcome` where the outcome joins the record, before judging (cell_run.finish);
+`check_judged` as judging returns a record (judge.judge_record), where one is made without judging (a skip), and
+as records are written to and read from run folders and the history. A wrong field raises RecordError naming
+`where` and the field; so does a field of a later phase (a cell process's result carrying a `verdict`): a phase
+holds only what has happened by then. A TypedDict for every part that cases, judging and reports read (layers,
+KV-cache groups, attention groups and their builders, timings, accuracy, the crash) is in parts.py. Every part
+is open (total=False, other keys allowed): older records, a newer harness's fields and vLLM's own attribute names
+pass, while each field named here must have its type. Records of old releases carry older names too
+(vllm_compat.normalize_record).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 from pydantic import TypeAdapter, ValidationError
-from typing_extensions import TypedDict, Unpack
+from typing_extensions import Required, TypedDict
 
 from kvmatrix.harness.record.parts import (  # noqa: F401  (the parts are part of this module's interface)
     VERDICTS,
@@ -50,9 +65,8 @@ from kvmatrix.matrix.schema import validation_problems
 
 
 @open_to_other_keys
-class CellRecord(TypedDict, total=False):
-    """One cell on one GPU class: the runner's identity fields, what the cell process recorded, the outcome and
-    the judgement. `cell_id` and (once judged) `verdict` are always there (harness/record/files.py)."""
+class CellOutput(TypedDict, total=False):
+    """A cell up to the end of its process: the runner's identity fields, then what the cell process wrote."""
 
     # the task (harness/run/cell_run.py)
     cell_id: str
@@ -71,7 +85,7 @@ class CellRecord(TypedDict, total=False):
     vllm_commit: str | None
     torch_version: str | None
     python: str
-    status: Status
+    status: Status  # the process's own ok / crash; the outcome sets the runner's (timeout, killed, error)
     phase: str
     exception: ExceptionInfo | None
     timings: Timings
@@ -90,7 +104,13 @@ class CellRecord(TypedDict, total=False):
     backend_notes: list[str]  # vLLM's log lines saying it replaced a forced attention backend
     probe_error: str | None
     accuracy: AccuracyResult
-    # the outcome (harness/judge/outcome.py, fingerprint.py; harness/run/gpu_check.py)
+
+
+@open_to_other_keys
+class OutcomeRecord(CellOutput, total=False):
+    """A cell whose process has ended: its output and what happened to it, as the runner saw it."""
+
+    # harness/judge/outcome.py, fingerprint.py; harness/run/gpu_check.py
     log: str
     error_tail: str
     signal: str
@@ -101,12 +121,18 @@ class CellRecord(TypedDict, total=False):
     leak: str
     # which isolation ran the cell (harness/run/launch.py): "worker" or "process"
     isolation: str
+    worker: WorkerInfo
+    # how a warm run came to its record, set once the run's attempts are judged (harness/run/cell_run.py)
     fresh_first: str  # why a warm run went straight to a fresh process for this cell (a known failure)
     confirmed_by: str  # the cell whose fresh process showed this expected failure first (harness/run/confirmations.py)
-    worker: WorkerInfo
     warm_attempt: WarmAttempt
-    # the judgement (harness/judge/judge.py)
-    verdict: Verdict
+
+
+@open_to_other_keys
+class JudgedRecord(OutcomeRecord, total=False):
+    """One cell on one GPU class, judged (harness/judge/judge.py): what a record file of a run folder holds."""
+
+    verdict: Required[Verdict]
     reason: str
     expectations: list[RuleResult]
     tags: list[str]
@@ -119,32 +145,67 @@ class CellRecord(TypedDict, total=False):
     finished_at: str
 
 
-_ADAPTER = TypeAdapter(CellRecord)
+def _fields(phase: Any) -> frozenset[str]:
+    # Both sets: under postponed annotations Python cannot see `Required[...]` (pydantic can), and lists it optional.
+    return phase.__required_keys__ | phase.__optional_keys__
+
+
+# The fields each phase adds to the one before it.
+_OUTCOME_FIELDS = _fields(OutcomeRecord) - _fields(CellOutput)
+_JUDGEMENT_FIELDS = _fields(JudgedRecord) - _fields(OutcomeRecord)
 
 
 class RecordError(ValueError):
-    """A record that does not fit CellRecord: where it is (a file, or what made it) and every wrong field."""
+    """A record that does not fit its phase: where it is (a file, or what made it), the phase, every wrong field."""
 
-    def __init__(self, where: str, problems: list[tuple[str, str]]):
+    def __init__(self, where: str, phase: str, problems: list[tuple[str, str]]):
         self.where, self.problems = where, problems
         self.field = problems[0][0]
-        super().__init__(f"{where}: not a cell record: " + "; ".join(f"field '{f}': {m}" for f, m in problems))
+        super().__init__(f"{where}: not {phase}: " + "; ".join(f"field '{f}': {m}" for f, m in problems))
 
 
-def check_record(record: Mapping[str, Any], where: str) -> CellRecord:
-    """The record itself (not pydantic's copy: its JSON stays as it was), once it fits CellRecord; else
-    RecordError naming `where` and the fields."""
-    try:
-        _ADAPTER.validate_python(record)
-    except ValidationError as err:
-        raise RecordError(where, validation_problems(err)) from None
-    return cast(CellRecord, record)  # just validated
+Phase = TypeVar("Phase")
 
 
-def new_record(**fields: Unpack[CellRecord]) -> CellRecord:
-    """A record begun by hand (the runner's task records, the pools' and the CLI's records of cells that did not
-    run, the cell process's result): these fields, checked."""
-    return check_record(CellRecord(**fields), f"the record made for {fields.get('cell_id')!r}")
+class _Check(Generic[Phase]):
+    """One phase's check: its fields' types, and none of the fields later phases add (`later`: each later phase's
+    name and fields)."""
+
+    def __init__(self, phase: type[Phase], name: str, later: Mapping[str, frozenset[str]]):
+        self.adapter, self.name = TypeAdapter(phase), name
+        self.later = {field: added_by for added_by, fields in later.items() for field in fields}
+
+    def __call__(self, record: Mapping[str, Any], where: str) -> Phase:
+        problems = [(field, f"belongs to {self.later[field]}, a later phase") for field in record
+                    if field in self.later]
+        try:
+            self.adapter.validate_python(record)
+        except ValidationError as err:
+            problems = validation_problems(err) + problems
+        if problems:
+            raise RecordError(where, self.name, problems)
+        return cast(Phase, record)  # the record itself, not pydantic's copy: its JSON stays as it was
+
+
+_CELL_OUTPUT = _Check(CellOutput, "a cell's output", {"the outcome": _OUTCOME_FIELDS,
+                                                      "the judgement": _JUDGEMENT_FIELDS})
+_OUTCOME = _Check(OutcomeRecord, "an outcome record", {"the judgement": _JUDGEMENT_FIELDS})
+_JUDGED = _Check(JudgedRecord, "a judged record", {})
+
+
+def check_cell_output(record: Mapping[str, Any], where: str) -> CellOutput:
+    """The record, once it fits CellOutput: as the cell process saves its result and the runner reads it."""
+    return _CELL_OUTPUT(record, where)
+
+
+def check_outcome(record: Mapping[str, Any], where: str) -> OutcomeRecord:
+    """The record, once it fits OutcomeRecord: the outcome added, before judging."""
+    return _OUTCOME(record, where)
+
+
+def check_judged(record: Mapping[str, Any], where: str) -> JudgedRecord:
+    """The record, once it fits JudgedRecord (a verdict among it): as judged, and as written and read back."""
+    return _JUDGED(record, where)
 
 
 def finished_now() -> str:

@@ -1,4 +1,4 @@
-"""The parts of a cell record (harness/record/model.py `CellRecord`), one TypedDict each, open to other keys: the
+"""The parts of a cell record (harness/record/model.py, its phases), one TypedDict each, open to other keys: the
 axes, what the probe resolved (layers, KV-cache groups, attention groups and their builders), what the cell
 process recorded (exception, timings, emulation, accuracy), the outcome (crash, GPU-memory check), the warm worker
 that ran it, and what judging added (rule results, the accuracy comparison, a waiver)."""

@@ -5,7 +5,7 @@ with one error naming the exception, and records no FAIL."""
 
 from __future__ import annotations
 
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.cell_run import not_run_reason
 from kvmatrix.harness.run.settings import RunSettings
@@ -18,7 +18,7 @@ class EnvironmentBroken(RuntimeError):
 
 
 def pick_canary(todo: list[Task], settings: RunSettings, expected: dict[str, str | None],
-                finished: list[CellRecord]) -> Task | None:
+                finished: list[JudgedRecord]) -> Task | None:
     """The cell to run first: of the first model that has one, a cell with every axis at its default (no KV dtype
     asked, nothing skipped, no draft, vLLM's backend, the plain workload), compared with no other cell, that runs
     here and is expected to pass.
@@ -49,7 +49,7 @@ def _may_refuse(task: Task, settings: RunSettings) -> bool:
                for rule in task.cell.case.expect)
 
 
-def canary_failure(task: Task, record: CellRecord) -> str | None:
+def canary_failure(task: Task, record: JudgedRecord) -> str | None:
     """Why the canary's record says the environment is broken; None when its engine started and generated."""
     if record.get("status") == "ok" and record.get("verdict") not in ("error", "skip"):
         return None

@@ -15,7 +15,17 @@ from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import classify_outcome
 from kvmatrix.harness.judge.waivers import unwaived
 from kvmatrix.harness.record.files import read_result, read_tail
-from kvmatrix.harness.record.model import CellRecord, Timings, WarmAttempt, check_record, finished_now, new_record
+from kvmatrix.harness.record.model import (
+    CellOutput,
+    JudgedRecord,
+    OutcomeRecord,
+    Timings,
+    WarmAttempt,
+    check_cell_output,
+    check_judged,
+    check_outcome,
+    finished_now,
+)
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.accuracy_plan import accuracy_spec, offline_reason
@@ -34,11 +44,12 @@ from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expectations import CrashExpected
 
 
-def base_record(task: Task, run_id: str) -> CellRecord:
+def base_record(task: Task, run_id: str) -> CellOutput:
     """What every record of a task says before anything runs."""
     cell = task.cell
-    return new_record(cell_id=cell.cell_id, case=cell.case.name, model=cell.model, axes=cell.axes,
-                      gpu_class=task.gpu_name, emulated_from=task.emulated_from, run_id=run_id)
+    record = CellOutput(cell_id=cell.cell_id, case=cell.case.name, model=cell.model, axes=cell.axes,
+                        gpu_class=task.gpu_name, emulated_from=task.emulated_from, run_id=run_id)
+    return check_cell_output(record, f"the task record of {task.key}")
 
 
 def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mode: str) -> CellSpec:
@@ -62,7 +73,7 @@ def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mo
 
 
 def run_attempt(task: Task, settings: RunSettings, processes: CellProcesses, launcher: Launcher,
-                extra_env: dict[str, str] | None = None, first_failure: str | None = None) -> CellRecord:
+                extra_env: dict[str, str] | None = None, first_failure: str | None = None) -> JudgedRecord:
     """One attempt at a cell: its process run once, to a judged record (not yet written); `first_failure`: why an
     earlier attempt failed."""
     cell, run_dir = task.cell, settings.run_dir
@@ -71,8 +82,8 @@ def run_attempt(task: Task, settings: RunSettings, processes: CellProcesses, lau
                       run_dir.log_path(cell.cell_id, task.gpu_name))
     files.result.unlink(missing_ok=True)
     # Which GPU of the machine ran the cell (its slot's pin), for reports of multi-GPU hosts.
-    record: CellRecord = {**base_record(task, run_dir.root.name),
-                          "gpu_index": (extra_env or {}).get("CUDA_VISIBLE_DEVICES")}
+    record: OutcomeRecord = {**base_record(task, run_dir.root.name),
+                             "gpu_index": (extra_env or {}).get("CUDA_VISIBLE_DEVICES")}
     mode, full_because = cell_mode(cell, settings.probe_only)
     record["mode"] = mode
     if full_because:
@@ -83,7 +94,7 @@ def run_attempt(task: Task, settings: RunSettings, processes: CellProcesses, lau
         engine_args = engine_args_for(cell, task.gpu, settings.models, settings.built, settings.use_hub,
                                       probe=mode == "probe", vllm_version=settings.vllm_version)
     except KeyError as err:
-        outcome: CellRecord = {"status": "error", "error_tail": str(err.args[0])}
+        outcome: OutcomeRecord = {"status": "error", "error_tail": str(err.args[0])}
         return finish(record, task, settings, outcome, started, first_failure)
     record["engine_args"] = engine_args
     spec = cell_spec(task, settings, engine_args, mode)
@@ -116,25 +127,26 @@ def _capability(task: Task) -> list[int] | None:
     return [int(major), int(minor)]
 
 
-def finish(record: CellRecord, task: Task, settings: RunSettings, outcome: CellRecord, started: float,
-           first_failure: str | None = None) -> CellRecord:
+def finish(record: OutcomeRecord, task: Task, settings: RunSettings, outcome: OutcomeRecord, started: float,
+           first_failure: str | None = None) -> JudgedRecord:
+    """The task's record with the attempt's outcome added, judged and timed."""
     record.update(outcome)
     record.setdefault("vllm_version", settings.vllm_version)
     record.setdefault("signature", None)
     timings = (record.get("timings") or Timings()).copy()
     timings["total_s"] = round(time.monotonic() - started, 3)
     record["timings"] = timings
-    judge_record(check_record(record, f"the record of {task.key}"), task, settings.run_dir, settings.waivers,
-                 first_failure)
-    record["finished_at"] = finished_now()
-    return record
+    judged = judge_record(check_outcome(record, f"the outcome record of {task.key}"), task, settings.run_dir,
+                          settings.waivers, first_failure)
+    judged["finished_at"] = finished_now()
+    return judged
 
 
-def skip_record(task: Task, reason: str, run_id: str) -> CellRecord:
-    record = base_record(task, run_id)
-    record.update({"status": "skipped", "verdict": "skip", "reason": reason, "expectations": [],
-                   "tags": list(task.cell.case.tags)})
-    return check_record(record, f"the skip record of {task.key}")
+def skip_record(task: Task, reason: str, run_id: str) -> JudgedRecord:
+    """The judged record of a task that does not run (no outcome to judge)."""
+    record = {**base_record(task, run_id), "status": "skipped", "verdict": "skip", "reason": reason,
+              "expectations": [], "tags": list(task.cell.case.tags)}
+    return check_judged(record, f"the skip record of {task.key}")
 
 
 def not_run_reason(task: Task, settings: RunSettings) -> str | None:
@@ -170,7 +182,7 @@ def gpus_reason(task: Task, gpus_here: int | None) -> str | None:
 
 def judged_record(task: Task, settings: RunSettings, processes: CellProcesses,
                   extra_env: dict[str, str] | None = None, launcher: Launcher | None = None,
-                  fresh_first: str | None = None, confirmations: Confirmations | None = None) -> CellRecord:
+                  fresh_first: str | None = None, confirmations: Confirmations | None = None) -> JudgedRecord:
     """The judged record of one task: a skip, or its cell run (again, `retries` times, while it fails). A cell
     that a warm worker ran to anything but a pass is run again in a fresh process, and that run is the record:
     a worker polluted by an earlier cell can never decide a verdict. Only an expected failure that a fresh
@@ -226,14 +238,14 @@ def expected_not_to_pass(task: Task, settings: RunSettings, last_verdicts: dict[
     return f"{last} in the last run" if last not in (None, "pass", "skip") else None
 
 
-def warm_attempt(warm: CellRecord) -> WarmAttempt:
+def warm_attempt(warm: JudgedRecord) -> WarmAttempt:
     """What a record keeps of the warm worker's attempt when a fresh process ran the cell again."""
     return WarmAttempt(status=warm.get("status"), verdict=warm.get("verdict"), signature=warm.get("signature"),
                        signal=warm.get("signal"), error_tail=warm.get("error_tail"), reason=warm.get("reason"),
                        worker=warm.get("worker"), timings=warm.get("timings"))
 
 
-def _needs_fresh_process(record: CellRecord) -> bool:
+def _needs_fresh_process(record: JudgedRecord) -> bool:
     """Anything but a pass (before waivers) or a clean refusal the case expects: a failure, an xfail, an error,
     a timeout, a kill or a signal."""
     return (unwaived(record)["verdict"] not in ("pass", "skip")

@@ -15,11 +15,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.task import Task
 
 
-def _outcome(record: CellRecord) -> tuple:
+def _outcome(record: JudgedRecord) -> tuple:
     return record["case"], record.get("status"), record.get("signature")
 
 
@@ -29,7 +29,7 @@ class Confirmations:
         self._groups: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
-    def add(self, record: CellRecord, why: str | None) -> None:
+    def add(self, record: JudgedRecord, why: str | None) -> None:
         """Keep a fresh process's expected failure as the confirmation of its case's outcome; `why` it was
         expected (None: it was not) names the group of cells it confirms for."""
         if record.get("isolation") == "process" and _confirmable(record):
@@ -38,7 +38,7 @@ class Confirmations:
                 if why is not None:
                     self._groups.add((record["case"], why))
 
-    def confirmed_by(self, record: CellRecord) -> str | None:
+    def confirmed_by(self, record: JudgedRecord) -> str | None:
         """The cell whose fresh process ended as this warm run did; None: this run needs its own fresh process."""
         if not _confirmable(record):
             return None
@@ -51,7 +51,7 @@ class Confirmations:
             return (case, why) in self._groups
 
 
-def _confirmable(record: CellRecord) -> bool:
+def _confirmable(record: JudgedRecord) -> bool:
     """An expected failure that ended as a Python exception or a judged result, in a process that stayed fit to
     run on: a signal, or a worker that retired after the cell (a CUDA error, memory kept), is never taken."""
     return (record.get("verdict") == "xfail" and record.get("status") in ("ok", "crash")

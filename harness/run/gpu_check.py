@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import OutcomeRecord
 from kvmatrix.harness.run.gpu_memory import GpuMemory, physical_index
 from kvmatrix.harness.run.process import CellProcesses, pgid_of, run_mark_of
 
@@ -26,7 +26,7 @@ def pinned_gpus(slot_env: Callable[[int], dict[str, str]] | None, jobs: int) -> 
     return {index for index in pins if index is not None}
 
 
-def check_gpu_memory(memory: GpuMemory, gpu: int, processes: CellProcesses, settle_s: float) -> CellRecord:
+def check_gpu_memory(memory: GpuMemory, gpu: int, processes: CellProcesses, settle_s: float) -> OutcomeRecord:
     """After a cell's process group is gone: wait (up to `settle_s`, returning as soon as it is) until its GPU
     is back at its baseline; the record's `gpu_memory`, and a `leak` line if it is not back.
     Processes of cells still running there are theirs, and while any runs the GPU's total is theirs too, so then
@@ -49,7 +49,7 @@ def check_gpu_memory(memory: GpuMemory, gpu: int, processes: CellProcesses, sett
             break
         time.sleep(GPU_POLL_S)
     leaked = sum(foreign.values()) if foreign else (above if driver_level else 0.0)
-    out: CellRecord = {"gpu_memory": {
+    out: OutcomeRecord = {"gpu_memory": {
         "gpu_index": gpu, "baseline_mib": round(baseline.used_mib, 1), "after_mib": round(used, 1),
         "leaked_mib": round(leaked, 1), "leaked_pids": {str(pid): round(mib, 1) for pid, mib in foreign.items()},
         "exclusive": exclusive, "waited_s": round(time.monotonic() - started, 3),

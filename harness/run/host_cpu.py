@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 
 PROC_STAT = Path("/proc/stat")
 
@@ -38,7 +38,7 @@ def _busy_seconds(stat: Path) -> float | None:
     return (sum(jiffies) - jiffies[3] - jiffies[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def summary(start: Reading, end: Reading, records: Iterable[CellRecord]) -> str:
+def summary(start: Reading, end: Reading, records: Iterable[JudgedRecord]) -> str:
     """One line: the host's busy share between two readings, and the CPU seconds of the cells that finished in
     between (a resumed run's earlier cells are not this host's work now)."""
     wall = end.at - start.at
@@ -52,6 +52,6 @@ def summary(start: Reading, end: Reading, records: Iterable[CellRecord]) -> str:
             f"{wall:.0f} s); {cells}")
 
 
-def _finished_at(record: CellRecord) -> float:
+def _finished_at(record: JudgedRecord) -> float:
     stamp = record.get("finished_at")
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else 0.0

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from kvmatrix.harness.judge.facts import facts
 from kvmatrix.harness.record.files import RunDir, read_json
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.accuracy_plan import baseline_gates, baselines_first
 from kvmatrix.harness.run.canary import EnvironmentBroken, canary_failure, pick_canary
@@ -29,20 +29,20 @@ from kvmatrix.harness.run.process import CellProcesses
 from kvmatrix.harness.run.schedule import order_tasks
 from kvmatrix.harness.run.settings import RunSettings
 
-OnRecord = Callable[[CellRecord, int, int, bool], None]
+OnRecord = Callable[[JudgedRecord, int, int, bool], None]
 
 
 class Pool(Protocol):
-    def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[CellRecord]:
+    def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[JudgedRecord]:
         """Every task not already recorded in the run folder, run; all records, finished ones too, in task order.
         `on_record(record, done, total, resumed)` is called once per cell as it finishes (progress lines)."""
         ...
 
 
 def finished_records(tasks: list[Task], run_dir: RunDir,
-                     on_record: OnRecord | None = None) -> tuple[dict[str, CellRecord], list[Task]]:
+                     on_record: OnRecord | None = None) -> tuple[dict[str, JudgedRecord], list[Task]]:
     """Resuming: (the records already in the run folder by task key, the tasks still to run)."""
-    records: dict[str, CellRecord] = {}
+    records: dict[str, JudgedRecord] = {}
     todo = []
     for task in tasks:
         existing = read_json(run_dir.record_path(task.cell.cell_id, task.gpu_name))
@@ -71,7 +71,7 @@ class LocalPool:
     ranks_env: Callable[[list[int]], dict[str, str]] | None = None  # what such a cell sees of its devices
     last_backends: dict[str, str] | None = None
 
-    def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[CellRecord]:
+    def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[JudgedRecord]:
         records, todo = finished_records(tasks, settings.run_dir, on_record)
         if self.expected_s is not None:
             todo = order_tasks(todo, self.expected_s, last_verdicts=self.last_verdicts)
@@ -82,7 +82,7 @@ class LocalPool:
 class _LocalRun:
     """One LocalPool.run: its slots, cell processes and records, shared by the threads that run its cells."""
 
-    def __init__(self, pool: LocalPool, settings: RunSettings, todo: list[Task], records: dict[str, CellRecord],
+    def __init__(self, pool: LocalPool, settings: RunSettings, todo: list[Task], records: dict[str, JudgedRecord],
                  total: int, on_record: OnRecord | None):
         self.pool, self.settings, self.todo, self.records = pool, settings, todo, records
         self.total, self.on_record, self.jobs = total, on_record, max(1, pool.jobs)
@@ -125,7 +125,7 @@ class _LocalRun:
             raise EnvironmentBroken(self.broken[0])
         _run_on_whole_gpus(wide, pool.devices, self.one_wide, self.processes)
 
-    def keep(self, task: Task, record: CellRecord) -> None:
+    def keep(self, task: Task, record: JudgedRecord) -> None:
         self.settings.run_dir.write(record)
         with self.lock:
             self.records[task.key] = record
@@ -146,7 +146,7 @@ class _LocalRun:
         if self.jobs > 1 and record.get("status") == "ok":  # a skip or a crash compiled nothing, or not all
             mark_warm(self.settings, kernel_family(task, facts(record).get("backend")))
 
-    def _in_slot(self, task: Task) -> CellRecord:
+    def _in_slot(self, task: Task) -> JudgedRecord:
         case_env = tuple(sorted(task.cell.case.env.items()))
         with self.lock:
             slot = self.slot_workers.pick(self.free_slots, case_env)
@@ -186,7 +186,7 @@ class SlotWorkers:
     def pick(self, free_slots: list[int], case_env: tuple) -> int:
         return next((s for s in free_slots if case_env in self.envs.get(s, ())), free_slots[-1])
 
-    def ran(self, slot: int, case_env: tuple, record: CellRecord) -> None:
+    def ran(self, slot: int, case_env: tuple, record: JudgedRecord) -> None:
         if record.get("isolation") != "worker":  # a fresh process: the slot's workers are as they were
             return
         worker = record.get("worker") or {}
@@ -322,7 +322,7 @@ def run_tasks(
     devices: int = 0,
     ranks_env: Callable[[list[int]], dict[str, str]] | None = None,
     last_backends: dict[str, str] | None = None,
-) -> list[CellRecord]:
+) -> list[JudgedRecord]:
     """This machine's pool in one call (see `LocalPool` and `Pool.run`)."""
     return LocalPool(jobs, slot_env, expected_s, last_verdicts, devices, ranks_env, last_backends).run(
         tasks, settings, on_record)

@@ -29,7 +29,7 @@ from typing import Any
 
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.record.files import RunDir, record_stem
-from kvmatrix.harness.record.model import CellRecord, finished_now, new_record
+from kvmatrix.harness.record.model import JudgedRecord, finished_now
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.accuracy_plan import baselines_first
 from kvmatrix.harness.run.cell_run import judged_record, skip_record
@@ -57,7 +57,7 @@ def placement(task: Task, real_gpus: bool = False, pool: dict[str, GpuClass] | N
     return resource, {"num_cpus": 0, "resources": {resource: gpus * slots if gpus > 1 else 1}}
 
 
-def run_on_node(task: Task, settings: RunSettings, baselines: list[CellRecord]) -> tuple[CellRecord, bytes | None]:
+def run_on_node(task: Task, settings: RunSettings, baselines: list[JudgedRecord]) -> tuple[JudgedRecord, bytes | None]:
     """On the node: the task's judged record and its cell log. The baseline records it is compared with are
     written into the scratch run folder first, so that judging reads them as it would locally."""
     # Under the run's cache folder rather than /tmp: what a killed worker leaves is found, and cleared with it.
@@ -76,13 +76,13 @@ def run_on_node(task: Task, settings: RunSettings, baselines: list[CellRecord]) 
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def unobserved_record(task: Task, settings: RunSettings, why: str) -> CellRecord:
+def unobserved_record(task: Task, settings: RunSettings, why: str) -> JudgedRecord:
     """A cell the pool could not run: an `error` for the report, never a record file (a rerun runs it)."""
     why = f"{why} (not recorded: a rerun with the same run id runs it again)"
-    fields: CellRecord = {**skip_record(task, why, settings.run_dir.root.name), "status": "error",
-                          "error_tail": why, "vllm_version": settings.vllm_version, "signature": None,
-                          "finished_at": finished_now()}
-    return judge_record(new_record(**fields), task, settings.run_dir, settings.waivers)
+    record: JudgedRecord = {**skip_record(task, why, settings.run_dir.root.name), "status": "error",
+                            "error_tail": why, "vllm_version": settings.vllm_version, "signature": None,
+                            "finished_at": finished_now()}
+    return judge_record(record, task, settings.run_dir, settings.waivers)
 
 
 def run_tasks_on_ray(
@@ -94,7 +94,7 @@ def run_tasks_on_ray(
     accelerator_types: dict[str, str] | None = None,
     max_retries: int = 3,
     unplaceable_after_s: float = 60.0,
-) -> list[CellRecord]:
+) -> list[JudgedRecord]:
     """`run_tasks` over a Ray cluster the caller has joined (`ray.init(address=...)`); same arguments and
     records, in the order of `tasks`. Cells start baselines first, then the rest, as Ray places them."""
     import ray  # only a Ray pool needs Ray
@@ -103,7 +103,7 @@ def run_tasks_on_ray(
     run_dir, total = settings.run_dir, len(tasks)
     records, todo = finished_records(tasks, run_dir, on_record)
 
-    def keep(task: Task, record: CellRecord, log: bytes | None, written: bool) -> None:
+    def keep(task: Task, record: JudgedRecord, log: bytes | None, written: bool) -> None:
         if written:
             if log is not None:
                 path = run_dir.log_path(task.cell.cell_id, task.gpu_name)
@@ -130,7 +130,7 @@ def run_tasks_on_ray(
     return [records[t.key] for t in tasks if t.key in records]
 
 
-def _baselines_of(task: Task, records: dict[str, CellRecord]) -> list[CellRecord]:
+def _baselines_of(task: Task, records: dict[str, JudgedRecord]) -> list[JudgedRecord]:
     """The finished baseline record a compared cell is judged against (none for a baseline or a plain cell)."""
     baseline_id = task.cell.baseline_id
     if baseline_id is None or baseline_id == task.cell.cell_id:
@@ -177,6 +177,6 @@ class RayPool:
     unplaceable_after_s: float = 60.0
 
     def run(self, tasks: list[Task], settings: RunSettings,
-            on_record: OnRecord | None = None) -> list[CellRecord]:
+            on_record: OnRecord | None = None) -> list[JudgedRecord]:
         return run_tasks_on_ray(tasks, settings, on_record, self.real_gpus, self.pool, self.accelerator_types,
                                 self.max_retries, self.unplaceable_after_s)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.surface.cases import REFUSALS
 from kvmatrix.matrix.conditions import when_matches
@@ -42,7 +42,7 @@ def refusals(tasks: list[Task], vllm_version: str | None) -> list[Task]:
     return [t for t in tasks if not declared_supported(t, vllm_version)]
 
 
-def broken_promise(record: CellRecord, task: Task) -> str | None:
+def broken_promise(record: JudgedRecord, task: Task) -> str | None:
     """The kind of broken promise a judged surface record shows, or None (kept, or nothing to judge)."""
     if record["verdict"] != "fail":
         return None
@@ -54,7 +54,7 @@ def broken_promise(record: CellRecord, task: Task) -> str | None:
     return "crashed instead of refusing" if crashed else "accepted although refused"
 
 
-def promise_table(records: list[CellRecord], cells: dict[str, Cell], pool: dict[str, GpuClass]) -> list[list]:
+def promise_table(records: list[JudgedRecord], cells: dict[str, Cell], pool: dict[str, GpuClass]) -> list[list]:
     """Per class: surface cells run, promises kept, and each kind of broken promise."""
     rows: dict[str, Counter] = {}
     for record in records:

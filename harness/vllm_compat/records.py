@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
-from kvmatrix.harness.record.model import Builder, CellRecord
+from kvmatrix.harness.record.model import Builder, CellOutput
 from kvmatrix.harness.vllm_compat.versions import for_version
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -30,7 +30,7 @@ def normalized_builder(fields: Mapping[str, Any], version: str | None) -> Builde
     return cast(Builder, out)
 
 
-def normalize_record(record: CellRecord) -> None:
+def normalize_record(record: CellOutput) -> None:
     """Current field names on a stored record of any release (records written before a rename are judged alike)."""
     for group in record.get("attn_groups") or []:
         if builder := group.get("builder"):

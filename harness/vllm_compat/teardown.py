@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-from kvmatrix.harness.record.model import CellRecord
+from kvmatrix.harness.record.model import CellOutput
 from kvmatrix.harness.vllm_compat.versions import for_version
 
 # Destroys the model-parallel groups and the distributed environment, unfreezes the objects vLLM froze out of the
@@ -45,7 +45,7 @@ def gpu_memory_left_mib() -> float:
     return torch.cuda.memory_reserved() / 2**20
 
 
-def cuda_error_in(result: CellRecord) -> str | None:
+def cuda_error_in(result: CellOutput) -> str | None:
     """The cell's exception, if it is a CUDA error: why its process must not run another cell."""
     exception = result.get("exception") or {}
     text = f"{exception.get('message') or ''}\n{exception.get('traceback_tail') or ''}"
@@ -53,7 +53,7 @@ def cuda_error_in(result: CellRecord) -> str | None:
     return f"CUDA error in the cell ({marker})" if marker else None
 
 
-def compilation_dropped(result: CellRecord) -> str | None:
+def compilation_dropped(result: CellOutput) -> str | None:
     """Why a process whose cell asked for torch.compile and ran without it must not run another: on vLLM 0.33.0 on
     the H200 (2026-12-02) every later compiled cell of such a warm worker ran eager too, while each ran compiled in
     a fresh process. Process state from an earlier cell decided it, so no later cell of that worker can be trusted
@@ -64,7 +64,7 @@ def compilation_dropped(result: CellRecord) -> str | None:
     return None
 
 
-def retire_reason(result: CellRecord) -> str | None:
+def retire_reason(result: CellOutput) -> str | None:
     """Why the process that produced this cell result must not run another cell; None when it may."""
     if reason := cuda_error_in(result) or compilation_dropped(result):
         return reason
