@@ -97,7 +97,9 @@ def render(pairs_by_run: dict[str, list[tuple[JudgedRecord, JudgedRecord]]]) -> 
             environment += [(run, n) for n in broken]
             unexplained += [(run, n) for n in bad if n not in broken]
             first = mine[0][1]
-            lines.append(f"| {run} | {gpu} | {first.get('emulated_from') or '-'} | {first.get('vllm_version')} | "
+            # A cell that did not run (a skip) has no vLLM version: the run's is that of any cell that ran.
+            version = next((n["vllm_version"] for _, n in mine if n.get("vllm_version")), None)
+            lines.append(f"| {run} | {gpu} | {first.get('emulated_from') or '-'} | {version} | "
                          f"{len(mine)} | " + " | ".join(str(counts.get(v, 0)) for v in VERDICTS)
                          + f" | {before} | {len(broken)} | {len(bad) - len(broken)} |")
     lines += ["", f"Unexplained FAIL / ERROR: {len(unexplained)}", ""] + _listed(unexplained)

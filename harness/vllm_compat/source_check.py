@@ -1,0 +1,128 @@
+"""Whether the installed vLLM's source still holds what this package's tables name for its version: the modules of
+backends, builders, KV-cache specs and the calls the harness makes (modules.py, emulation.py, teardown.py), the
+files sources.py reads, the paths `kvmatrix pr` selects every cell for, and every attribute name the probe reads
+(engine.py). Read from files, nothing imported: run it where a new release is staged,
+
+    python -m kvmatrix.harness.vllm_compat.source_check
+
+and a table entry that a rename left behind shows as MISSING before a matrix of records goes blind on it. An
+attribute is looked for as a word anywhere in vLLM's source: one that appears nowhere was certainly renamed (one
+that appears may still live elsewhere: the records of a real run are the proof of those).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from kvmatrix.harness.vllm_compat.emulation import CUDA_PLATFORM_MODULE, DEVICE_CAPABILITY_CLASS
+from kvmatrix.harness.vllm_compat.engine import (
+    ATTN_GROUPS_PATHS,
+    BUILDER_DTYPE_ATTRS,
+    DRAFT_LAYER_NAME_PATHS,
+    FORWARD_CONTEXT_PATHS,
+    KV_CACHE_CONFIG_PATHS,
+    KV_SPEC_FIELDS,
+    LAYER_BACKEND_ATTRS,
+    LAYER_BACKEND_CALLS,
+    LAYER_SCALE_ATTRS,
+    MODEL_RUNNER_PATHS,
+    PER_LAYER_SPECS_ATTR,
+    PROBE_ONLY_ARG_NAMES,
+)
+from kvmatrix.harness.vllm_compat.modules import BACKEND_MODULES, BUILDER_MODULES, SELECT_ALL_PATHS, SPEC_MODULE
+from kvmatrix.harness.vllm_compat.sources import CACHE_DTYPE_SOURCES, ENGINE_ARGS_SOURCES, ENV_SOURCES
+from kvmatrix.harness.vllm_compat.teardown import TEARDOWN_CALLS
+from kvmatrix.harness.vllm_compat.versions import for_version, installed_vllm_version
+
+Check = tuple[str, str, bool]  # (what the table names, where it is looked for, found)
+
+
+def source_checks(package: Path, version: str | None) -> list[Check]:
+    """Every name of the tables for `version`, looked for in the vLLM package folder `package`."""
+    words = _source_words(package)
+    return [*_module_checks(package, version), *_file_checks(package, version),
+            *_attribute_checks(words, version)]
+
+
+def _module_file(package: Path, module: str) -> Path | None:
+    """The source file of a dotted vLLM module, if the package has it."""
+    relative = Path(*module.split(".")[1:])
+    for candidate in (package / relative.with_suffix(".py"), package / relative / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _defines(path: Path | None, name: str) -> bool:
+    return path is not None and re.search(rf"^(?:class|def) {name}\b|^{name}\s*=", path.read_text(), re.M) is not None
+
+
+def _module_checks(package: Path, version: str | None) -> Iterator[Check]:
+    for table in for_version(BACKEND_MODULES, version):
+        for backend, module in table.items():
+            yield f"backend {backend}", module, _module_file(package, module) is not None
+    for table in for_version(BUILDER_MODULES, version):
+        for builder, module in table.items():
+            yield f"builder {builder}", module, _defines(_module_file(package, module), builder)
+    for module in for_version(SPEC_MODULE, version) + for_version(CUDA_PLATFORM_MODULE, version):
+        yield "module", module, _module_file(package, module) is not None
+    for module, name in for_version(TEARDOWN_CALLS, version) + for_version(DEVICE_CAPABILITY_CLASS, version):
+        yield name, module, _defines(_module_file(package, module), name)
+
+
+def _file_checks(package: Path, version: str | None) -> Iterator[Check]:
+    for table in (CACHE_DTYPE_SOURCES, ENGINE_ARGS_SOURCES, ENV_SOURCES):
+        for relative in for_version(table, version):
+            yield "source read by sources.py", f"vllm/{relative}", (package / relative).is_file()
+    for paths in for_version(SELECT_ALL_PATHS, version):
+        for prefix, _reason in paths:
+            yield "path that selects every cell", prefix, (package.parent / prefix).exists()
+
+
+def _source_words(package: Path) -> frozenset[str]:
+    return frozenset(word for path in package.rglob("*.py")
+                     for word in re.findall(r"\w+", path.read_text(errors="replace")))
+
+
+def _attribute_checks(words: frozenset[str], version: str | None) -> Iterator[Check]:
+    """Each attribute path the probe tries (the first that resolves wins, so one whole alternative suffices)."""
+    path_tables: tuple[list[tuple[str, tuple[str, ...]]], ...] = (
+        MODEL_RUNNER_PATHS, FORWARD_CONTEXT_PATHS, KV_CACHE_CONFIG_PATHS, ATTN_GROUPS_PATHS, DRAFT_LAYER_NAME_PATHS,
+        LAYER_BACKEND_CALLS, LAYER_BACKEND_ATTRS)
+    for table in path_tables:
+        for alternatives in for_version(table, version):
+            yield "probe path", " | ".join(alternatives), any(
+                all(part in words for part in path.split(".")) for path in alternatives)
+    for scales in for_version(LAYER_SCALE_ATTRS, version):
+        for scale, attrs in scales.items():
+            yield f"layer {scale}", " | ".join(attrs), any(a in words for a in attrs)
+    for names in for_version(BUILDER_DTYPE_ATTRS, version):
+        for name in names:
+            yield "builder dtype attribute", name, name in words
+    for name in (*KV_SPEC_FIELDS, PER_LAYER_SPECS_ATTR):
+        yield "KV-cache spec field", name, name in words
+    for args in for_version(PROBE_ONLY_ARG_NAMES, version):
+        for name in args.values():
+            yield "probe-only engine argument", name, name in words
+
+
+def main() -> int:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        print("vLLM is not installed: nothing to check", file=sys.stderr)
+        return 2
+    version = installed_vllm_version()
+    checks = source_checks(Path(spec.origin).parent, version)
+    for what, where, found in checks:
+        print(f"{'ok' if found else 'MISSING':8} {what}: {where}")
+    missing = sum(not found for _what, _where, found in checks)
+    print(f"vLLM {version} ({spec.origin}): {len(checks)} names, {missing} missing")
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
