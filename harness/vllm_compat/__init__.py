@@ -10,7 +10,7 @@ arguments, the runtime settings an engine resolved), registry.py (model-class in
 engine), kernels.py (backends that compile per KV dtype), modules.py (the vLLM source modules of resolved
 classes, and the source paths every cell depends on), emulation.py (another GPU class, a lower CPU level),
 records.py (renamed record fields), signatures.py (failure messages), teardown.py (one engine's end in a warm
-worker).
+worker); source_check.py checks these tables against an installed release's source.
 
 This package imports nothing from vLLM at import time: the classifier runs in the harness process, which may not
 have vLLM at all.
