@@ -18,24 +18,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from kvmatrix.harness.vllm_compat.emulation import CUDA_PLATFORM_MODULE, DEVICE_CAPABILITY_CLASS
-from kvmatrix.harness.vllm_compat.engine import (
-    ATTN_GROUPS_PATHS,
-    BUILDER_DTYPE_ATTRS,
-    DRAFT_LAYER_NAME_PATHS,
-    FORWARD_CONTEXT_PATHS,
-    KV_CACHE_CONFIG_PATHS,
-    KV_SPEC_FIELDS,
-    LAYER_BACKEND_ATTRS,
-    LAYER_BACKEND_CALLS,
-    LAYER_SCALE_ATTRS,
-    MODEL_RUNNER_PATHS,
-    PER_LAYER_SPECS_ATTR,
-    PROBE_ONLY_ARG_NAMES,
-)
-from kvmatrix.harness.vllm_compat.modules import BACKEND_MODULES, BUILDER_MODULES, SELECT_ALL_PATHS, SPEC_MODULE
-from kvmatrix.harness.vllm_compat.sources import CACHE_DTYPE_SOURCES, ENGINE_ARGS_SOURCES, ENV_SOURCES
-from kvmatrix.harness.vllm_compat.teardown import TEARDOWN_CALLS
+from kvmatrix.harness.vllm_compat import emulation, engine, modules, sources, teardown
 from kvmatrix.harness.vllm_compat.versions import for_version, installed_vllm_version
 
 Check = tuple[str, str, bool]  # (what the table names, where it is looked for, found)
@@ -62,23 +45,24 @@ def _defines(path: Path | None, name: str) -> bool:
 
 
 def _module_checks(package: Path, version: str | None) -> Iterator[Check]:
-    for table in for_version(BACKEND_MODULES, version):
+    for table in for_version(modules.BACKEND_MODULES, version):
         for backend, module in table.items():
             yield f"backend {backend}", module, _module_file(package, module) is not None
-    for table in for_version(BUILDER_MODULES, version):
+    for table in for_version(modules.BUILDER_MODULES, version):
         for builder, module in table.items():
             yield f"builder {builder}", module, _defines(_module_file(package, module), builder)
-    for module in for_version(SPEC_MODULE, version) + for_version(CUDA_PLATFORM_MODULE, version):
+    for module in for_version(modules.SPEC_MODULE, version) + for_version(emulation.CUDA_PLATFORM_MODULE, version):
         yield "module", module, _module_file(package, module) is not None
-    for module, name in for_version(TEARDOWN_CALLS, version) + for_version(DEVICE_CAPABILITY_CLASS, version):
+    calls = for_version(teardown.TEARDOWN_CALLS, version) + for_version(emulation.DEVICE_CAPABILITY_CLASS, version)
+    for module, name in calls:
         yield name, module, _defines(_module_file(package, module), name)
 
 
 def _file_checks(package: Path, version: str | None) -> Iterator[Check]:
-    for table in (CACHE_DTYPE_SOURCES, ENGINE_ARGS_SOURCES, ENV_SOURCES):
+    for table in (sources.CACHE_DTYPE_SOURCES, sources.ENGINE_ARGS_SOURCES, sources.ENV_SOURCES):
         for relative in for_version(table, version):
             yield "source read by sources.py", f"vllm/{relative}", (package / relative).is_file()
-    for paths in for_version(SELECT_ALL_PATHS, version):
+    for paths in for_version(modules.SELECT_ALL_PATHS, version):
         for prefix, _reason in paths:
             yield "path that selects every cell", prefix, (package.parent / prefix).exists()
 
@@ -91,21 +75,22 @@ def _source_words(package: Path) -> frozenset[str]:
 def _attribute_checks(words: frozenset[str], version: str | None) -> Iterator[Check]:
     """Each attribute path the probe tries (the first that resolves wins, so one whole alternative suffices)."""
     path_tables: tuple[list[tuple[str, tuple[str, ...]]], ...] = (
-        MODEL_RUNNER_PATHS, FORWARD_CONTEXT_PATHS, KV_CACHE_CONFIG_PATHS, ATTN_GROUPS_PATHS, DRAFT_LAYER_NAME_PATHS,
-        LAYER_BACKEND_CALLS, LAYER_BACKEND_ATTRS)
+        engine.MODEL_RUNNER_PATHS, engine.FORWARD_CONTEXT_PATHS, engine.KV_CACHE_CONFIG_PATHS,
+        engine.ATTN_GROUPS_PATHS, engine.DRAFT_LAYER_NAME_PATHS, engine.LAYER_BACKEND_CALLS,
+        engine.LAYER_BACKEND_ATTRS)
     for table in path_tables:
         for alternatives in for_version(table, version):
             yield "probe path", " | ".join(alternatives), any(
                 all(part in words for part in path.split(".")) for path in alternatives)
-    for scales in for_version(LAYER_SCALE_ATTRS, version):
+    for scales in for_version(engine.LAYER_SCALE_ATTRS, version):
         for scale, attrs in scales.items():
             yield f"layer {scale}", " | ".join(attrs), any(a in words for a in attrs)
-    for names in for_version(BUILDER_DTYPE_ATTRS, version):
+    for names in for_version(engine.BUILDER_DTYPE_ATTRS, version):
         for name in names:
             yield "builder dtype attribute", name, name in words
-    for name in (*KV_SPEC_FIELDS, PER_LAYER_SPECS_ATTR):
+    for name in (*engine.KV_SPEC_FIELDS, engine.PER_LAYER_SPECS_ATTR):
         yield "KV-cache spec field", name, name in words
-    for args in for_version(PROBE_ONLY_ARG_NAMES, version):
+    for args in for_version(engine.PROBE_ONLY_ARG_NAMES, version):
         for name in args.values():
             yield "probe-only engine argument", name, name in words
 
