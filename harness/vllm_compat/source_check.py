@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from kvmatrix.harness.vllm_compat import emulation, engine, modules, sources, teardown
@@ -74,7 +74,7 @@ def _source_words(package: Path) -> frozenset[str]:
 
 def _attribute_checks(words: frozenset[str], version: str | None) -> Iterator[Check]:
     """Each attribute path the probe tries (the first that resolves wins, so one whole alternative suffices)."""
-    path_tables: tuple[list[tuple[str, tuple[str, ...]]], ...] = (
+    path_tables: tuple[Sequence[tuple[str, tuple[str, ...]]], ...] = (
         engine.MODEL_RUNNER_PATHS, engine.FORWARD_CONTEXT_PATHS, engine.KV_CACHE_CONFIG_PATHS,
         engine.ATTN_GROUPS_PATHS, engine.DRAFT_LAYER_NAME_PATHS, engine.LAYER_BACKEND_CALLS,
         engine.LAYER_BACKEND_ATTRS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
+from collections.abc import Sequence
 from typing import TypeVar
 
 from packaging.version import InvalidVersion
@@ -45,7 +46,7 @@ def version_matches(version: str | None, specifier: str) -> bool:
         return True
 
 
-def for_version(table: list[tuple[str, T]], version: str | None) -> list[T]:
+def for_version(table: Sequence[tuple[str, T]], version: str | None) -> list[T]:
     """The entries of a (specifier, value) table that apply to `version`, in table order."""
     return [value for specifier, value in table if version_matches(version, specifier)]
 
