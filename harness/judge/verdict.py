@@ -19,7 +19,7 @@ from typing import Any
 
 from kvmatrix.harness.judge.fingerprint import failure_name
 from kvmatrix.harness.record.model import Layer, OutcomeRecord, RankState, RuleResult, Verdict
-from kvmatrix.harness.vllm_compat import signature_matches
+from kvmatrix.harness.vllm_compat import boundary_keeps_every_layer, signature_matches
 from kvmatrix.matrix.conditions import matches, when_matches
 from kvmatrix.matrix.expectations import CrashExpected, Expectation, PageSizeRatio, RecordCheck, RefusalExpected
 
@@ -168,6 +168,8 @@ def judge(record: OutcomeRecord, rules: list[Expectation], context: dict[str, An
     failed = [r for r in results if not r["ok"] and r["detail"] != "crashed"]
     if expected_crash is not None and not (record.get("status") == "ok" and getattr(expected_crash[0], "optional",
                                                                                        False)):
+        if (unexercised := _dtype_on_no_layer(record, context)) is not None:
+            return Judgement("skip", unexercised, results)
         return _against_expected_crash(record, results, failed, *expected_crash)
     return Judgement(*_without_expected_crash(record, results, failed), results)
 
@@ -203,6 +205,20 @@ def _record_checks(record: OutcomeRecord, rule: Expectation, skip: list[str]) ->
     if rule.page_size_ratio is not None:
         checks.append(_check_page_ratio(record, rule.page_size_ratio, skip))
     return checks
+
+
+def _dtype_on_no_layer(record: OutcomeRecord, context: dict[str, Any]) -> str | None:
+    """Why a cell that ran never exercised the KV dtype it asked for (a refusal of it can neither happen nor be
+    missed), or None: vLLM kept every attention layer at the model's dtype by its own boundary rule."""
+    asked = (record.get("engine_args") or {}).get("kv_cache_dtype") or ""
+    layers = [layer for layer in record.get("layers") or [] if layer.get("role", "target") == "target"]
+    if record.get("status") != "ok" or not layers or any(layer.get("kv_cache_dtype") == asked for layer in layers):
+        return None
+    kept = boundary_keeps_every_layer(asked, len(layers), context.get("vllm_version"))
+    if kept is None:
+        return None
+    return (f"not exercised: vLLM keeps the first and last {kept} attention layers at the model's dtype under "
+            f"{asked}, and this model has {len(layers)}, so no layer used it")
 
 
 def _unobserved(record: OutcomeRecord) -> str | None:

