@@ -122,7 +122,8 @@ class OutcomeRecord(CellOutput, total=False):
     # which isolation ran the cell (harness/run/launch.py): "worker" or "process"
     isolation: str
     worker: WorkerInfo
-    # how a warm run came to its record, set once the run's attempts are judged (harness/run/cell_run.py)
+    # how a warm run came to its record, set once the run's attempts are judged (harness/run/cell_run.py). They
+    # are the runner's facts, not the judgement's: judging a stored record again redoes the judgement and keeps them.
     fresh_first: str  # why a warm run went straight to a fresh process for this cell (a known failure)
     confirmed_by: str  # the cell whose fresh process showed this expected failure first (harness/run/confirmations.py)
     warm_attempt: WarmAttempt
