@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -89,16 +90,23 @@ def test_a_template_with_another_thread_refuses_to_fork(cases_dir, tmp_path):
     assert "2 Python threads alive" in output
 
 
-def test_a_template_killed_mid_run_falls_back(cases_dir, tmp_path):
-    write_case(cases_dir, "slow", {"model": "llama", "gpus": ["cpu-avx512"], "timeout_s": 20,
+def slow_run(cases_dir: Path, run: Path, jobs: int, isolation: str, sleep_s: int,
+             started: Callable[[Path], bool]) -> subprocess.Popen:
+    """A harness forking four slow fake cells from the fake template, once `started(run)` holds."""
+    write_case(cases_dir, "slow", {"model": "llama", "gpus": ["cpu-avx512"], "timeout_s": 3 * sleep_s,
                                    "matrix": {"kv_cache_dtype": ["auto", "bfloat16", "fp8", "fp8_e5m2"]}})
-    run = tmp_path / "run"
-    harness = subprocess.Popen([*FAULT_RUN, str(cases_dir), str(run), "1", "process", "template"],
-                               env={**ENV, "FAKE_CELL_SLEEP": "2"}, stdout=subprocess.PIPE, text=True)
+    harness = subprocess.Popen([*FAULT_RUN, str(cases_dir), str(run), str(jobs), isolation, "template"],
+                               env={**ENV, "FAKE_CELL_SLEEP": str(sleep_s)}, stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not RunDir(run).records():
+    while not started(run):
         assert time.monotonic() < deadline and harness.poll() is None
         time.sleep(0.1)
+    return harness
+
+
+def test_a_template_killed_mid_run_falls_back(cases_dir, tmp_path):
+    run = tmp_path / "run"
+    harness = slow_run(cases_dir, run, 1, "process", 2, lambda run: bool(RunDir(run).records()))
     time.sleep(0.5)  # the second cell is running in its forked child
     (template,) = [pid for pid in processes_of_run(run) if parent_of(pid) == harness.pid]
     os.kill(template, signal.SIGKILL)
@@ -114,15 +122,9 @@ def test_a_template_killed_mid_run_falls_back(cases_dir, tmp_path):
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL])
 def test_an_interrupted_run_leaves_no_template_or_child(cases_dir, tmp_path, stop):
-    write_case(cases_dir, "slow", {"model": "llama", "gpus": ["cpu-avx512"], "timeout_s": 30,
-                                   "matrix": {"kv_cache_dtype": ["auto", "bfloat16", "fp8", "fp8_e5m2"]}})
     run = tmp_path / "run"
-    harness = subprocess.Popen([*FAULT_RUN, str(cases_dir), str(run), "2", "worker", "template"],
-                               env={**ENV, "FAKE_CELL_SLEEP": "10"}, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while len(processes_of_run(run)) < 3:  # the template and two forked workers, each in a cell
-        assert time.monotonic() < deadline and harness.poll() is None
-        time.sleep(0.1)
+    # Once the template and two forked workers, each in a cell, are alive.
+    harness = slow_run(cases_dir, run, 2, "worker", 10, lambda run: len(processes_of_run(run)) >= 3)
     harness.send_signal(stop)
     harness.wait(timeout=60)
     wait_until_gone(run)  # a killed harness's template dies with it (its parent-death signal), its children too

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,8 +88,10 @@ class ForkedProcess:
 
     def wait(self, timeout: float | None = None) -> int:
         """Its exit status, once the template reported it; what a worker still answered is dropped."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while self.returncode is None:
-            if self.readline(timeout) is None:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self.readline(left) is None:
                 raise subprocess.TimeoutExpired(f"forked child {self.pid}", timeout or 0.0)
         return self.returncode
 
