@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.run.launch import CellFiles, ShareKey
 from kvmatrix.harness.run.process import CellProcesses, run_mark_of
+from kvmatrix.harness.run.process_start import CellFiles, ShareKey
 from kvmatrix.harness.run.template import Templates, template_key
 from kvmatrix.harness.vllm_compat import CPU_THREADS_BIND_ENV
 from tests.conftest import write_case

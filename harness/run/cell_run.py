@@ -34,9 +34,10 @@ from kvmatrix.harness.run.confirmations import Confirmations
 from kvmatrix.harness.run.engine_args import cell_mode, engine_args_for, generation, workload_plan
 from kvmatrix.harness.run.gpu_check import check_gpu_memory
 from kvmatrix.harness.run.gpu_memory import physical_index
-from kvmatrix.harness.run.launch import CellFiles, FreshProcess, Launcher, ShareKey
+from kvmatrix.harness.run.launch import FreshProcess, Launcher
 from kvmatrix.harness.run.model_builds import ensure_models
 from kvmatrix.harness.run.process import CellProcesses, cap_log
+from kvmatrix.harness.run.process_start import CellFiles, ShareKey
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.vllm_compat import GRAPH_EXECUTIONS, MULTI_RANK_ENV
 from kvmatrix.matrix.axes import resolved_execution

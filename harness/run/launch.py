@@ -1,8 +1,8 @@
 """How a cell's spec becomes a finished cell, behind one `Launcher` protocol: `FreshProcess` starts one process
 per cell (`python -m kvmatrix.harness.cell`), `WarmWorker` hands the cell to a slot's long-lived worker
 (`python -m kvmatrix.harness.cell.worker`, harness/cell/worker.py), which has imported torch and vLLM already.
-Either starts its processes through a `ProcessStart`: `Exec` runs the command, a run's templates
-(harness/run/template.py) fork the same process from one that has imported torch and vLLM.
+Either starts its processes through a `ProcessStart` (harness/run/process_start.py): the command run, or forked
+from one of the run's templates (harness/run/template.py).
 
 Either way the cell writes the same RESULT.json and log, and the launcher returns what only the parent knows: the
 exit status (a worker's cell: the code it answered, or the worker's own exit status when it died in the cell),
@@ -16,16 +16,24 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Protocol
 
 from kvmatrix.harness.record.parts import ProcessStartedBy, WorkerInfo
-from kvmatrix.harness.record.paths import CELL_CWD
-from kvmatrix.harness.run.process import CellProcesses, die_with_parent, killpg
+from kvmatrix.harness.run.process import CellProcesses
+from kvmatrix.harness.run.process_start import (
+    CellFiles,
+    Exec,
+    Process,
+    ProcessStart,
+    Requests,
+    ShareKey,
+    Started,
+    end_process,
+)
 
 WORKER_EXIT_GRACE_S = 30.0  # a retiring worker's own exit; then it is killed
 
@@ -37,21 +45,6 @@ class Launched:
     isolation: str  # "process" or "worker"
     worker: WorkerInfo | None = None  # pid, cells it ran before this one, why it retired
     process_start: ProcessStartedBy = "exec"  # how the cell's (or its worker's) process started
-
-
-class ShareKey(NamedTuple):
-    """What is fixed before vLLM's import: cells that differ in it never share a process's imports."""
-
-    env: tuple[tuple[str, str], ...]
-    capability: tuple[int, ...]
-    cpu_isa: str | None
-
-
-@dataclass(frozen=True)
-class CellFiles:
-    spec: Path
-    result: Path
-    log: Path
 
 
 class Launcher(Protocol):
@@ -66,105 +59,6 @@ class Launcher(Protocol):
     def close(self) -> None:
         """No process of this launcher outlives the call."""
         ...
-
-
-class Lines:
-    """JSON lines from a pipe or socket, read with a timeout; its own buffer, so a line already read is never
-    left waiting behind a select() on the file descriptor."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd, self._buffer = fd, b""
-
-    def readline(self, timeout: float | None) -> str | None:
-        """The next line; "" at the end of the stream; None when none came within `timeout` seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while b"\n" not in self._buffer:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not select.select([self.fd], [], [], left)[0]:
-                return None
-            chunk = os.read(self.fd, 65536)
-            if not chunk:
-                line, self._buffer = self._buffer, b""
-                return line.decode()
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return line.decode() + "\n"
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-class Process(Protocol):
-    """What the launchers use of a started process (subprocess.Popen's names): a forked one has them too."""
-
-    pid: int
-    returncode: Any
-
-    def wait(self, timeout: float | None = None) -> int: ...
-
-
-class Requests(Protocol):
-    def write(self, text: str, /) -> int: ...
-
-    def flush(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class Replies(Protocol):
-    def readline(self, timeout: float | None) -> str | None: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass
-class Started:
-    """A cell or worker process: a worker's requests and replies too, and how it started ("exec" or "fork")."""
-
-    proc: Process
-    how: ProcessStartedBy
-    requests: Requests | None = None
-    replies: Replies | None = None
-
-
-class ProcessStart(Protocol):
-    """How a launcher's processes start; each in its own process group that dies with the harness, its output into
-    its log, tracked in `processes`."""
-
-    def cell(self, command: tuple[str, ...], files: CellFiles, env: dict[str, str], share_key: ShareKey,
-             processes: CellProcesses, gpu: int | None) -> Started:
-        """`command SPEC RESULT`, its output into the cell's log (emptied first)."""
-        ...
-
-    def worker(self, command: tuple[str, ...], log: Path, env: dict[str, str], share_key: ShareKey,
-               processes: CellProcesses, gpu: int | None) -> Started:
-        """`command REPLY_FD`: cells as JSON lines on its requests, its answers on its replies."""
-        ...
-
-    def close(self) -> None:
-        """No process this start keeps for later starts outlives the call."""
-        ...
-
-
-class Exec:
-    """Each process runs its command: a new interpreter that imports everything itself."""
-
-    def cell(self, command: tuple[str, ...], files: CellFiles, env: dict[str, str], share_key: ShareKey,
-             processes: CellProcesses, gpu: int | None) -> Started:
-        with files.log.open("wb") as out:
-            return Started(_start([*command, str(files.spec), str(files.result)], out, env, processes, gpu), "exec")
-
-    def worker(self, command: tuple[str, ...], log: Path, env: dict[str, str], share_key: ShareKey,
-               processes: CellProcesses, gpu: int | None) -> Started:
-        read_end, write_end = os.pipe()
-        with log.open("ab") as out:
-            proc = _start([*command, str(write_end)], out, env, processes, gpu, stdin=subprocess.PIPE,
-                          pass_fds=(write_end,))
-        os.close(write_end)
-        return Started(proc, "exec", proc.stdin, Lines(read_end))
-
-    def close(self) -> None:
-        pass
 
 
 @dataclass
@@ -185,8 +79,8 @@ class FreshProcess:
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
-            _end(proc, processes)  # the whole group: vLLM may have started helpers that would outlive the cell
-        if getattr(proc, "template_lost", False):  # killed with its template, not by the cell: start it again
+            end_process(proc, processes)  # the whole group: vLLM may have started helpers that would outlive the cell
+        if started.parent_lost():  # killed with its template, not by the cell: start it again
             return FreshProcess(self.command).launch(files, env, share_key, timeout, processes, gpu)
         return Launched(proc.returncode, timed_out, self.isolation, process_start=started.how)
 
@@ -239,7 +133,7 @@ class _Worker:
             self.proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
-        _end(self.proc, self.processes)
+        end_process(self.proc, self.processes)
         if self.started.replies is not None:
             self.started.replies.close()
 
@@ -294,24 +188,3 @@ class WarmWorker:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"worker-{time.strftime('%H%M%S')}-{os.getpid()}-{id(self)}.log"
         return _Worker(self.start.worker(self.command, log, env, share_key, processes, gpu), processes)
-
-
-def _start(command: list[str], out: Any, env: dict[str, str], processes: CellProcesses, gpu: int | None,
-           **popen: Any) -> subprocess.Popen:
-    """A cell or worker process in its own group, dying with the harness, its output into `out`."""
-    proc = popen_own_group(command, out, env, stdin=popen.pop("stdin", subprocess.DEVNULL), **popen)
-    processes.add(proc.pid, gpu)
-    return proc
-
-
-def popen_own_group(command: list[str], out: Any, env: dict[str, str], **popen: Any) -> subprocess.Popen:
-    """`command` in a process group (a session) of its own that dies with the harness, its output into `out`."""
-    return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=CELL_CWD,
-                            start_new_session=True, preexec_fn=die_with_parent(os.getpid()), text=True, **popen)
-
-
-def _end(proc: Process, processes: CellProcesses | None) -> None:
-    killpg(proc.pid)
-    proc.wait()
-    if processes is not None:
-        processes.discard(proc.pid)

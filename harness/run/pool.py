@@ -22,10 +22,11 @@ from kvmatrix.harness.run.cell_run import expected_not_to_pass, judged_record, n
 from kvmatrix.harness.run.confirmations import Confirmations, confirmation_gates
 from kvmatrix.harness.run.gpu_check import pinned_gpus
 from kvmatrix.harness.run.gpu_memory import gpu_baselines
-from kvmatrix.harness.run.launch import WORKERS_PER_SLOT, Exec, FreshProcess, Launcher, ProcessStart, WarmWorker
+from kvmatrix.harness.run.launch import WORKERS_PER_SLOT, FreshProcess, Launcher, WarmWorker
 from kvmatrix.harness.run.model_builds import trainings_waited_on
 from kvmatrix.harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
 from kvmatrix.harness.run.process import CellProcesses
+from kvmatrix.harness.run.process_start import Exec, ProcessStart
 from kvmatrix.harness.run.schedule import order_tasks
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.run.template import Templates

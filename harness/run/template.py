@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvmatrix.harness.run.launch import CellFiles, Exec, Lines, ShareKey, Started, popen_own_group
 from kvmatrix.harness.run.process import CellProcesses, killpg
+from kvmatrix.harness.run.process_start import CellFiles, Exec, Lines, ShareKey, Started, popen_own_group
 from kvmatrix.harness.vllm_compat import AFTER_IMPORT_ENV
 
 READY_TIMEOUT_S = 600.0  # the imports: ~30 s on a 2-core CPU, more on a busy one
@@ -147,14 +147,14 @@ class Templates:
         child = self._fork(request, env, share_key, processes, gpu)
         if child is None:
             return self.fallback.cell(command, files, env, share_key, processes, gpu)
-        return Started(child, "fork")
+        return Started(child, "fork", parent_lost=lambda: child.template_lost)
 
     def worker(self, command: tuple[str, ...], log: Path, env: dict[str, str], share_key: ShareKey,
                processes: CellProcesses, gpu: int | None) -> Started:
         child = self._fork({"kind": "worker", "log": str(log)}, env, share_key, processes, gpu)
         if child is None:
             return self.fallback.worker(command, log, env, share_key, processes, gpu)
-        return Started(child, "fork", child.requests, child)
+        return Started(child, "fork", child.requests, child, lambda: child.template_lost)
 
     def close(self) -> None:
         with self._lock:
