@@ -35,7 +35,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from kvmatrix.harness.run.process import die_with_parent, killpg
+from kvmatrix.harness.cell.process_group import die_with_parent, killpg
 
 REAP_INTERVAL_S = 0.1  # how soon a child's end reaches the runner
 REQUEST_TIMEOUT_S = 30.0  # for the one request line of a connection

@@ -23,6 +23,7 @@ from kvmatrix.harness.run import host_cpu
 from kvmatrix.harness.run.guards import cases_dir_for, check_free_disk, claim_run_folder
 from kvmatrix.harness.run.pool import LocalPool, OnRecord
 from kvmatrix.harness.run.session import Session, open_session
+from kvmatrix.harness.run.settings import CELL_COMMAND, WORKER_COMMAND
 from kvmatrix.harness.surface.promises import promised, refusals
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.load import shared_file
@@ -95,9 +96,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         tasks = refusals(tasks, session.settings.vllm_version)
     if args.cpu_ranks and (session.host.device != "cpu" or not 1 < args.cpu_ranks <= session.cores):
         raise PoolError(f"--cpu-ranks takes 2 to {session.cores} (this CPU's cores), on a CPU class")
+    # A template forks the harness's own cell and worker: a run given other commands (a test's) runs those.
+    own_commands = (session.settings.cell_command, session.settings.worker_command) == (CELL_COMMAND, WORKER_COMMAND)
     session.settings = settings = replace(session.settings, isolation=args.isolation, canary=True,
                                           gpus_here=args.cpu_ranks or session.settings.gpus_here,
-                                          fork_from_template=session.host.device == "cpu" and not args.no_template)
+                                          fork_from_template=session.host.device == "cpu" and not args.no_template
+                                          and own_commands)
     print(f"kvmatrix: {len(tasks)} cells for {session.gpu_name}"
           + (f" (emulated on {session.emulated_from})" if session.emulated_from else "")
           + (" (probe-only)" if args.probe_only else "")

@@ -14,6 +14,10 @@ from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.run.gpu_memory import GpuMemory
 from kvmatrix.matrix.schema import ModelEntry
 
+# The harness's own cell process and worker: what a template (harness/cell/template.py) forks instead.
+CELL_COMMAND = (sys.executable, "-m", "kvmatrix.harness.cell")
+WORKER_COMMAND = (sys.executable, "-m", "kvmatrix.harness.cell.worker")
+
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -26,11 +30,11 @@ class RunSettings:
     timeout_scale: float = 1.0
     env: dict[str, str] | None = None
     fresh_caches: bool = False  # each cell its own empty caches (benchmarks: what sharing saves)
-    cell_command: tuple[str, ...] = (sys.executable, "-m", "kvmatrix.harness.cell")
+    cell_command: tuple[str, ...] = CELL_COMMAND
     # "worker": each slot runs its cells in a warm worker (`worker_command`, harness/cell/worker.py), a failing
     # cell again in a fresh process; "process": every cell in a fresh process (`cell_command`).
     isolation: str = "process"
-    worker_command: tuple[str, ...] = (sys.executable, "-m", "kvmatrix.harness.cell.worker")
+    worker_command: tuple[str, ...] = WORKER_COMMAND
     # Cell processes and workers forked from a template that imported torch and vLLM once (`template_command`,
     # harness/run/template.py) instead of each importing them: CPU classes only (`kvmatrix run` sets it; a child
     # forked after CUDA's initialisation cannot use CUDA).
