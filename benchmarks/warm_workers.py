@@ -69,13 +69,18 @@ def run_floor(tasks, settings, scratch: Path, env_extra: dict) -> tuple[float, i
 
 def run_arm(tasks, settings, isolation: str, jobs: int, slot_env, scratch: Path) -> tuple[float, list[dict]]:
     arm = dataclasses.replace(settings, run_dir=RunDir(scratch / isolation), isolation=isolation)
+    return run_timed(tasks, arm, isolation, jobs, slot_env)
+
+
+def run_timed(tasks, settings, label: str, jobs: int, slot_env) -> tuple[float, list[dict]]:
+    """The tasks through `LocalPool` (a progress line each, `label` first): the wall time and the records."""
     started = time.monotonic()
 
     def progress(record, done, total, resumed):
-        print(f"  [{isolation} {done:>3}/{total} {time.monotonic() - started:6.1f} s] {record['verdict']:5} "
-              f"{record['cell_id']}", flush=True)
+        print(f"  [{label} {done:>3}/{total} {time.monotonic() - started:6.1f} s] {record['verdict']:5} "
+              f"{record['cell_id']} ({record.get('process_start')})", flush=True)
 
-    records = LocalPool(jobs, slot_env).run(tasks, arm, progress)
+    records = LocalPool(jobs, slot_env).run(tasks, settings, progress)
     return time.monotonic() - started, records
 
 
@@ -137,12 +142,17 @@ def report(results: dict, records: dict) -> None:
     if "process" in results and "worker" in results:
         print(f"process/worker {results['process']['wall_s'] / results['worker']['wall_s']:.2f}; "
               f"{results['worker']['fresh_reruns']} cell(s) run again in a fresh process")
-        differences = isolation_differences(records["process"], records["worker"])
-        results["differences"] = differences
-        print("verdicts, resolved state and tokens: "
-              + ("identical in both isolations" if not differences else f"{len(differences)} DIFFERENCES"))
-        for line in differences:
-            print(f"  {line}")
+        results["differences"] = print_differences(records["process"], records["worker"], "in both isolations")
+
+
+def print_differences(first: list[dict], second: list[dict], where: str) -> list[str]:
+    """Whether two runs of the same cells resolved alike (harness/run/isolation.py), printed; the differences."""
+    differences = isolation_differences(first, second)
+    print("verdicts, resolved state and tokens: "
+          + (f"identical {where}" if not differences else f"{len(differences)} DIFFERENCES"))
+    for line in differences:
+        print(f"  {line}")
+    return differences
 
 
 if __name__ == "__main__":

@@ -48,13 +48,28 @@ def misbehave(behaviour: str, out: Path) -> None:
         time.sleep(float(os.environ.get("FAKE_CELL_SLEEP", "2")))
 
 
+def broken_environment() -> None:
+    """With FAKE_TEMPLATE=broken, "importing vLLM" fails, as in an environment that lacks one of its modules."""
+    if os.environ.get("FAKE_TEMPLATE") == "broken":
+        raise ModuleNotFoundError("No module named 'vllm._C'")
+
+
 def run(spec_path: str, result_path: str) -> int:
-    """One cell (in its own process, or one of a fake warm worker's cells: tests/fake_worker.py)."""
+    """One cell (in its own process, one of a fake warm worker's cells: tests/fake_worker.py, or forked from a fake
+    template: tests/fake_template.py)."""
     spec = json.loads(Path(spec_path).read_text())
     out = Path(result_path)
     behaviour = re.sub(r"^\d+-", "", spec["cell_id"].split("[")[0])  # "3-segv": a case name that sorts 3rd
-    result = {"vllm_version": "fake", "status": "ok", "phase": "init", "exception": None, "timings": {},
+    result = {"vllm_version": "fake", "status": "ok", "phase": "import", "exception": None, "timings": {},
               "layers": [], "kv_groups": [], "attn_groups": [], "probe_error": None}
+    try:
+        broken_environment()
+    except ModuleNotFoundError as exc:
+        result.update(status="crash", exception={"type": type(exc).__name__, "message": str(exc),
+                                                 "traceback_tail": f"ModuleNotFoundError: {exc}"})
+        write(out, result)
+        return 1
+    result["phase"] = "init"
     write(out, result)
     print(f"fake cell {spec['cell_id']}: {behaviour}", flush=True)
     misbehave(behaviour, out)

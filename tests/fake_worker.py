@@ -11,5 +11,10 @@ from kvmatrix.harness.record.files import read_result
 from kvmatrix.harness.vllm_compat import cuda_error_in
 from tests.fake_cell import run
 
+
+def serve_fake_cells(reply_fd: int) -> None:
+    serve(run, reply_fd, lambda result_path: cuda_error_in(read_result(result_path)))
+
+
 if __name__ == "__main__":
-    serve(run, int(sys.argv[1]), lambda result_path: cuda_error_in(read_result(result_path)))
+    serve_fake_cells(int(sys.argv[1]))

@@ -1,5 +1,6 @@
 """Runs a matrix of misbehaving fake cells through the real harness (`run_tasks`), as its own process so that
-tests can interrupt or kill the harness itself. Usage: fault_run.py CASES_DIR RUN_DIR [JOBS [ISOLATION]]"""
+tests can interrupt or kill the harness itself. Usage: fault_run.py CASES_DIR RUN_DIR [JOBS [ISOLATION [template]]]
+(`template`: processes forked from the fake template, tests/fake_template.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from kvmatrix.matrix.load import load_cases, load_models, load_pool
 
 FAKE_CELL = (sys.executable, str(Path(__file__).with_name("fake_cell.py")))
 FAKE_WORKER = (sys.executable, str(Path(__file__).with_name("fake_worker.py")))
+FAKE_TEMPLATE = (sys.executable, str(Path(__file__).with_name("fake_template.py")))
 
 
 def main() -> None:
@@ -24,11 +26,13 @@ def main() -> None:
     cases_dir, run_root = Path(sys.argv[1]), Path(sys.argv[2])
     jobs = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     isolation = sys.argv[4] if len(sys.argv) > 4 else "process"
+    forked = len(sys.argv) > 5 and sys.argv[5] == "template"
     pool, models = load_pool(cases_dir), load_models(cases_dir)
     cells = expand_all(load_cases(sorted(p for p in cases_dir.glob("[!_]*.yaml"))), models, pool)
     settings = RunSettings(run_dir=RunDir(run_root), models=models, built={"llama": cases_dir},
                            vllm_version="fake", cache_dir=run_root.parent / "cache", cell_command=FAKE_CELL,
-                           isolation=isolation, worker_command=FAKE_WORKER)
+                           isolation=isolation, worker_command=FAKE_WORKER, fork_from_template=forked,
+                           template_command=FAKE_TEMPLATE)
     # Fake cells run no vLLM: any CPU class is a label here (the tests' cases name this one).
     session = Session(settings, "cpu-avx512", pool["cpu-avx512"], None, pool)
 

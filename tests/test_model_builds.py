@@ -73,6 +73,20 @@ def test_a_failed_build_is_tried_once_and_its_cells_go_on(tmp_path, monkeypatch,
     assert "building llama (llama) failed: OSError('disk full')" in capsys.readouterr().err
 
 
+def test_a_build_leaves_the_harness_environment_as_it_was(tmp_path, monkeypatch):
+    # As torch and the OpenMP runtime do when a builder loads them: every later cell's environment would differ.
+    monkeypatch.setenv("KVMATRIX_TEST_KEPT", "before")
+
+    def build_setting_variables(name: str, cache_dir: Path) -> Path:
+        os.environ.update(KMP_INIT_AT_FORK="FALSE", KVMATRIX_TEST_KEPT="changed")
+        return Path(cache_dir)
+
+    monkeypatch.setattr(tiny, "build", build_setting_variables)
+    before = dict(os.environ)
+    model_builds.ensure_models(_Task("llama"), {"llama": ModelEntry(tiny="llama")}, tmp_path, {})
+    assert dict(os.environ) == before
+
+
 def test_the_trained_family_builds_one_model_at_a_time(tmp_path, monkeypatch):
     """Every trained builder needs the one training, which draws from torch's global generator: two slots'
     threads must not train side by side (the FP8-KV builders build the trained model inside their own build)."""

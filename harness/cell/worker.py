@@ -79,11 +79,17 @@ def after_vllm_cell(result_path: str) -> str | None:
     return retire_reason(read_result(result_path))
 
 
-def main() -> None:
+def serve_vllm_cells(reply_fd: int) -> None:
+    """The worker loop over real cells (main.py), in a process of its own or forked from a template
+    (harness/cell/template.py)."""
     from kvmatrix.harness.cell.main import main as cell_main
 
     os.environ.update(IN_PROCESS_ENGINE_ENV)
-    serve(cell_main, int(sys.argv[1]), after_vllm_cell, gpu_memory_left_mib)
+    serve(cell_main, reply_fd, after_vllm_cell, gpu_memory_left_mib)
+
+
+def main() -> None:
+    serve_vllm_cells(int(sys.argv[1]))
     _flush()
     os._exit(0)  # as a cell process does: vLLM's shutdown hooks must not turn a clean end into a hang
 

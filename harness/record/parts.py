@@ -17,6 +17,9 @@ Verdict = Literal["fail", "error", "xfail", "pass", "skip"]
 # ok / crash: the cell process's own; timeout / killed / error: the runner's (harness/judge/outcome.py).
 Status = Literal["ok", "crash", "timeout", "killed", "error", "skipped"]
 Mode = Literal["full", "probe"]  # probe: `kvmatrix run --probe-only`; records from before the modes ran in full
+# How a cell's process started: its command run ("exec"), or forked from a template that had imported torch and
+# vLLM (harness/run/template.py).
+ProcessStartedBy = Literal["exec", "fork"]
 
 VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 # What makes a run red (its exit status), a cell a new failure, a waiver apply, a retry happen.

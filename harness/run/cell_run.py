@@ -34,9 +34,10 @@ from kvmatrix.harness.run.confirmations import Confirmations
 from kvmatrix.harness.run.engine_args import cell_mode, engine_args_for, generation, workload_plan
 from kvmatrix.harness.run.gpu_check import check_gpu_memory
 from kvmatrix.harness.run.gpu_memory import physical_index
-from kvmatrix.harness.run.launch import CellFiles, FreshProcess, Launcher
+from kvmatrix.harness.run.launch import FreshProcess, Launcher
 from kvmatrix.harness.run.model_builds import ensure_models
 from kvmatrix.harness.run.process import CellProcesses, cap_log
+from kvmatrix.harness.run.process_start import CellFiles, ShareKey
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.vllm_compat import GRAPH_EXECUTIONS, MULTI_RANK_ENV
 from kvmatrix.matrix.axes import resolved_execution
@@ -104,13 +105,14 @@ def run_attempt(task: Task, settings: RunSettings, processes: CellProcesses, lau
     ranks_env = MULTI_RANK_ENV if cell.gpus_needed > 1 else {}
     env = cell_env(settings, {**cell.case.env, **ranks_env, **(extra_env or {})}, task.key)
     # What is fixed before vLLM's import: cells that differ in it never share a warm worker.
-    share_key = (tuple(sorted(env.items())), tuple(spec.emulate_capability or ()), spec.emulate_cpu_isa)
+    share_key = ShareKey(tuple(sorted(env.items())), tuple(spec.emulate_capability or ()), spec.emulate_cpu_isa)
     launched = launcher.launch(files, env, share_key, timeout, processes, gpu)
     cap_log(files.log)
     outcome = classify_outcome(launched.returncode, launched.timed_out, timeout, read_result(files.result),
                                read_tail(files.log))
     outcome["log"] = str(files.log.relative_to(run_dir.root))
     outcome["isolation"] = launched.isolation
+    outcome["process_start"] = launched.process_start
     if launched.worker is not None:
         outcome["worker"] = launched.worker
         if (teardown_s := launched.worker.get("teardown_s")) is not None:
@@ -182,7 +184,8 @@ def gpus_reason(task: Task, gpus_here: int | None) -> str | None:
 
 def judged_record(task: Task, settings: RunSettings, processes: CellProcesses,
                   extra_env: dict[str, str] | None = None, launcher: Launcher | None = None,
-                  fresh_first: str | None = None, confirmations: Confirmations | None = None) -> JudgedRecord:
+                  fresh_first: str | None = None, confirmations: Confirmations | None = None,
+                  fresh: FreshProcess | None = None) -> JudgedRecord:
     """The judged record of one task: a skip, or its cell run (again, `retries` times, while it fails). A cell
     that a warm worker ran to anything but a pass is run again in a fresh process, and that run is the record:
     a worker polluted by an earlier cell can never decide a verdict. Only an expected failure that a fresh
@@ -196,7 +199,10 @@ def judged_record(task: Task, settings: RunSettings, processes: CellProcesses,
         return skip_record(task, reason, settings.run_dir.root.name)
     if not settings.use_hub:
         ensure_models(task, settings.models, settings.cache_dir / "models", settings.built)
-    fresh = FreshProcess(settings.cell_command)
+    # `fresh`: the run's fresh processes. One forked from a template is fresh as a confirmation needs: it has
+    # imported torch and vLLM (as every cell's import phase does) but never built an engine, so no earlier cell's
+    # engine, compiled graphs or teardown can have left anything behind in it.
+    fresh = fresh or FreshProcess(settings.cell_command)
     starts_fresh = fresh_first is not None and bool(fresh_first) and not (
         confirmations is not None and confirmations.has_group(task.cell.case.name, fresh_first))
     launcher = fresh if launcher is None or starts_fresh else launcher

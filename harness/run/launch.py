@@ -1,28 +1,39 @@
 """How a cell's spec becomes a finished cell, behind one `Launcher` protocol: `FreshProcess` starts one process
 per cell (`python -m kvmatrix.harness.cell`), `WarmWorker` hands the cell to a slot's long-lived worker
 (`python -m kvmatrix.harness.cell.worker`, harness/cell/worker.py), which has imported torch and vLLM already.
+Either starts its processes through a `ProcessStart` (harness/run/process_start.py): the command run, or forked
+from one of the run's templates (harness/run/template.py).
 
 Either way the cell writes the same RESULT.json and log, and the launcher returns what only the parent knows: the
 exit status (a worker's cell: the code it answered, or the worker's own exit status when it died in the cell),
-whether the cell timed out, and which isolation ran it. A worker runs only cells that share everything fixed before
-vLLM's import (the environment, the emulated class): a cell that needs other state gets another worker (a slot
-keeps two). A worker that died, timed out or retired itself is gone; the slot starts a fresh one when needed.
+whether the cell timed out, which isolation ran it and how its process started. A worker runs only cells that
+share everything fixed before vLLM's import (the environment, the emulated class): a cell that needs other state
+gets another worker (a slot keeps two). A worker that died, timed out or retired itself is gone; the slot starts a
+fresh one when needed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Protocol
 
-from kvmatrix.harness.record.parts import WorkerInfo
-from kvmatrix.harness.record.paths import CELL_CWD
-from kvmatrix.harness.run.process import CellProcesses, die_with_parent, killpg
+from kvmatrix.harness.record.parts import ProcessStartedBy, WorkerInfo
+from kvmatrix.harness.run.process import CellProcesses
+from kvmatrix.harness.run.process_start import (
+    CellFiles,
+    Exec,
+    Process,
+    ProcessStart,
+    Requests,
+    ShareKey,
+    Started,
+    end_process,
+)
 
 WORKER_EXIT_GRACE_S = 30.0  # a retiring worker's own exit; then it is killed
 
@@ -33,19 +44,13 @@ class Launched:
     timed_out: bool
     isolation: str  # "process" or "worker"
     worker: WorkerInfo | None = None  # pid, cells it ran before this one, why it retired
-
-
-@dataclass(frozen=True)
-class CellFiles:
-    spec: Path
-    result: Path
-    log: Path
+    process_start: ProcessStartedBy = "exec"  # how the cell's (or its worker's) process started
 
 
 class Launcher(Protocol):
     isolation: str
 
-    def launch(self, files: CellFiles, env: dict[str, str], share_key: tuple, timeout: float,
+    def launch(self, files: CellFiles, env: dict[str, str], share_key: ShareKey, timeout: float,
                processes: CellProcesses, gpu: int | None) -> Launched:
         """Run the cell described by `files.spec` to its end (or its timeout); cells with another `share_key`
         (what is fixed before vLLM's import) must not run in the same process."""
@@ -61,20 +66,23 @@ class FreshProcess:
     """One process per cell: `command SPEC RESULT` in its own process group, its output into the cell's log."""
 
     command: tuple[str, ...]
+    start: ProcessStart = field(default_factory=Exec)
     isolation: str = "process"
 
-    def launch(self, files: CellFiles, env: dict[str, str], share_key: tuple, timeout: float,
+    def launch(self, files: CellFiles, env: dict[str, str], share_key: ShareKey, timeout: float,
                processes: CellProcesses, gpu: int | None) -> Launched:
-        with files.log.open("wb") as out:
-            proc = _start([*self.command, str(files.spec), str(files.result)], out, env, processes, gpu)
-            try:
-                proc.wait(timeout=timeout)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                _end(proc, processes)  # the whole group: vLLM may have started helpers that would outlive the cell
-        return Launched(proc.returncode, timed_out, self.isolation)
+        started = self.start.cell(self.command, files, env, share_key, processes, gpu)
+        proc = started.proc
+        try:
+            proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            end_process(proc, processes)  # the whole group: vLLM may have started helpers that would outlive the cell
+        if started.parent_lost():  # killed with its template, not by the cell: start it again
+            return FreshProcess(self.command).launch(files, env, share_key, timeout, processes, gpu)
+        return Launched(proc.returncode, timed_out, self.isolation, process_start=started.how)
 
     def close(self) -> None:
         pass
@@ -89,25 +97,28 @@ WORKERS_PER_SLOT = 2
 
 @dataclass
 class _Worker:
-    """One warm worker process: requests on its stdin, replies on its own pipe."""
+    """One warm worker process: cells on its requests, answers on its replies."""
 
-    proc: subprocess.Popen
-    reply: Any
+    started: Started
     processes: CellProcesses
     cells: int = 0
 
     @property
-    def requests(self) -> IO[str]:
-        assert self.proc.stdin is not None, "a worker is started with its stdin a pipe (WarmWorkers._start)"
-        return self.proc.stdin
+    def proc(self) -> Process:
+        return self.started.proc
+
+    @property
+    def requests(self) -> Requests:
+        assert self.started.requests is not None, "a worker is started with a request stream (ProcessStart.worker)"
+        return self.started.requests
 
     def read_reply(self, timeout: float) -> tuple[dict | None, bool]:
         """The worker's answer for the cell; (None, timed out?) when it died or ran past `timeout`."""
-        ready, _, _ = select.select([self.reply], [], [], timeout)
-        if not ready:
+        assert self.started.replies is not None, "a worker is started with a reply stream (ProcessStart.worker)"
+        line = self.started.replies.readline(timeout)
+        if line is None:
             return None, True
-        line = self.reply.readline()
-        if not line:  # the reply pipe closed: the worker is gone
+        if not line:  # the replies ended: the worker is gone
             self.proc.wait()
             return None, False
         return json.loads(line), False
@@ -122,8 +133,9 @@ class _Worker:
             self.proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
-        _end(self.proc, self.processes)
-        self.reply.close()
+        end_process(self.proc, self.processes)
+        if self.started.replies is not None:
+            self.started.replies.close()
 
 
 @dataclass
@@ -134,13 +146,14 @@ class WarmWorker:
 
     command: tuple[str, ...]
     log_dir: Path
+    start: ProcessStart = field(default_factory=Exec)
     isolation: str = "worker"
     keep: int = WORKERS_PER_SLOT
     _workers: dict[tuple, _Worker] = field(default_factory=dict, init=False, repr=False)  # least recent first
 
-    def launch(self, files: CellFiles, env: dict[str, str], share_key: tuple, timeout: float,
+    def launch(self, files: CellFiles, env: dict[str, str], share_key: ShareKey, timeout: float,
                processes: CellProcesses, gpu: int | None) -> Launched:
-        worker = self._workers.pop(share_key, None) or self._start(env, processes, gpu)
+        worker = self._workers.pop(share_key, None) or self._start(env, share_key, processes, gpu)
         self._workers[share_key] = worker  # the most recent last
         info: WorkerInfo = {"pid": worker.proc.pid, "cells_before": worker.cells}
         worker.cells += 1
@@ -154,13 +167,13 @@ class WarmWorker:
         reply, timed_out = worker.read_reply(timeout)
         if reply is None:  # died in the cell (a signal, an exit) or ran out of time: the worker is gone with it
             self._close(share_key)
-            return Launched(worker.proc.returncode, timed_out, self.isolation, info)
+            return Launched(worker.proc.returncode, timed_out, self.isolation, info, worker.started.how)
         if reply.get("retire"):
             info["retired"] = reply["retire"]
             self._close(share_key, grace_s=WORKER_EXIT_GRACE_S)
         info["teardown_s"] = reply.get("teardown_s")
         info["gpu_memory_left_mib"] = reply.get("gpu_memory_left_mib")
-        return Launched(int(reply["code"]), False, self.isolation, info)
+        return Launched(int(reply["code"]), False, self.isolation, info, worker.started.how)
 
     def close(self) -> None:
         for share_key in list(self._workers):
@@ -169,30 +182,9 @@ class WarmWorker:
     def _close(self, share_key: tuple, grace_s: float = 0.0) -> None:
         self._workers.pop(share_key).close(grace_s)
 
-    def _start(self, env: dict[str, str], processes: CellProcesses, gpu: int | None) -> _Worker:
+    def _start(self, env: dict[str, str], share_key: ShareKey, processes: CellProcesses, gpu: int | None) -> _Worker:
         while len(self._workers) >= max(1, self.keep):
             self._close(next(iter(self._workers)))
-        read_end, write_end = os.pipe()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        with (self.log_dir / f"worker-{time.strftime('%H%M%S')}-{os.getpid()}-{id(self)}.log").open("ab") as out:
-            proc = _start([*self.command, str(write_end)], out, env, processes, gpu, stdin=subprocess.PIPE,
-                          pass_fds=(write_end,))
-        os.close(write_end)
-        return _Worker(proc, os.fdopen(read_end, "r"), processes)
-
-
-def _start(command: list[str], out: Any, env: dict[str, str], processes: CellProcesses, gpu: int | None,
-           **popen: Any) -> subprocess.Popen:
-    """A cell or worker process in its own group, dying with the harness, its output into `out`."""
-    proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=popen.pop("stdin", subprocess.DEVNULL),
-                            env=env, cwd=CELL_CWD, start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
-                            text=True, **popen)
-    processes.add(proc.pid, gpu)
-    return proc
-
-
-def _end(proc: subprocess.Popen, processes: CellProcesses | None) -> None:
-    killpg(proc.pid)
-    proc.wait()
-    if processes is not None:
-        processes.discard(proc.pid)
+        log = self.log_dir / f"worker-{time.strftime('%H%M%S')}-{os.getpid()}-{id(self)}.log"
+        return _Worker(self.start.worker(self.command, log, env, share_key, processes, gpu), processes)

@@ -26,8 +26,10 @@ from kvmatrix.harness.run.launch import WORKERS_PER_SLOT, FreshProcess, Launcher
 from kvmatrix.harness.run.model_builds import trainings_waited_on
 from kvmatrix.harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
 from kvmatrix.harness.run.process import CellProcesses
+from kvmatrix.harness.run.process_start import Exec, ProcessStart
 from kvmatrix.harness.run.schedule import order_tasks
 from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.harness.run.template import Templates
 
 OnRecord = Callable[[JudgedRecord, int, int, bool], None]
 
@@ -98,7 +100,9 @@ class _LocalRun:
         self.confirmations = Confirmations()
         self.lock = threading.Lock()
         self.free_slots = list(range(self.jobs))
-        self.launchers = [slot_launcher(settings) for _ in range(self.jobs)]
+        self.start = process_start(settings)  # shared by the slots: one template serves them all
+        self.launchers = [slot_launcher(settings, self.start) for _ in range(self.jobs)]
+        self.fresh = FreshProcess(settings.cell_command, self.start)
         self.slot_workers = SlotWorkers()
         self.canary = pick_canary(todo, settings, self.expected, list(records.values())) if settings.canary else None
         self.broken: list[str] = []  # why the canary says this environment cannot be judged
@@ -121,6 +125,7 @@ class _LocalRun:
         finally:
             for launcher in self.launchers:
                 launcher.close()
+            self.start.close()
         if self.broken:
             raise EnvironmentBroken(self.broken[0])
         _run_on_whole_gpus(wide, pool.devices, self.one_wide, self.processes)
@@ -155,7 +160,7 @@ class _LocalRun:
         try:
             slot_env = self.pool.slot_env(slot) if self.pool.slot_env else None
             record = judged_record(task, self.settings, self.processes, slot_env, self.launchers[slot],
-                                   self.expected[task.key] if self.warm else None, self.confirmations)
+                                   self.expected[task.key] if self.warm else None, self.confirmations, self.fresh)
         finally:
             with self.lock:
                 if record is not None:
@@ -196,11 +201,19 @@ class SlotWorkers:
         self.envs[slot] = envs[-self.keep:]
 
 
-def slot_launcher(settings: RunSettings) -> Launcher:
+def slot_launcher(settings: RunSettings, start: ProcessStart) -> Launcher:
     """A slot's way of running cells: its warm worker, or a fresh process per cell."""
     if settings.isolation == "worker" and not settings.fresh_caches:  # a worker's caches are its first cell's
-        return WarmWorker(settings.worker_command, settings.run_dir.root / "logs" / "workers")
-    return FreshProcess(settings.cell_command)
+        return WarmWorker(settings.worker_command, settings.run_dir.root / "logs" / "workers", start)
+    return FreshProcess(settings.cell_command, start)
+
+
+def process_start(settings: RunSettings) -> ProcessStart:
+    """How the run's cell processes and workers start: forked from a template, or each running its command. Cells
+    with caches of their own would each need a template of their own (the cache folders are fixed at import)."""
+    if settings.fork_from_template and not settings.fresh_caches:
+        return Templates(settings.template_command, settings.run_dir.root / "logs" / "templates")
+    return Exec()
 
 
 def start_plan(todo: list[Task], settings: RunSettings, expected: dict[str, str | None], jobs: int,

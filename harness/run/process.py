@@ -3,17 +3,14 @@ of the cells running now (so an interrupted harness kills every one), and the pe
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
+from kvmatrix.harness.cell.process_group import die_with_parent, killpg  # noqa: F401  (this module's interface too)
 from kvmatrix.harness.run.gpu_memory import GpuBaseline
 
 LOG_CAP_BYTES = 2 * 1024 * 1024
-PR_SET_PDEATHSIG = 1
 
 
 def cap_log(path: Path, cap: int = LOG_CAP_BYTES) -> None:
@@ -66,33 +63,6 @@ class CellProcesses:
         with self._lock:
             for pgid in list(self._pgids):
                 killpg(pgid)
-
-
-try:  # resolved once here: the forked child must not load libraries (another thread may hold the loader lock)
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):
-    _prctl = None  # type: ignore[assignment]  # not Linux: no parent-death signal
-
-
-def die_with_parent(parent: int) -> Callable[[], None]:
-    """For the cell process before exec: Linux kills it if the harness dies (even by SIGKILL), so a killed harness
-    leaves no cell running on. A harness that died between fork and this call is caught by the parent check.
-    Elsewhere a no-op."""
-
-    def arm() -> None:
-        if _prctl is not None:
-            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    return arm
-
-
-def killpg(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 # Set in every cell's environment (harness/run/cell_env.py) to its run folder: a process that carries another

@@ -1,5 +1,5 @@
 """A run's settings as every pool and cell process sees them: the run folder, the models, the vLLM version,
-the caches, the cell and worker commands and which of them runs cells, the waivers that judging applies and
+the caches, the cell, worker and template commands and which of them start cells, the waivers that judging applies and
 the GPU-memory check. Frozen: a run that needs other settings makes them with `dataclasses.replace`, so no
 pool or cell sees them change under it (only `built` fills in, as models are built)."""
 
@@ -14,6 +14,10 @@ from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.run.gpu_memory import GpuMemory
 from kvmatrix.matrix.schema import ModelEntry
 
+# The harness's own cell process and worker: what a template (harness/cell/template.py) forks instead.
+CELL_COMMAND = (sys.executable, "-m", "kvmatrix.harness.cell")
+WORKER_COMMAND = (sys.executable, "-m", "kvmatrix.harness.cell.worker")
+
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -26,11 +30,16 @@ class RunSettings:
     timeout_scale: float = 1.0
     env: dict[str, str] | None = None
     fresh_caches: bool = False  # each cell its own empty caches (benchmarks: what sharing saves)
-    cell_command: tuple[str, ...] = (sys.executable, "-m", "kvmatrix.harness.cell")
+    cell_command: tuple[str, ...] = CELL_COMMAND
     # "worker": each slot runs its cells in a warm worker (`worker_command`, harness/cell/worker.py), a failing
     # cell again in a fresh process; "process": every cell in a fresh process (`cell_command`).
     isolation: str = "process"
-    worker_command: tuple[str, ...] = (sys.executable, "-m", "kvmatrix.harness.cell.worker")
+    worker_command: tuple[str, ...] = WORKER_COMMAND
+    # Cell processes and workers forked from a template that imported torch and vLLM once (`template_command`,
+    # harness/run/template.py) instead of each importing them: CPU classes only (`kvmatrix run` sets it; a child
+    # forked after CUDA's initialisation cannot use CUDA).
+    fork_from_template: bool = False
+    template_command: tuple[str, ...] = (sys.executable, "-m", "kvmatrix.harness.cell.template")
     probe_only: bool = False  # cells that need only the resolved state run one short request (cell_mode)
     gpu_memory: GpuMemory | None = None  # where set, each cell's GPU is checked back at its baseline
     gpu_settle_s: float = 15.0  # how long a cell's GPU may take to free its memory before it counts as leaked

@@ -1,5 +1,6 @@
 """Whether the installed vLLM's source still holds what this package's tables name for its version: the modules of
 backends, builders, KV-cache specs and the calls the harness makes (modules.py, emulation.py, teardown.py), the
+modules a template process imports before it forks cells (preimport.py), the
 files sources.py reads, the paths `kvmatrix pr` selects every cell for, and every attribute name the probe reads
 (engine.py). Read from files, nothing imported: run it where a new release is staged,
 
@@ -18,7 +19,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from kvmatrix.harness.vllm_compat import emulation, engine, modules, sources, teardown
+from kvmatrix.harness.vllm_compat import emulation, engine, modules, preimport, sources, teardown
 from kvmatrix.harness.vllm_compat.versions import for_version, installed_vllm_version
 
 Check = tuple[str, str, bool]  # (what the table names, where it is looked for, found)
@@ -53,6 +54,9 @@ def _module_checks(package: Path, version: str | None) -> Iterator[Check]:
             yield f"builder {builder}", module, _defines(_module_file(package, module), builder)
     for module in for_version(modules.SPEC_MODULE, version) + for_version(emulation.CUDA_PLATFORM_MODULE, version):
         yield "module", module, _module_file(package, module) is not None
+    for engine_modules in for_version(preimport.ENGINE_MODULES, version):
+        for module in engine_modules:
+            yield "module a template imports", module, _module_file(package, module) is not None
     calls = for_version(teardown.TEARDOWN_CALLS, version) + for_version(emulation.DEVICE_CAPABILITY_CLASS, version)
     for module, name in calls:
         yield name, module, _defines(_module_file(package, module), name)

@@ -1,0 +1,31 @@
+"""What a template process (harness/cell/template.py) imports before it forks cells, and what a forked cell may
+still set after those imports.
+
+A process's first `vllm.LLM(...)` imports most of vLLM lazily (the entry points, the v1 engine, the CPU worker and
+its model runner, transformers' tokenizers and, through them, sklearn): about 15 s of the first engine's 18 s on a
+2-core CPU. A template imports them once, so every cell forked from it starts its engine at the engine's floor.
+A module missing from a release only costs its cells that import again: the template refuses to start and its
+cells start as processes of their own.
+"""
+
+from __future__ import annotations
+
+from kvmatrix.harness.vllm_compat.sources import CPU_THREADS_BIND_ENV
+
+# The modules the first CPU engine of a process imports (vLLM 0.32: `from vllm import LLM` resolves lazily).
+ENGINE_MODULES = [("", (
+    "vllm.entrypoints.llm",
+    "vllm.v1.engine.llm_engine",
+    "vllm.v1.engine.core",
+    "vllm.v1.executor.uniproc_executor",
+    "vllm.v1.worker.cpu_worker",
+    "vllm.v1.worker.cpu_model_runner",
+    "vllm.v1.attention.backends.cpu_attn",
+    "vllm.model_executor.model_loader",
+))]
+
+# Variables a forked cell sets for itself after the template's imports, with what makes them take effect: torch's
+# OpenMP runtime read OMP_NUM_THREADS when it loaded (the cell sets its thread count again), and vLLM's CPU
+# worker reads its core binding only as the engine starts. Every other variable is fixed before the imports: a
+# cell forks only from a template started with the same values.
+AFTER_IMPORT_ENV = ("OMP_NUM_THREADS", CPU_THREADS_BIND_ENV)
