@@ -168,9 +168,9 @@ def test_a_slow_pilot_holds_back_its_family_only(cases_dir, tmp_path, monkeypatc
     # A forced-backend family whose pilot compiles for a long time (here: sleeps), and vLLM's pick beside it.
     tasks = tasks_of(cases_dir, "slow", {"kv_cache_dtype": ["auto", "bfloat16"], "attention_backend": ["TRITON_ATTN"]})
     tasks += tasks_of(cases_dir, "ok", {"kv_cache_dtype": ["auto", "bfloat16", "fp8"]})
+    monkeypatch.setenv("FAKE_CELL_SLEEP", "4")
     settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models=load_models(cases_dir), built={"llama": cases_dir},
                            vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL)
-    monkeypatch.setenv("FAKE_CELL_SLEEP", "4")
     finished: list[str] = []
     run_tasks(tasks, settings, jobs=2, on_record=lambda r, *_: finished.append(r["cell_id"]))
     # The other slot ran every cell of the other families while the pilot ran (no barrier after the pilots),

@@ -7,6 +7,7 @@ real vLLM cells give when forked is checked in test_isolation_equality.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.run.process import CellProcesses, run_mark_of
 from kvmatrix.harness.run.process_start import CellFiles, ShareKey
 from kvmatrix.harness.run.template import Templates, template_key
-from kvmatrix.harness.vllm_compat import CPU_THREADS_BIND_ENV
+from kvmatrix.harness.vllm_compat import CPU_THREADS_BIND_ENV, READ_BY_ENGINE_ENV
 from tests.conftest import write_case
 from tests.fault_run import FAKE_CELL, FAKE_TEMPLATE
 from tests.test_warm_workers import BEHAVIOURS, fault_cases
@@ -161,3 +162,34 @@ def test_the_protocol_reports_a_childs_end_as_popen_does(tmp_path):
 def test_a_template_key_leaves_out_what_a_child_sets_itself():
     env = (("OMP_NUM_THREADS", "1"), ("PATH", "/bin"), (CPU_THREADS_BIND_ENV, "0-0"))
     assert template_key(ShareKey(env, (8, 9), None)) == ShareKey((("PATH", "/bin"),), (8, 9), None)
+
+
+READS_DURING_IMPORTS = """
+import json, os, sys
+read = set()
+
+class Recording(type(os.environ)):
+    def __getitem__(self, key):
+        read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        read.add(key)
+        return super().__contains__(key)
+
+os.environ.__class__ = Recording
+from kvmatrix.harness.cell.template import _import_for_cells
+_import_for_cells({"capability": None, "cpu_isa": None})
+print(json.dumps(sorted(k for k in read if isinstance(k, str))))
+"""
+
+
+@pytest.mark.vllm
+def test_the_variables_a_forked_cell_sets_are_read_by_none_of_the_templates_imports():
+    # A variable read while the template imports would keep the template's value in every child forked from it.
+    done = subprocess.run([sys.executable, "-c", READS_DURING_IMPORTS], env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    read = set(json.loads(done.stdout.splitlines()[-1]))
+    assert "VLLM_TARGET_DEVICE" in read, "the recording sees vLLM's reads"
+    assert read & set(READ_BY_ENGINE_ENV) == set()

@@ -8,8 +8,6 @@ Greedy token sequences are compared too: the fraction that are identical and whe
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
-from statsmodels.stats.contingency_tables import mcnemar
 
 from kvmatrix.harness.record.model import AccuracyComparison
 
@@ -27,6 +25,8 @@ def paired_delta(baseline: list[float], cell: list[float], confidence: float = 0
     if np.all(diff == diff[0]):
         low = high = delta  # every resample has this mean; scipy would warn about the degenerate distribution
     else:
+        from scipy import stats  # imported as a comparison is made: with statsmodels, 4 s of every command's start
+
         res = stats.bootstrap(
             (b, c), lambda x, y, axis: np.mean(y - x, axis=axis), paired=True, vectorized=True,
             confidence_level=confidence, n_resamples=RESAMPLES, method="percentile",
@@ -44,6 +44,8 @@ def paired_delta(baseline: list[float], cell: list[float], confidence: float = 0
 
 def mcnemar_p(baseline: np.ndarray, cell: np.ndarray) -> float:
     """Exact McNemar p-value: only pairs where the two disagree carry information."""
+    from statsmodels.stats.contingency_tables import mcnemar
+
     b, c = baseline.astype(bool), cell.astype(bool)
     table = [[int(np.sum(b & c)), int(np.sum(b & ~c))], [int(np.sum(~b & c)), int(np.sum(~b & ~c))]]
     return float(mcnemar(table, exact=True).pvalue)

@@ -29,7 +29,7 @@ def run_mark(settings: RunSettings) -> str:
 
 
 def cell_env(settings: RunSettings, extra: dict[str, str] | None = None, key: str = "") -> dict[str, str]:
-    env = dict(os.environ)
+    env = dict(settings.environment)
     caches = settings.cache_dir / "fresh" / key if settings.fresh_caches else settings.cache_dir
     env.update(shared_cache_env(caches))
     env.update(IN_PROCESS_ENGINE_ENV)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from kvmatrix.harness.run.engine_args import models_needed
@@ -72,27 +69,9 @@ def _build(name: str, entry: ModelEntry, cache_dir: Path) -> Path | None:
 
     try:
         builder = trained_models if entry.tiny in trained_models.BUILDERS else tiny_models
-        with _environment_kept():
-            return builder.build(entry.tiny, cache_dir)
+        return builder.build(entry.tiny, cache_dir)
     except Exception as err:  # noqa: BLE001 - any builder failure must not stop the other models
         _FAILED.add((str(cache_dir), name))
         print(f"kvmatrix: building {name} ({entry.tiny}) failed: {err!r}", file=sys.stderr)
         return None
 
-
-@contextmanager
-def _environment_kept() -> Iterator[None]:
-    """The harness's environment as it was before a build. What the builders' libraries set in it as they load
-    (torch's inductor its cache folder, the OpenMP runtime KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK) would reach
-    every later cell's environment: cells after a build would differ in it from the cells before, and need a warm
-    worker and a template of their own (a default CPU matrix started two more of each). Put back name by name:
-    other slots' threads read the environment meanwhile."""
-    before = dict(os.environ)
-    try:
-        yield
-    finally:
-        for name in set(os.environ) - set(before):
-            os.environ.pop(name, None)
-        for name, value in before.items():
-            if os.environ.get(name) != value:
-                os.environ[name] = value

@@ -5,6 +5,7 @@ pool or cell sees them change under it (only `built` fills in, as models are bui
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,11 @@ class RunSettings:
     use_hub: bool = False
     timeout_scale: float = 1.0
     env: dict[str, str] | None = None
+    # The environment cells start from: the harness's own as the run began. What the runner's libraries set in it
+    # later (sklearn's OpenMP variables as a model build imports transformers, inductor's cache folder) would
+    # reach only the cells started after, or during, that build: they would differ in it from the cells before
+    # and need a template and warm workers of their own (a default CPU matrix started a second template).
+    environment: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     fresh_caches: bool = False  # each cell its own empty caches (benchmarks: what sharing saves)
     cell_command: tuple[str, ...] = CELL_COMMAND
     # "worker": each slot runs its cells in a warm worker (`worker_command`, harness/cell/worker.py), a failing

@@ -73,7 +73,7 @@ from kvmatrix.harness.vllm_compat.modules import (  # noqa: F401
     select_all_reason,
     traceback_modules,
 )
-from kvmatrix.harness.vllm_compat.preimport import AFTER_IMPORT_ENV, ENGINE_MODULES  # noqa: F401
+from kvmatrix.harness.vllm_compat.preimport import AFTER_IMPORT_ENV, ENGINE_MODULES, READ_BY_ENGINE_ENV  # noqa: F401
 from kvmatrix.harness.vllm_compat.records import (  # noqa: F401
     BUILDER_FIELD_ALIASES,
     QUERY_DTYPE_FIELDS,

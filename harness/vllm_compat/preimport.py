@@ -24,8 +24,13 @@ ENGINE_MODULES = [("", (
     "vllm.model_executor.model_loader",
 ))]
 
-# Variables a forked cell sets for itself after the template's imports, with what makes them take effect: torch's
-# OpenMP runtime read OMP_NUM_THREADS when it loaded (the cell sets its thread count again), and vLLM's CPU
-# worker reads its core binding only as the engine starts. Every other variable is fixed before the imports: a
-# cell forks only from a template started with the same values.
-AFTER_IMPORT_ENV = ("OMP_NUM_THREADS", CPU_THREADS_BIND_ENV)
+# vLLM variables that none of the imports above reads: vLLM reads them through `vllm.envs` only as an engine
+# starts, so a forked cell's own value is the one its engine sees (tests/test_templates.py checks this on the
+# installed vLLM by recording every variable the template's imports read). The CPU worker's core binding, and
+# glm5-fp8's VLLM_USE_DEEP_GEMM=0, which would otherwise need a template of its own (25 CPU-s on 2 cores).
+READ_BY_ENGINE_ENV = (CPU_THREADS_BIND_ENV, "VLLM_USE_DEEP_GEMM")
+
+# Variables a forked cell sets for itself after the template's imports: those vLLM reads as the engine starts, and
+# OMP_NUM_THREADS, which torch's OpenMP runtime read when it loaded (the cell sets its thread count again). Every
+# other variable is fixed before the imports: a cell forks only from a template started with the same values.
+AFTER_IMPORT_ENV = ("OMP_NUM_THREADS", *READ_BY_ENGINE_ENV)
