@@ -1,5 +1,6 @@
 """Models are built as their cells start (harness/run/model_builds.py: ensure_models): each once, however many cells of
-it start together, and a build that failed is not tried again for every cell."""
+it start together, and a build that failed is not tried again for every cell; what a build sets in the harness's
+environment reaches no cell."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import time
 from pathlib import Path
 
 from kvmatrix.harness.models import tiny, trained
-from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.run import model_builds
 from kvmatrix.harness.run.cell_env import cell_env
 from kvmatrix.harness.run.settings import RunSettings
