@@ -165,7 +165,7 @@ def test_a_template_key_leaves_out_what_a_child_sets_itself():
 
 
 READS_DURING_IMPORTS = """
-import json, os, sys
+import json, os
 read = set()
 
 class Recording(type(os.environ)):

@@ -25,7 +25,7 @@ def paired_delta(baseline: list[float], cell: list[float], confidence: float = 0
     if np.all(diff == diff[0]):
         low = high = delta  # every resample has this mean; scipy would warn about the degenerate distribution
     else:
-        from scipy import stats  # imported as a comparison is made: with statsmodels, 4 s of every command's start
+        from scipy import stats  # imported as a comparison is made: with statsmodels, 5 s of every command's start
 
         res = stats.bootstrap(
             (b, c), lambda x, y, axis: np.mean(y - x, axis=axis), paired=True, vectorized=True,
