@@ -17,7 +17,7 @@ from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.run.gpu_check import GPU_LEAK_TOLERANCE_MIB, check_gpu_memory, pinned_gpus
 from kvmatrix.harness.run.gpu_memory import gpu_baselines, physical_index
 from kvmatrix.harness.run.pool import run_tasks
-from kvmatrix.harness.run.process import RUN_MARK_ENV, CellProcesses
+from kvmatrix.harness.run.process import RUN_MARK_ENV, CellProcesses, run_mark_of
 from kvmatrix.harness.run.session import Session
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.matrix.expand import expand_all
@@ -116,6 +116,10 @@ def test_another_runs_process_is_not_this_cells_leak(tmp_path):
     env = {**os.environ, RUN_MARK_ENV: str(tmp_path / "other-run")}
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env, start_new_session=True)
     try:
+        # On a loaded machine (CI with -n 2) the child's environment was once read before it showed the mark.
+        deadline = time.monotonic() + 10
+        while run_mark_of(proc.pid) != env[RUN_MARK_ENV] and time.monotonic() < deadline:
+            time.sleep(0.05)
         gpu = FakeGpu()
         processes = CellProcesses(gpu_baselines(gpu, {0}), run_mark=str(tmp_path / "this-run"))
         gpu.used += 6000

@@ -283,3 +283,23 @@ def test_a_free_slot_passes_over_cells_that_would_wait_for_a_running_build(cases
     assert sorted(finished[:3]) == ["ok[kv=auto,skip=-,spec=-]", "ok[kv=bfloat16,skip=-,spec=-]",
                                     "ok[kv=fp8,skip=-,spec=-]"]
     assert finished[3:] == ["accuracy[kv=auto,skip=-,spec=-]", "clipping[kv=auto,skip=-,spec=-]"]
+
+
+def test_the_training_starts_with_the_run_while_its_cells_come_last(cases_dir, tmp_path, monkeypatch):
+    """The trained models train in a thread of their own from the run's start: their cells, last in the order,
+    find them built instead of starting the training in their slot once they come up."""
+    tasks = tasks_of(cases_dir, "ok", {"kv_cache_dtype": ["auto", "bfloat16", "fp8"]})
+    tasks += tasks_of(cases_dir, "accuracy", {"kv_cache_dtype": ["auto"]}, model="trained-llama")
+    settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models=load_models(cases_dir), built={"llama": cases_dir},
+                           vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL)
+    events: list[str] = []
+
+    def training(name, entry, cache_dir):
+        events.append(f"training {name}")
+        time.sleep(2)
+        return cases_dir
+
+    monkeypatch.setattr(model_builds, "_build", training)
+    run_tasks(tasks, settings, jobs=1, on_record=lambda r, *_: events.append(r["cell_id"]))
+    assert events[0] == "training trained-llama"
+    assert events[-1] == "accuracy[kv=auto,skip=-,spec=-]"

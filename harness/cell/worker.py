@@ -15,7 +15,6 @@ teardown than harness/vllm_compat/teardown.py allows retires it (the runner star
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import sys
@@ -72,10 +71,9 @@ def _flush() -> None:
 
 
 def after_vllm_cell(result_path: str) -> str | None:
-    """Free what the cell's engine held (the engine itself was dropped with main()'s frame) and say whether this
-    process may run another cell. The teardown first: it unfreezes what vLLM froze out of the collector."""
+    """Free what the cell's engine held (the engine itself was dropped with main()'s frame; the teardown unfreezes
+    what vLLM froze out of the collector and collects it) and say whether this process may run another cell."""
     teardown_engine()
-    gc.collect()
     return retire_reason(read_result(result_path))
 
 

@@ -54,6 +54,24 @@ def trainings_waited_on(task, models: dict[str, ModelEntry], built: dict[str, Pa
     return {"trained family" for n in unbuilt(task, models, built) if models[n].tiny in trained_models.BUILDERS}
 
 
+class TrainingAhead:
+    """The trained family's models trained in a thread of their own from the run's start, while the template
+    imports vLLM and the first cells run: a cell of theirs would otherwise start the training in its slot once it
+    came up (a fresh clone's 2-core CPU run began it after 40 s, when both slots had cells to run). `busy()` is what
+    cells must not wait for while it trains (as `trainings_waited_on` names it)."""
+
+    def __init__(self, tasks: list, models: dict[str, ModelEntry], cache_dir: Path, built: dict[str, Path]) -> None:
+        training = [t for t in tasks if trainings_waited_on(t, models, built)]
+        self.thread = None
+        if training:
+            self.thread = threading.Thread(target=lambda: [ensure_models(t, models, cache_dir, built) for t in training],
+                                           name="kvmatrix-training", daemon=True)
+            self.thread.start()
+
+    def busy(self) -> set[str]:
+        return {"trained family"} if self.thread is not None and self.thread.is_alive() else set()
+
+
 def _present(built: dict[str, Path], name: str) -> bool:
     return name in built and Path(built[name]).exists()
 

@@ -23,7 +23,7 @@ from kvmatrix.harness.run.confirmations import Confirmations, confirmation_gates
 from kvmatrix.harness.run.gpu_check import pinned_gpus
 from kvmatrix.harness.run.gpu_memory import gpu_baselines
 from kvmatrix.harness.run.launch import WORKERS_PER_SLOT, FreshProcess, Launcher, WarmWorker
-from kvmatrix.harness.run.model_builds import trainings_waited_on
+from kvmatrix.harness.run.model_builds import TrainingAhead, trainings_waited_on
 from kvmatrix.harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
 from kvmatrix.harness.run.process import CellProcesses
 from kvmatrix.harness.run.process_start import Exec, ProcessStart
@@ -119,9 +119,11 @@ class _LocalRun:
             canary = self.canary.key
             todo = [self.canary] + [t for t in todo if t.key != canary]
             waits = {key: set() if key == canary else keys | {canary} for key, keys in waits.items()}
+        runnable = [] if settings.use_hub else [t for t in todo if not_run_reason(t, settings) is None]
+        training = TrainingAhead(runnable, settings.models, settings.cache_dir / "models", settings.built)
         try:
             _run_gated(todo, waits, self.one, self.processes, self.jobs,
-                       lambda task: trainings_waited_on(task, settings.models, settings.built))
+                       lambda task: trainings_waited_on(task, settings.models, settings.built), training.busy)
         finally:
             for launcher in self.launchers:
                 launcher.close()
@@ -266,17 +268,18 @@ def add_acyclic(waits: dict[str, set[str]], more: dict[str, set[str]]) -> dict[s
 
 
 def _run_gated(tasks: list[Task], waits: dict[str, set[str]], one: Callable[[Task], None],
-               processes: CellProcesses, jobs: int, builds: Callable[[Task], set[str]] = lambda task: set()) -> None:
+               processes: CellProcesses, jobs: int, builds: Callable[[Task], set[str]] = lambda task: set(),
+               building_ahead: Callable[[], set[str]] = set) -> None:
     """`jobs` cells at a time, each free slot taking the first task in order whose `waits` (task keys: its
     baseline, its family's pilot) have all finished, passing over one that would wait for a long model build a
-    running cell is doing (`builds`: such builds a task does as it starts) while another is ready; an
-    interrupted harness kills every running cell first."""
+    running cell (or `building_ahead`, the run's own) is doing (`builds`: such builds a task does as it starts)
+    while another is ready; an interrupted harness kills every running cell first."""
     pending, finished = list(tasks), set[str]()
     running: dict[Future, Task] = {}
 
     def next_ready() -> Task | None:
         ready = [t for t in pending if waits[t.key] <= finished]
-        building = set().union(*map(builds, running.values()))
+        building = building_ahead().union(*map(builds, running.values()))
         # Such a cell would only wait for the build in its slot (on the 2-core CPU both slots once waited 90 s
         # for the accuracy model's training while cells of built models were ready).
         return next((t for t in ready if not builds(t) & building), ready[0] if ready else None)
