@@ -64,8 +64,11 @@ class TrainingAhead:
         training = [t for t in tasks if trainings_waited_on(t, models, built)]
         self.thread = None
         if training:
-            self.thread = threading.Thread(target=lambda: [ensure_models(t, models, cache_dir, built) for t in training],
-                                           name="kvmatrix-training", daemon=True)
+            def train() -> None:
+                for task in training:
+                    ensure_models(task, models, cache_dir, built)
+
+            self.thread = threading.Thread(target=train, name="kvmatrix-training", daemon=True)
             self.thread.start()
 
     def busy(self) -> set[str]:
