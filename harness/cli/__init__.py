@@ -20,13 +20,19 @@ from kvmatrix.harness.run.guards import GuardError
 from kvmatrix.matrix.machine import PoolError
 from kvmatrix.matrix.schema import CaseError
 
+# What `kvmatrix --help` tells a user; the docstring above is for whoever reads this module.
+DESCRIPTION = ("Runs vLLM over a matrix of KV-cache configurations (case files: models x --kv-cache-dtype x skip "
+               "layers x speculative decoding x backend x execution mode), judges each cell against its "
+               "expectations and renders the matrix. Start with `kvmatrix init DIR`, then `kvmatrix list "
+               "--cases-dir DIR` and `kvmatrix run --cases-dir DIR`; without --cases-dir the built-in cases run.")
+
 # What a command raises when it cannot do what was asked: said in one line, exit USAGE.
 USAGE_ERRORS = (CaseError, SelectionError, PoolError, GuardError, WaiverError, RecordError, EnvironmentBroken)
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """Every command listed with its summary; only the one `argv` names gets its arguments (its module imported)."""
-    parser = argparse.ArgumentParser(prog="kvmatrix", description=__doc__)
+    parser = argparse.ArgumentParser(prog="kvmatrix", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, info in COMMANDS.items():

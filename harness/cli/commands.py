@@ -13,7 +13,8 @@ class CommandInfo(NamedTuple):
 
 
 COMMANDS: dict[str, CommandInfo] = {
-    "run": CommandInfo("kvmatrix.harness.cli.run", "run the matrix for this machine's GPU class"),
+    "run": CommandInfo("kvmatrix.harness.cli.run",
+                       "run the matrix on this machine's class (its GPU, or its CPU's instruction set)"),
     "list": CommandInfo("kvmatrix.harness.cli.list", "list the cells the cases expand to"),
     "rejudge": CommandInfo("kvmatrix.harness.cli.rejudge",
                            "judge stored records again under the current cases (no vLLM runs)"),
