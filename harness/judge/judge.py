@@ -5,7 +5,8 @@ verdict.
 
 In order: the case's expectations (verdict.py); accuracy against the baseline cell (accuracy.py); a workload that
 did not take its runtime path, and the comparison with the cell's oracle (differential.py); a failure
-emulation cannot reproduce is `skip`, a failure of the environment (not vLLM) is `error`; a cell that failed
+emulation cannot reproduce is `skip`, a failure of the environment (not vLLM) is `error`, a class's clear refusal
+of what its hardware cannot run is `skip`; a cell that failed
 and then passed on a retry stays a (flaky) failure; a known failure (cases/_waivers.txt, waivers.py) is `xfail`
 with its link.
 """
@@ -23,7 +24,14 @@ from kvmatrix.harness.judge.waivers import Waiver, waive
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.model import JudgedRecord, OutcomeRecord, check_judged
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES, NOT_EMULABLE_SIGNATURES, normalize_record
+from kvmatrix.harness.vllm_compat import (
+    ENVIRONMENT_SIGNATURES,
+    NOT_EMULABLE_SIGNATURES,
+    PLATFORM_REFUSALS,
+    normalize_record,
+)
+from kvmatrix.harness.vllm_compat.declarations import UNQUANTIZED_KV_DTYPES
+from kvmatrix.matrix.conditions import gpu_matches
 
 
 def judge_record(outcome: OutcomeRecord, task: Task, run_dir: RunDir, waivers: Sequence[Waiver] = (),
@@ -53,6 +61,8 @@ def judge_record(outcome: OutcomeRecord, task: Task, run_dir: RunDir, waivers: S
         record["not_emulable"] = True
     elif record.get("signature") in ENVIRONMENT_SIGNATURES:
         verdict, reason = "error", f"environment, not vLLM: {record.get('error_tail')}"
+    elif verdict == "fail" and _refused_by_platform(record, context):
+        verdict, reason = "skip", f"{task.gpu_name} cannot run this, as vLLM says at start: {record.get('error_tail')}"
     if first_failure is not None and verdict == "pass":
         record.update({"flaky": True, "first_failure": first_failure})
     if record.get("flaky") and verdict == "pass":
@@ -62,3 +72,11 @@ def judge_record(outcome: OutcomeRecord, task: Task, run_dir: RunDir, waivers: S
     waived, _ = waive(record, waivers, today)  # a "removable" waiver is reported over the whole run
     record.update(waived)
     return check_judged(record, f"the judged record of {task.key}")
+
+
+def _refused_by_platform(record: JudgedRecord, context: dict) -> bool:
+    """The cell asked for a quantized KV dtype and crashed only with its class's clear refusal of it
+    (PLATFORM_REFUSALS), before any layer was seen."""
+    refusal = PLATFORM_REFUSALS.get(record.get("signature") or "")
+    return (refusal is not None and record.get("status") == "crash" and not record.get("layers")
+            and context.get("kv_cache_dtype") not in UNQUANTIZED_KV_DTYPES and gpu_matches(refusal, context["gpu"]))

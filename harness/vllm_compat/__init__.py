@@ -85,6 +85,7 @@ from kvmatrix.harness.vllm_compat.signatures import (  # noqa: F401
     ENGINE_DEATH_WRAPPER,
     ENVIRONMENT_SIGNATURES,
     NOT_EMULABLE_SIGNATURES,
+    PLATFORM_REFUSALS,
     SIGNATURE_FAMILIES,
     SIGNATURES,
     signature_matches,

