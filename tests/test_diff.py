@@ -166,6 +166,15 @@ def test_kvmatrix_diff_prints_markdown_and_fails_on_new_failures_only(tmp_path, 
     assert main(["diff", "night-1", "--db", str(db)]) == 0  # no earlier run: nothing is new
     assert "first run of this class" in capsys.readouterr().out
     assert main(["diff", "night-9", "--db", str(db)]) == 2
+    assert "no run night-9 with those GPU classes" in capsys.readouterr().err
+
+
+def test_a_history_without_runs_says_how_a_run_gets_there(tmp_path, capsys):
+    db = tmp_path / "history.sqlite"
+    assert main(["diff", "--db", str(db)]) == 2
+    assert capsys.readouterr().err == (
+        f"kvmatrix: {db} holds no run yet: `kvmatrix diff reports/runs/<run-id>` imports that run and compares it "
+        "with the one imported before it (`kvmatrix history import` imports without comparing)\n")
 
 
 def test_a_run_without_new_failures_exits_zero(tmp_path):

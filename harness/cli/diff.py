@@ -36,8 +36,13 @@ def cmd_diff(args: argparse.Namespace) -> int:
         run_id = Path(run_id).name
     run_id = run_id or history.latest_run(db)
     classes = [g for g in history.classes_of(db, run_id) if not args.gpu or g in args.gpu] if run_id else []
-    if not run_id or not classes:
-        print(f"kvmatrix: no run {run_id or ''} with those GPU classes in {args.db}", file=sys.stderr)
+    if not run_id:  # `kvmatrix run` does not import its runs: the nightly imports every machine's into one history
+        print(f"kvmatrix: {args.db} holds no run yet: `kvmatrix diff reports/runs/<run-id>` imports that run and "
+              "compares it with the one imported before it (`kvmatrix history import` imports without comparing)",
+              file=sys.stderr)
+        return USAGE
+    if not classes:
+        print(f"kvmatrix: no run {run_id} with those GPU classes in {args.db}", file=sys.stderr)
         return USAGE
     if args.against and not history.classes_of(db, args.against):
         print(f"kvmatrix: no run {args.against} in {args.db}", file=sys.stderr)
