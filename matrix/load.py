@@ -93,6 +93,9 @@ def _check_vocabulary(path: Path, case: Case, vocabulary: Vocabulary) -> None:
         for i, c in enumerate(case.matrix.include)
         if c.kv_cache_dtype is not None
     ]
+    named += [(f"matrix.draft_kv_cache_dtype.{i}", d) for i, d in enumerate(case.matrix.draft_kv_cache_dtype) if d]
+    named += [(f"matrix.include.{i}.draft_kv_cache_dtype", c.draft_kv_cache_dtype)
+              for i, c in enumerate(case.matrix.include) if c.draft_kv_cache_dtype]
     for field, dtype in named:
         if vocabulary.kv_cache_dtypes and dtype not in vocabulary.kv_cache_dtypes:
             raise CaseError(str(path), case.name, field, f"unknown kv_cache_dtype {dtype!r} for the installed vLLM")
