@@ -28,6 +28,8 @@ _FIELDS_0_33 = _FIELDS_0_32 | {"disable_lookahead_block_hashes", "draft_lm_head_
                                "fly_entropy_top_k", "fly_window_size", "xpress_topc"}
 _FIELDS_0_34 = (_FIELDS_0_33 - {"disable_padded_drafter_batch", "use_heterogeneous_vocab"}) | {
     "custom_method", "draft_decode_context_parallel_size", "speculator_options", "suffix_decoding_corpus_tokens"}
+FIELDS_VLLM_FILLS_IN = frozenset({"target_model_config", "target_parallel_config", "draft_model_config",
+                                  "draft_parallel_config"})
 SPECULATIVE_CONFIG_FIELDS = [
     (">=0.34", _FIELDS_0_34),
     (">=0.33,<0.34", _FIELDS_0_33),
