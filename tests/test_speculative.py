@@ -211,3 +211,35 @@ def test_random_weight_drafts_record_acceptance_without_judging_it(tmp_path):
         judged = rejudge(tmp_path, json.loads(path.read_text())["cell_id"])
         assert judged["verdict"] == "pass", (judged["cell_id"], judged["reason"])
         assert "spec_decode" in judged and judged["speculative"]["tokens"]["ok"]
+
+
+def test_the_drafts_attention_differs_from_the_targets():
+    """Heads, GQA ratio and head size: the target's 4 over 2 of size 64 against each draft's (configs only; the
+    real runs above load them)."""
+    from kvmatrix.harness.models import tiny, trained_draft
+
+    def shape(cfg: dict) -> tuple[int, int, int]:
+        return cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+
+    target = shape(tiny._CONFIGS["llama"]())
+    drafts = {name: shape(tiny._CONFIGS[name]()) for name in ("eagle3_llama_gqa4", "dflash_llama_mha",
+                                                               "llama_draft_small")}
+    drafts["trained_llama_draft"] = shape(trained_draft.draft_config())
+    assert target == (4, 2, 64)
+    assert drafts == {"eagle3_llama_gqa4": (4, 1, 32), "dflash_llama_mha": (2, 2, 32),
+                      "llama_draft_small": (2, 1, 32), "trained_llama_draft": (2, 1, 32)}
+
+
+def test_a_draft_rule_does_not_apply_to_the_added_no_draft_twin(tmp_path):
+    """llama-eagle3's cases select the draft's layers unconditionally; their added no-draft twins pass them by."""
+    cells = expand_case(load_case(CASES_DIR / "llama-eagle3.yaml"), MODELS, POOL)
+    twin = next(c for c in cells if c.cell_id == "llama-eagle3[kv=fp8,skip=4,spec=-]")
+    record = copy.deepcopy(fixture(FP8_TWIN))
+    record.update(cell_id=twin.cell_id, case="llama-eagle3", axes=twin.axes)
+    for key in ("verdict", "reason", "expectations", "speculative"):
+        record.pop(key, None)
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir(parents=True)
+    judged = judge_record(record, Task(twin, "cpu-amx", POOL["cpu-amx"]), run)
+    assert judged["verdict"] == "pass", judged["reason"]
+    assert not any("draft layers" in r["detail"] for r in judged["expectations"])
