@@ -28,6 +28,9 @@ class Vocabulary:
     signatures: frozenset[str] = frozenset()
     # The words a skip list may hold besides layer indices (vLLM ignores any other word silently).
     skip_layer_words: frozenset[str] = frozenset()
+    # Every field of vLLM's speculative_config in any release the harness knows (a case's `speculative_config:` and
+    # a registry draft's `config:` name only these: a name no release has is a typo, not a field to skip cells for).
+    speculative_fields: frozenset[str] = frozenset()
     # Registry model name -> the attention layers its local build brings (a draft's own, numbered after its
     # target's); a model missing here is not checked.
     model_layers: Mapping[str, int] = field(default_factory=dict)

@@ -243,3 +243,13 @@ def test_a_draft_rule_does_not_apply_to_the_added_no_draft_twin(tmp_path):
     judged = judge_record(record, Task(twin, "cpu-amx", POOL["cpu-amx"]), run)
     assert judged["verdict"] == "pass", judged["reason"]
     assert not any("draft layers" in r["detail"] for r in judged["expectations"])
+
+
+def test_a_speculative_config_field_no_release_has_is_a_case_error(cases_dir):
+    from kvmatrix.harness.run.session import vllm_vocabulary
+
+    path = write_case(cases_dir, "c", {**DRAFT, "speculative_config": {"parralel_drafting": True},
+                                       "matrix": {"speculative": ["llama-eagle3-flat"]}})
+    with pytest.raises(CaseError, match=r"c.yaml: case 'c': field 'speculative_config.parralel_drafting': not a "
+                                        r"field of vLLM's speculative_config"):
+        load_case(path, vllm_vocabulary(load_models(cases_dir)))
