@@ -112,7 +112,9 @@ def _tokens_exact(cell: Cell, context: dict[str, Any]) -> bool:
 
 
 def _rate(record: OutcomeRecord) -> tuple[float | None, str]:
-    run = record.get("spec_decode") or {}
+    run = record.get("spec_decode")
+    if run is None:
+        return None, "no spec-decode figures recorded (a record from before they were)"
     rate = run.get("acceptance_rate")
     if rate is None:
         return None, run.get("note") or "no tokens drafted"
