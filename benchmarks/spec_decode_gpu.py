@@ -57,12 +57,13 @@ def place_carried() -> None:
             print(f"carried {name} -> {target.name}", flush=True)
 
 
-def run(gpu: str, emulate: bool, budget: int, out: Path, jobs: int) -> int:
+def run(gpu: str, emulate: bool, budget: int, out: Path, jobs: int, cases: list[str]) -> int:
     place_carried()
-    run_id = f"spec-{gpu}" + ("-emulated" if emulate else "")
+    run_id = f"spec-{gpu}" + ("-emulated" if emulate else "") + ("" if cases == CASES else "-" + "-".join(
+        c.removeprefix("spec-draft-") for c in cases))
     runs = ROOT / "reports" / "runs"
     command = [sys.executable, "-m", "kvmatrix", "run", "--gpu", gpu, "--run-id", run_id, "--jobs", str(jobs),
-               *(["--emulate"] if emulate else []), *[arg for case in CASES for arg in ("--case", case)]]
+               *(["--emulate"] if emulate else []), *[arg for case in cases for arg in ("--case", case)]]
     try:
         status = subprocess.run(command, cwd=ROOT, timeout=budget).returncode
     except subprocess.TimeoutExpired:  # the harness is killed with its cells; finished records stay
@@ -88,11 +89,12 @@ def main() -> int:
     go.add_argument("--budget", type=int, default=200, help="seconds the harness may run")
     go.add_argument("--jobs", type=int, default=8)
     go.add_argument("--out", type=Path, required=True)
+    go.add_argument("--case", action="append", help=f"only these cases (default: {', '.join(CASES)})")
     args = parser.parse_args()
     if args.command == "export":
         export()
         return 0
-    return run(args.gpu, args.emulate, args.budget, args.out, args.jobs)
+    return run(args.gpu, args.emulate, args.budget, args.out, args.jobs, args.case or CASES)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ def eagle3_gqa4_config() -> dict:
 
 
 def build_eagle3_llama_gqa4(out: Path, seed: int = 0) -> None:
-    build_eagle3_llama(out, seed + 10, eagle3_gqa4_config)  # its own weights, not the GQA-2 draft's
+    build_eagle3_llama(out, seed + 1, eagle3_gqa4_config)  # its own stream (one of the four standalone scripts redraw)
 
 
 def dflash_mha_config() -> dict:
@@ -45,7 +45,7 @@ def build_dflash_llama_mha(out: Path, seed: int = 0) -> None:
                                         "q_norm": (d,), "k_norm": (d,)}
     shapes = layer_shapes(cfg, attn, prefix="")
     shapes |= {"fc.weight": (h, h * n_aux), "hidden_norm.weight": (h,), "norm.weight": (h,)}
-    save(out, cfg, shapes, seed + 11)
+    save(out, cfg, shapes, seed + 3)
 
 
 def llama_draft_small_config() -> dict:
@@ -58,4 +58,4 @@ def build_llama_draft_small(out: Path, seed: int = 0) -> None:
     d, h = cfg["head_dim"], cfg["hidden_size"]
     q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
     attn: dict[str, tuple[int, ...]] = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q)}
-    save(out, cfg, head_shapes(cfg) | layer_shapes(cfg, attn), seed + 12)
+    save(out, cfg, head_shapes(cfg) | layer_shapes(cfg, attn), seed + 3)
