@@ -253,3 +253,27 @@ def test_a_speculative_config_field_no_release_has_is_a_case_error(cases_dir):
     with pytest.raises(CaseError, match=r"c.yaml: case 'c': field 'speculative_config.parralel_drafting': not a "
                                         r"field of vLLM's speculative_config"):
         load_case(path, vllm_vocabulary(load_models(cases_dir)))
+
+
+def test_on_avx2_a_drafts_own_fp8_that_starts_and_dies_in_the_kernel_is_the_known_finding(tmp_path):
+    """Real records of cpu-avx2 (emulated on an AMX Xeon): the fp8 targets are refused at start (a pass), the auto
+    target with the draft's own fp8 starts and dies at the draft's first KV write, vLLM's bug, expected with its
+    link (xfail), never an unexplained FAIL."""
+    folder = FIXTURES / "records" / "spec-cpu-avx2-vllm-0.32.0"
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir(parents=True)
+    stored = [json.loads(p.read_text()) for p in sorted(folder.glob("cpu-avx2--*.json"))]
+    for record in stored:
+        run.write(record)
+    verdicts = {}
+    for record in stored:
+        judged = judge_record(copy.deepcopy(record), Task(shipped(CASE, record["cell_id"]), "cpu-avx2",
+                                                          POOL["cpu-avx2"], "cpu-amx"), run)
+        verdicts[judged["cell_id"]] = (judged["verdict"], judged["reason"])
+    bug = verdicts.pop(f"{CASE}[kv=auto,skip=-,spec=trained-llama-draft,dkv=fp8]")
+    assert bug[0] == "xfail" and "cpu_attention_kernel_unsupported" in bug[1]
+    assert "#cpu-draft-fp8-kv-not-refused-at-start" in bug[1]
+    assert {v for v, _ in verdicts.values()} == {"pass"}
+    assert {r for r, (_, why) in verdicts.items() if "refused as expected: cpu_fp8_kv_needs_avx512" in why} == {
+        f"{CASE}[kv=fp8,skip=-,spec=trained-llama-draft,dkv=-]",
+        f"{CASE}[kv=fp8,skip=-,spec=trained-llama-draft,dkv=bfloat16]", f"{CASE}[kv=fp8,skip=-,spec=-,dkv=-]"}
