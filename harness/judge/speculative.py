@@ -53,13 +53,14 @@ def judge_speculative(record: JudgedRecord, cell: Cell, run_dir: RunDir, gpu_nam
         if not ok:
             failures.append(detail)
     comparison: SpeculativeComparison = {}
-    record["speculative"] = comparison
     if cell.draft_twin:
         failures += _greedy_equality(record, cell, run_dir, gpu_name, context, comparison, results)
     plain = cell.plain_twin_on(gpu_name)
     method = ((record.get("engine_args") or {}).get("speculative_config") or {}).get("method")
     if plain and method not in MODEL_FREE_DRAFT_METHODS:
         failures += _acceptance(record, plain, run_dir, gpu_name, comparison, results)
+    if comparison:
+        record["speculative"] = comparison
     if failures and verdict in ("pass", "xfail"):
         return "fail", f"speculative: {failures[0]}"
     return verdict, reason
@@ -73,10 +74,8 @@ def _forced_draft_backend(record: OutcomeRecord, forced: str) -> tuple[bool, str
     return True, f"the draft runs the forced {forced}" if ran else f"no draft layer recorded (forced {forced})"
 
 
-def _twin_problem(record: OutcomeRecord, twin: JudgedRecord | None) -> str | None:
+def _twin_problem(record: OutcomeRecord, twin: JudgedRecord) -> str | None:
     """Why a twin's record cannot be compared with this one (None: it can)."""
-    if twin is None:
-        return "the twin has no record in this run"
     if twin.get("status") != "ok":
         return f"the twin did not run ({twin.get('status')}: {twin.get('reason') or twin.get('signature') or ''})"
     if run_mode(twin) != run_mode(record):
@@ -87,14 +86,15 @@ def _twin_problem(record: OutcomeRecord, twin: JudgedRecord | None) -> str | Non
 def _greedy_equality(record: OutcomeRecord, cell: Cell, run_dir: RunDir, gpu_name: str, context: dict[str, Any],
                      comparison: SpeculativeComparison, results: list[RuleResult]) -> list[str]:
     assert cell.draft_twin is not None, "called for a cell with a twin"
-    comparison["twin"] = cell.draft_twin
     twin = read_json(run_dir.record_path(cell.draft_twin, gpu_name))
+    if twin is None:  # not in this run (selected out, or a run from before twins): nothing to say
+        return []
+    comparison["twin"] = cell.draft_twin
     missing = _twin_problem(record, twin)
     if missing is not None:
         comparison["missing"] = missing
         results.append({"rule": GREEDY_RULE, "ok": True, "detail": f"not compared with {cell.draft_twin}: {missing}"})
         return []
-    assert twin is not None, "an absent twin is missing"
     rule = cell.case.differential if cell.case.differential is not False else Differential()
     tokens = compare_tokens(record, {"tokens": twin.get("tokens") or [], "logprobs": twin.get("logprobs") or []},
                             _tokens_exact(cell, context), rule)
@@ -123,12 +123,14 @@ def _rate(record: OutcomeRecord) -> tuple[float | None, str]:
 
 def _acceptance(record: OutcomeRecord, plain_id: str, run_dir: RunDir, gpu_name: str,
                 comparison: SpeculativeComparison, results: list[RuleResult]) -> list[str]:
-    comparison["plain_twin"] = plain_id
     plain = read_json(run_dir.record_path(plain_id, gpu_name))
+    if plain is None or "spec_decode" not in record:  # a run without it, or a record from before the figures
+        return []
+    comparison["plain_twin"] = plain_id
     rate, mine = _rate(record)
     comparison["acceptance_rate"] = rate
     missing = _twin_problem(record, plain)
-    if missing is not None or plain is None:
+    if missing is not None:
         comparison["acceptance"] = f"not compared with {plain_id}: {missing}"
         results.append({"rule": ACCEPTANCE_RULE, "ok": True, "detail": comparison["acceptance"]})
         return []
