@@ -64,11 +64,18 @@ def run(gpu: str, emulate: bool, budget: int, out: Path, jobs: int, cases: list[
     runs = ROOT / "reports" / "runs"
     command = [sys.executable, "-m", "kvmatrix", "run", "--gpu", gpu, "--run-id", run_id, "--jobs", str(jobs),
                *(["--emulate"] if emulate else []), *[arg for case in cases for arg in ("--case", case)]]
+    harness = subprocess.Popen(command, cwd=ROOT)
     try:
-        status = subprocess.run(command, cwd=ROOT, timeout=budget).returncode
-    except subprocess.TimeoutExpired:  # the harness is killed with its cells; finished records stay
-        status = 124
+        status = harness.wait(timeout=budget)
+    except subprocess.TimeoutExpired:  # stopped as on Ctrl-C: its cells end with it, finished records stay
         print(f"budget of {budget} s spent: reporting the cells that finished", flush=True)
+        harness.terminate()
+        try:
+            harness.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            harness.kill()
+            harness.wait()
+        status = 124
     folder = runs / run_id
     subprocess.run([sys.executable, "-m", "kvmatrix", "report", str(folder)], cwd=ROOT, timeout=120)
     out.mkdir(parents=True, exist_ok=True)
