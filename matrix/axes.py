@@ -10,12 +10,15 @@ from typing_extensions import TypedDict
 
 from kvmatrix.matrix.schema import Strict
 
-AXES = ("kv_cache_dtype", "kv_cache_dtype_skip_layers", "speculative", "attention_backend", "tensor_parallel_size",
-        "pipeline_parallel_size", "execution", "workload")
+AXES = ("kv_cache_dtype", "kv_cache_dtype_skip_layers", "speculative", "draft_kv_cache_dtype",
+        "draft_attention_backend", "attention_backend", "tensor_parallel_size", "pipeline_parallel_size", "execution",
+        "workload")
 AXIS_DEFAULTS: dict[str, Any] = {
     "kv_cache_dtype": "auto",
     "kv_cache_dtype_skip_layers": [],
     "speculative": None,
+    "draft_kv_cache_dtype": None,  # the draft inherits the target's KV dtype
+    "draft_attention_backend": None,  # vLLM picks the draft's backend
     "attention_backend": None,
     "tensor_parallel_size": 1,
     "pipeline_parallel_size": 1,
@@ -29,6 +32,9 @@ EXECUTION_VALUES = ("default", "eager", "compiled", "graphs", "graphs_piecewise"
 DEFAULT_EXECUTION = {"cuda": "graphs", "cpu": "eager"}
 # The runtime path a cell's generation takes (harness/cell/workloads.py).
 WORKLOAD_VALUES = ("plain", "shared_prefix", "chunked_prefill", "preemption")
+# The draft's own settings (speculative_config's fields, per release in harness/vllm_compat/speculative.py): a
+# cell that sets one has a draft.
+DRAFT_AXES = ("draft_kv_cache_dtype", "draft_attention_backend")
 # The plainest run, every differential cell's oracle by default: eager, no prefix reuse, no chunking.
 ORACLE = {"execution": "eager", "workload": "plain"}
 
@@ -41,6 +47,8 @@ class Axes(TypedDict, total=False):
     kv_cache_dtype: str
     kv_cache_dtype_skip_layers: list[str]
     speculative: str | None
+    draft_kv_cache_dtype: str | None
+    draft_attention_backend: str | None
     attention_backend: str | None
     tensor_parallel_size: int
     pipeline_parallel_size: int
@@ -52,7 +60,9 @@ def cell_axes(values: dict[str, Any]) -> Axes:
     """A cell's axes: each of AXES from `values`, in that order (the order its record's JSON keeps)."""
     return Axes(kv_cache_dtype=values["kv_cache_dtype"],
                 kv_cache_dtype_skip_layers=values["kv_cache_dtype_skip_layers"],
-                speculative=values["speculative"], attention_backend=values["attention_backend"],
+                speculative=values["speculative"], draft_kv_cache_dtype=values["draft_kv_cache_dtype"],
+                draft_attention_backend=values["draft_attention_backend"],
+                attention_backend=values["attention_backend"],
                 tensor_parallel_size=values["tensor_parallel_size"],
                 pipeline_parallel_size=values["pipeline_parallel_size"],
                 execution=values["execution"], workload=values["workload"])
@@ -63,12 +73,15 @@ def resolved_execution(execution: str, device: str | None) -> str:
     return DEFAULT_EXECUTION.get(device or "cuda", "eager") if execution == "default" else execution
 # Axes a cell id names only where its case varies them from the default, so the ids of cases without them stay
 # as they were: `fp8-every-backend[kv=fp8,skip=-,spec=-,attn=FLASHINFER]`, `tp2-llama[kv=fp8,skip=-,spec=-,tp=2]`.
-OPTIONAL_ID_AXES = ("attention_backend", "tensor_parallel_size", "pipeline_parallel_size", "execution", "workload")
+OPTIONAL_ID_AXES = ("draft_kv_cache_dtype", "draft_attention_backend", "attention_backend", "tensor_parallel_size",
+                    "pipeline_parallel_size", "execution", "workload")
 # Short names used in cell ids: `ct-llama[kv=bfloat16,skip=-,spec=-]`.
 AXIS_ID_NAMES = {
     "kv_cache_dtype": "kv",
     "kv_cache_dtype_skip_layers": "skip",
     "speculative": "spec",
+    "draft_kv_cache_dtype": "dkv",
+    "draft_attention_backend": "dattn",
     "attention_backend": "attn",
     "tensor_parallel_size": "tp",
     "pipeline_parallel_size": "pp",
@@ -83,6 +96,8 @@ class Combination(Strict):
     kv_cache_dtype: str | None = None
     kv_cache_dtype_skip_layers: list[str] | None = None
     speculative: str | None = None
+    draft_kv_cache_dtype: str | None = None
+    draft_attention_backend: str | None = None
     attention_backend: str | None = None
     tensor_parallel_size: int | None = Field(default=None, ge=1)
     pipeline_parallel_size: int | None = Field(default=None, ge=1)
@@ -98,6 +113,10 @@ class MatrixAxes(Strict):
     # Strings, as vLLM wants them (`--kv-cache-dtype-skip-layers 0 3 sliding_window`); ints are rejected there.
     kv_cache_dtype_skip_layers: list[list[str]] = Field(default=[[]], min_length=1)  # pydantic copies it
     speculative: list[str | None] = Field(default=[None], min_length=1)
+    # The draft's own KV dtype and attention backend (null: inherited / vLLM's pick); a cell id names them as `dkv`
+    # and `dattn` where the case varies them.
+    draft_kv_cache_dtype: list[str | None] = Field(default=[None], min_length=1)
+    draft_attention_backend: list[str | None] = Field(default=[None], min_length=1)
     attention_backend: list[str | None] = Field(default=[None], min_length=1)
     # GPUs per cell: a cell runs on tensor_parallel_size x pipeline_parallel_size GPUs of its class.
     tensor_parallel_size: list[int] = Field(default_factory=lambda: [1], min_length=1)

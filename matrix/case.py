@@ -27,6 +27,9 @@ class Case(Strict):
     gpus: list[str | dict[str, Any]] = Field(default=["*"])  # pydantic copies it
     matrix: MatrixAxes = Field(default_factory=MatrixAxes)
     engine_args: dict[str, Any] = Field(default_factory=dict)
+    # More fields of every draft cell's `speculative_config` (over the registry draft entry's own `config`), e.g.
+    # `{parallel_drafting: true}`; the draft axes win over them. A release without one of them skips the cell.
+    speculative_config: dict[str, Any] = Field(default_factory=dict)
     # Environment for the cell process: only variables the installed vLLM reads (checked at load), never
     # PATH, LD_PRELOAD or the harness's own.
     env: dict[str, str] = Field(default_factory=dict)

@@ -11,6 +11,7 @@ from kvmatrix.matrix.axes import (
     AXES,
     AXIS_DEFAULTS,
     AXIS_ID_NAMES,
+    DRAFT_AXES,
     OPTIONAL_ID_AXES,
     Axes,
     cell_axes,
@@ -33,6 +34,13 @@ class Cell:
     # there, and the workloads whose prompts this cell generates plainly there as the oracle of such cells.
     oracles: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     references: tuple[tuple[str, tuple[str, ...]], ...] = field(default=(), compare=False)
+    # Speculative decoding's two oracles (harness/judge/speculative.py): a draft cell's no-draft twin (the same
+    # axes without the draft: greedy outputs must agree), and per GPU class its plain twin (the same draft, auto
+    # KV, no draft options, no forced backend, eager and plain there: the acceptance it must not collapse from).
+    # `twin_of_draft`: this cell is some draft cell's no-draft twin (it records logprobs for the comparison).
+    draft_twin: str | None = field(default=None, compare=False)
+    plain_twins: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    twin_of_draft: bool = field(default=False, compare=False)
 
     @property
     def model(self) -> str:
@@ -54,6 +62,15 @@ class Cell:
     def is_oracle_on(self, gpu_name: str) -> bool:
         return gpu_name in dict(self.references)
 
+    def plain_twin_on(self, gpu_name: str) -> str | None:
+        """The draft cell whose acceptance this one's is compared with on that class (None: none there)."""
+        return dict(self.plain_twins).get(gpu_name)
+
+    def compared_with(self, gpu_name: str) -> set[str]:
+        """Every cell this one is compared with on that class, which must run before it: its differential oracle
+        and its speculative twins (the accuracy baseline apart)."""
+        return {c for c in (self.oracle_on(gpu_name), self.draft_twin, self.plain_twin_on(gpu_name)) if c}
+
     def context(self, gpu_name: str, gpu: GpuClass, vllm_version: str | None, emulated: bool) -> dict:
         """What `when:` clauses see for this cell on one GPU class (its execution as it runs on that class)."""
         return {
@@ -70,6 +87,17 @@ class Cell:
             if when_matches(rule.when, context):
                 return rule.reason
         return None
+
+
+def _check_drafts(case: Case, models: dict[str, ModelEntry], source: str) -> None:
+    for i, draft in enumerate(case.matrix.speculative + [c.speculative for c in case.matrix.include]):
+        if draft is not None and (draft not in models or models[draft].draft is None):
+            field_name = "matrix.speculative" if i < len(case.matrix.speculative) else "matrix.include"
+            raise CaseError(source, case.name, field_name, f"{draft!r} is not a draft model in the registry")
+    for i, inc in enumerate(case.matrix.include):
+        if not inc.speculative and any(getattr(inc, a) for a in DRAFT_AXES):
+            raise CaseError(source, case.name, f"matrix.include.{i}", "sets a draft option without a draft "
+                            "(speculative)")
 
 
 def baseline_axes(case: Case) -> dict[str, Any] | None:
@@ -95,6 +123,7 @@ def combinations(case: Case) -> list[dict[str, Any]]:
     kept = [
         combo for combo in product
         if not any(all(matches(v, combo[k]) for k, v in ex.given().items()) for ex in m.exclude)
+        and (combo["speculative"] or not any(combo[a] for a in DRAFT_AXES))  # draft options need a draft
     ]
     for inc in m.include:
         combo = {**AXIS_DEFAULTS, **inc.given()}
@@ -116,10 +145,7 @@ def expand_case(
     source = source or f"cases/{case.name}.yaml"
     if case.model not in models:
         raise CaseError(source, case.name, "model", f"{case.model!r} is not in the model registry")
-    for i, draft in enumerate(case.matrix.speculative + [c.speculative for c in case.matrix.include]):
-        if draft is not None and (draft not in models or models[draft].draft is None):
-            field_name = "matrix.speculative" if i < len(case.matrix.speculative) else "matrix.include"
-            raise CaseError(source, case.name, field_name, f"{draft!r} is not a draft model in the registry")
+    _check_drafts(case, models, source)
     gpu_classes = classes_for(case, pool)
     if not gpu_classes:
         raise CaseError(source, case.name, "gpus", f"matches no GPU class of the pool ({sorted(pool)})")
@@ -127,6 +153,7 @@ def expand_case(
     baseline = baseline_axes(case)
     if baseline is not None and baseline not in combos:
         combos.insert(0, baseline)  # a compared cell needs its baseline in the same run
+    combos += draft_twins_missing(combos)  # a draft cell's greedy outputs are compared with its twin's
     shown = frozenset(a for a in OPTIONAL_ID_AXES if any(c[a] != AXIS_DEFAULTS[a] for c in combos))
     added, oracles, references = differential_plan(case, combos, gpu_classes, pool)
     ids = [cell_id(case, c, shown) for c in combos]
@@ -136,9 +163,12 @@ def expand_case(
     classes = [gpu_classes] * len(combos) + [tuple(g for g in gpu_classes if g in needed) for _, needed in added]
     combos = combos + [c for c, _ in added]
     baselines = [baseline_for(c, baseline, combos, ids) for c in combos]
+    twins = [ids[combos.index(no_draft(c))] if c["speculative"] and no_draft(c) in combos else None for c in combos]
     cells = [Cell(ids[i], case, cell_axes(c), classes[i], source, baselines[i],
                   tuple((g, ids[o]) for g, o in oracles.get(i, {}).items()),
-                  tuple((g, tuple(sorted(w))) for g, w in references.get(i, {}).items()))
+                  tuple((g, tuple(sorted(w))) for g, w in references.get(i, {}).items()),
+                  draft_twin=twins[i], plain_twins=plain_twins(i, combos, ids, classes, pool),
+                  twin_of_draft=ids[i] in twins)
              for i, c in enumerate(combos)]
     ids = [c.cell_id for c in cells]
     if len(set(ids)) != len(ids):
@@ -156,6 +186,42 @@ def baseline_for(combo: dict[str, Any], baseline: dict[str, Any] | None, combos:
         return None
     same_mode = {**baseline, "execution": combo["execution"], "workload": combo["workload"]}
     return ids[combos.index(same_mode)] if same_mode in combos else ids[combos.index(baseline)]
+
+
+def no_draft(combo: dict[str, Any]) -> dict[str, Any]:
+    """A combination without its draft: its greedy outputs are what the draft cell's must be."""
+    return {**combo, "speculative": None, **{axis: None for axis in DRAFT_AXES}}
+
+
+def draft_twins_missing(combos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The no-draft twins of the draft combinations that `combos` lacks, each once, in order."""
+    missing: list[dict[str, Any]] = []
+    for twin in (no_draft(c) for c in combos if c["speculative"]):
+        if twin not in combos and twin not in missing:
+            missing.append(twin)
+    return missing
+
+
+def plain_twins(index: int, combos: list[dict[str, Any]], ids: list[str], classes: list[tuple[str, ...]],
+                pool: dict[str, GpuClass]) -> tuple[tuple[str, str], ...]:
+    """(class, id) of a draft combination's plain twin on each of its classes: the same draft and parallel sizes,
+    every other axis at its default, running eager and plain there (an explicit `eager` before `default`). None
+    where the combination is its own plain twin or the case has no such cell (its acceptance is then only
+    recorded)."""
+    combo = combos[index]
+    if not combo["speculative"]:
+        return ()
+    plain = {**AXIS_DEFAULTS, **{a: combo[a] for a in ("speculative", "tensor_parallel_size",
+                                                        "pipeline_parallel_size")}}
+    out = []
+    for gpu_name in classes[index]:
+        device = pool[gpu_name].device
+        found = [j for j, c in enumerate(combos) if gpu_name in classes[j]
+                 and resolved_execution(c["execution"], device) == "eager" and {**c, "execution": "default"} == plain]
+        found.sort(key=lambda j: combos[j]["execution"] == "default")
+        if found and found[0] != index:
+            out.append((gpu_name, ids[found[0]]))
+    return tuple(out)
 
 
 def _others(combo: dict[str, Any]) -> tuple:

@@ -93,11 +93,19 @@ def _check_vocabulary(path: Path, case: Case, vocabulary: Vocabulary) -> None:
         for i, c in enumerate(case.matrix.include)
         if c.kv_cache_dtype is not None
     ]
+    named += [(f"matrix.draft_kv_cache_dtype.{i}", d) for i, d in enumerate(case.matrix.draft_kv_cache_dtype) if d]
+    named += [(f"matrix.include.{i}.draft_kv_cache_dtype", c.draft_kv_cache_dtype)
+              for i, c in enumerate(case.matrix.include) if c.draft_kv_cache_dtype]
     for field, dtype in named:
         if vocabulary.kv_cache_dtypes and dtype not in vocabulary.kv_cache_dtypes:
             raise CaseError(str(path), case.name, field, f"unknown kv_cache_dtype {dtype!r} for the installed vLLM")
     _check_signature_names(path, case, vocabulary)
     _check_skip_layers(path, case, vocabulary)
+    for name in case.speculative_config:
+        if vocabulary.speculative_fields and name not in vocabulary.speculative_fields:
+            raise CaseError(str(path), case.name, f"speculative_config.{name}",
+                            "not a field of vLLM's speculative_config in any release the harness knows "
+                            "(harness/vllm_compat/speculative.py)")
     for name in case.env:
         if name not in vocabulary.env_vars:
             raise CaseError(str(path), case.name, f"env.{name}",

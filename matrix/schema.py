@@ -28,6 +28,9 @@ class Vocabulary:
     signatures: frozenset[str] = frozenset()
     # The words a skip list may hold besides layer indices (vLLM ignores any other word silently).
     skip_layer_words: frozenset[str] = frozenset()
+    # Every field of vLLM's speculative_config in any release the harness knows (a case's `speculative_config:` and
+    # a registry draft's `config:` name only these: a name no release has is a typo, not a field to skip cells for).
+    speculative_fields: frozenset[str] = frozenset()
     # Registry model name -> the attention layers its local build brings (a draft's own, numbered after its
     # target's); a model missing here is not checked.
     model_layers: Mapping[str, int] = field(default_factory=dict)
@@ -68,9 +71,25 @@ class Strict(BaseModel):
 # --- model registry and GPU pool --------------------------------------------------------------------------
 
 
+# Speculative methods that propose without a draft model (no `model`, no draft KV cache of their own): their
+# registry entry needs no checkpoint.
+MODEL_FREE_DRAFT_METHODS = frozenset({"ngram", "ngram_gpu", "suffix"})
+
+
 class DraftSpec(Strict):
+    """A registry entry's use as a draft: vLLM's speculative method, its token count and any other field of
+    `speculative_config` (`config`, e.g. `{prompt_lookup_max: 3}`; checked against the cell's release as it runs)."""
+
     method: str
     num_speculative_tokens: int = Field(default=3, ge=1)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _fields_of_their_own(self) -> DraftSpec:
+        owned = {"method", "model", "num_speculative_tokens"} & set(self.config)
+        if owned:
+            raise ValueError(f"config: {sorted(owned)} are set by the entry itself (method) or the harness (model)")
+        return self
 
 
 class ModelEntry(Strict):
@@ -86,7 +105,8 @@ class ModelEntry(Strict):
 
     @model_validator(mode="after")
     def _has_a_source(self) -> ModelEntry:
-        if not self.hub_id and not self.tiny:
+        model_free = self.draft is not None and self.draft.method in MODEL_FREE_DRAFT_METHODS
+        if not self.hub_id and not self.tiny and not model_free:
             raise ValueError("a model needs a hub_id, a tiny builder, or both")
         return self
 

@@ -67,6 +67,34 @@ def differential_lines(records: list[JudgedRecord]) -> list[str]:
     return out
 
 
+def speculative_lines(records: list[JudgedRecord]) -> list[str]:
+    """One line per draft cell: target and draft side by side (KV dtype, backend), its acceptance against its plain
+    twin's, its greedy outputs against its no-draft twin's (harness/judge/speculative.py)."""
+    out = []
+    for r in records:
+        run, versus = r.get("spec_decode"), r.get("speculative") or {}
+        if run is None and not versus:
+            continue
+        sides = []
+        for role in ("target", "draft"):
+            layers = [la for la in r.get("layers") or [] if la.get("role", "target") == role]
+            kv = "/".join(dict.fromkeys(str(la.get("kv_cache_dtype")) for la in layers)) or "-"
+            backend = "/".join(dict.fromkeys(str(la.get("backend")) for la in layers)) or "-"
+            sides.append(f"{role} {kv} {backend}")
+        rate = (run or {}).get("acceptance_rate")
+        accepted = (f"acceptance {rate:.2f} ({run.get('accepted_tokens')}/{run.get('draft_tokens')} draft tokens, "
+                    f"mean length {run.get('mean_acceptance_length', 0):.2f})" if run and rate is not None
+                    else f"acceptance {(run or {}).get('note') or 'none drafted'}")
+        if versus.get("plain_acceptance_rate") is not None:
+            accepted += f" vs {versus['plain_acceptance_rate']:.2f} on `{versus.get('plain_twin')}`"
+        tokens = versus.get("tokens")
+        greedy = (f"vs `{versus.get('twin')}`: {tokens['detail']}" if tokens
+                  else f"not compared: {versus['missing']}" if versus.get("missing") else "")
+        out.append(f"{r['verdict'].upper()} `{r['cell_id']}` on {r.get('gpu_class')}: {' · '.join(sides)} · "
+                   f"{accepted}" + (f" · greedy {greedy}" if greedy else ""))
+    return out
+
+
 def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "", compare_to: str | None = None,
            first_seen: dict[str, str] | None = None) -> str:
     """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash."""
@@ -86,6 +114,9 @@ def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "
     lines += _section("Failures and expected failures", _problems(df, records, first_seen))
     lines += _section("Differential cells (each against its oracle: the same configuration run eager and plain)",
                       [f"- {line}" for line in differential_lines(records)])
+    lines += _section("Speculative decoding (target and draft; acceptance against the plain twin: the same draft, auto "
+                      "KV, eager; greedy outputs against the no-draft twin)",
+                      [f"- {line}" for line in speculative_lines(records)])
     lines += _section("Leaks (GPU memory left behind after the cell ended)", [f"- {line}" for line in leaks(records)])
     lines += _section("Run again in a fresh process (a warm worker's run did not pass; the fresh run is the record)",
                       [f"- {line}" for line in fresh_reruns(records)])

@@ -35,8 +35,11 @@ def test_every_cell_is_compared_with_the_plain_auto_cell(cases_dir):
 def test_a_missing_baseline_cell_is_added_first(cases_dir):
     cells = cells_of(cases_dir, {"model": "llama", "accuracy": ACCURACY,
                                  "matrix": {"kv_cache_dtype": ["fp8"], "speculative": ["llama-dflash"]}})
-    assert [c.cell_id for c in cells] == ["c[kv=auto,skip=-,spec=-]", "c[kv=fp8,skip=-,spec=llama-dflash]"]
+    # ... and the draft cell's no-draft twin after the case's own (the greedy-equality oracle)
+    assert [c.cell_id for c in cells] == ["c[kv=auto,skip=-,spec=-]", "c[kv=fp8,skip=-,spec=llama-dflash]",
+                                          "c[kv=fp8,skip=-,spec=-]"]
     assert cells[0].axes == {"kv_cache_dtype": "auto", "kv_cache_dtype_skip_layers": [], "speculative": None,
+                             "draft_kv_cache_dtype": None, "draft_attention_backend": None,
                              "attention_backend": None, "tensor_parallel_size": 1, "pipeline_parallel_size": 1,
                              "execution": "default", "workload": "plain"}
 

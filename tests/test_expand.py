@@ -29,6 +29,7 @@ def test_cross_product_exclude_include_and_ids(cases_dir):
         "c[kv=fp8,skip=-,spec=-]",
         "c[kv=fp8,skip=0+3,spec=-]",
         "c[kv=bfloat16,skip=-,spec=llama-dflash]",
+        "c[kv=bfloat16,skip=-,spec=-]",  # the draft cell's no-draft twin (greedy equality), added
     ]
     assert cells[2].axes["kv_cache_dtype_skip_layers"] == ["0", "3"]
     assert cells[3].axes["kv_cache_dtype_skip_layers"] == []

@@ -98,7 +98,8 @@ def test_checkpoint_contents(tmp_path):
     assert draft["num_target_layers"] == tm.num_layers("llama") and max(ids) < tm.num_layers("llama") - 1
     with safe_open(tm.build("dflash_llama", tmp_path) / "model.safetensors", "pt") as d:
         assert list(d.get_slice("fc.weight").get_shape()) == [128, 128 * len(ids)]
-    drafts = {"dflash_llama", "eagle3_llama", "eagle3_llama_flat"}
+    drafts = {"dflash_llama", "eagle3_llama", "eagle3_llama_flat", "eagle3_llama_gqa4", "dflash_llama_mha",
+              "llama_draft_small"}
     assert {n: tm.num_layers(n) for n in tm.BUILDERS} == {n: 1 if n in drafts else 4 for n in tm.BUILDERS}
 
 

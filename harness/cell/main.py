@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kvmatrix.harness import vllm_compat
-from kvmatrix.harness.cell import workloads
+from kvmatrix.harness.cell import spec_decode, workloads
 from kvmatrix.harness.cell.probe import probe
 from kvmatrix.harness.cell.spec import CellSpec
 from kvmatrix.harness.record.files import write_json_atomic
@@ -279,6 +279,8 @@ def main(spec_path: str, result_path: str) -> int:
         return 1
     result.run("probe", lambda: probe_engine(result, llm))
     workload, accuracy = spec.workload, spec.accuracy
+    drafting = bool(spec.engine_args.get("speculative_config"))
+    counted = spec_decode.counters(llm, result.data["vllm_version"]) if drafting else None
     if workload is None:
         ok, _ = result.run("generate", lambda: generate(result, vllm, llm, spec.prompts, spec.max_tokens,
                                                         spec.logprobs))
@@ -287,6 +289,9 @@ def main(spec_path: str, result_path: str) -> int:
                                                                  spec.logprobs))
     if not ok:
         return 1
+    if drafting:
+        after = spec_decode.counters(llm, result.data["vllm_version"])
+        result.data["spec_decode"] = spec_decode.acceptance(counted, after)
     if spec.references:
         ok, _ = result.run("references", lambda: generate_references(result, vllm, llm, spec))
         if not ok:

@@ -47,6 +47,7 @@ def facts(record: JudgedRecord) -> dict[str, str]:
     if pages:
         out["page"] = "/".join(str(p) for p in pages)
     out.update(_accuracy_facts(record))
+    out.update(_speculative_facts(record))
     if name := failure_name(record):
         out["sig"] = name
     if record.get("emulated_from"):
@@ -67,3 +68,18 @@ def _accuracy_facts(record: JudgedRecord) -> dict[str, str]:
     return {"acc": f"{versus['score']:.3f}",
             "Δacc": f"{versus['delta']:+.3f} [{low:+.3f}, {high:+.3f}] n={versus['n']}",
             "same": f"{versus['identical_fraction']:.1%}"}
+
+
+def _speculative_facts(record: JudgedRecord) -> dict[str, str]:
+    """A draft cell's acceptance (rate, accepted / drafted tokens, mean acceptance length, the plain twin's rate)
+    and its greedy outputs against its no-draft twin's."""
+    out: dict[str, str] = {}
+    run, versus = record.get("spec_decode") or {}, record.get("speculative") or {}
+    if run.get("acceptance_rate") is not None:
+        plain = versus.get("plain_acceptance_rate")
+        out["accept"] = (f"{run['acceptance_rate']:.2f} ({run.get('accepted_tokens')}/{run.get('draft_tokens')}, "
+                         f"len {run.get('mean_acceptance_length', 0):.2f})"
+                         + (f" plain {plain:.2f}" if plain is not None else ""))
+    if tokens := versus.get("tokens"):
+        out["=nodraft"] = f"{tokens['identical']}/{tokens['sequences']}" + ("" if tokens.get("ok") else " differs")
+    return out

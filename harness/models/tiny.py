@@ -5,8 +5,8 @@ checkpoint needs positive `k_scale`/`v_scale` tensors, and a DFlash draft must p
 Every builder writes config.json, a byte-level BPE tokenizer trained here on a fixed corpus, and bf16
 safetensors whose tensors are drawn from a generator seeded by (seed, tensor name), so the bytes depend on
 neither dict order nor what was built before (harness/models/checkpoint.py). This module is the registry of
-builders by name; the architectures live by family in tiny_llama.py, tiny_mla.py, tiny_glm_fp8.py and
-tiny_mixed_layers.py.
+builders by name; the architectures live by family in tiny_llama.py, tiny_mla.py, tiny_glm_fp8.py,
+tiny_mixed_layers.py and tiny_drafts.py.
 
     path = build("ct_llama", cache_dir, k_scale=1e-4)   # folder with config.json, tokenizer, weights
 """
@@ -16,6 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvmatrix.harness.models.cache import BuilderFamily
+from kvmatrix.harness.models.tiny_drafts import (
+    build_dflash_llama_mha,
+    build_eagle3_llama_gqa4,
+    build_llama_draft_small,
+    dflash_mha_config,
+    eagle3_gqa4_config,
+    llama_draft_small_config,
+)
 from kvmatrix.harness.models.tiny_glm_fp8 import (
     build_glm5_fp8,
     build_glm_ct_kv,
@@ -59,6 +67,9 @@ BUILDERS: dict[str, Callable] = {
     "glm_fp8": build_glm_fp8,
     "glm_ct_kv": build_glm_ct_kv,
     "glm5_fp8": build_glm5_fp8,
+    "eagle3_llama_gqa4": build_eagle3_llama_gqa4,
+    "dflash_llama_mha": build_dflash_llama_mha,
+    "llama_draft_small": build_llama_draft_small,
 }
 # Builders that write no weights (their registry entry loads them with load_format dummy).
 CONFIG_ONLY = {"deepseek_v32", "glm5_fp8"}
@@ -76,6 +87,9 @@ _CONFIGS = {
     "glm_fp8": glm_fp8_config,
     "glm_ct_kv": glm_ct_kv_config,
     "glm5_fp8": glm5_fp8_config,
+    "eagle3_llama_gqa4": eagle3_gqa4_config,
+    "dflash_llama_mha": dflash_mha_config,
+    "llama_draft_small": llama_draft_small_config,
 }
 
 
@@ -97,6 +111,7 @@ def layers_of(name: str, draft_method: str | None = None) -> int | None:
 # The cache folder's fingerprint covers every module a build runs through: editing any of them rebuilds.
 _FAMILY = BuilderFamily(__name__, BUILDERS, also=(
     "kvmatrix.harness.models.tiny_llama", "kvmatrix.harness.models.tiny_mla", "kvmatrix.harness.models.tiny_glm_fp8",
-    "kvmatrix.harness.models.tiny_mixed_layers", "kvmatrix.harness.models.checkpoint"))
+    "kvmatrix.harness.models.tiny_mixed_layers", "kvmatrix.harness.models.tiny_drafts",
+    "kvmatrix.harness.models.checkpoint"))
 folder_name = _FAMILY.folder_name
 build = _FAMILY.build  # build(name, cache_dir, **options) -> checkpoint folder, built once

@@ -53,6 +53,8 @@ from kvmatrix.harness.record.parts import (  # noqa: F401  (the parts are part o
     Reference,
     RuleResult,
     Runtime,
+    SpecDecodeRun,
+    SpeculativeComparison,
     Status,
     Timings,
     TokenComparison,
@@ -103,6 +105,7 @@ class CellOutput(TypedDict, total=False):
     kv_groups: list[KvGroup]
     attn_groups: list[AttnGroup]
     ranks: list[RankState]  # a cell that spans several GPUs: every rank's resolved state
+    spec_decode: SpecDecodeRun  # a draft cell: what its generation drafted and accepted
     backend_notes: list[str]  # vLLM's log lines saying it replaced a forced attention backend
     probe_error: str | None
     accuracy: AccuracyResult
@@ -143,6 +146,7 @@ class JudgedRecord(OutcomeRecord, total=False):
     tags: list[str]
     accuracy_vs_baseline: AccuracyComparison
     differential: DifferentialComparison
+    speculative: SpeculativeComparison  # a draft cell against its no-draft and plain twins
     not_emulable: bool
     flaky: bool
     first_failure: str

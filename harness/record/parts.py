@@ -302,6 +302,33 @@ class DifferentialComparison(TypedDict, total=False):
 
 
 @open_to_other_keys
+class SpecDecodeRun(TypedDict, total=False):
+    """A draft cell's generation as vLLM's spec-decode counters saw it (harness/cell/spec_decode.py)."""
+
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    accepted_per_position: list[int]
+    acceptance_rate: float
+    mean_acceptance_length: float
+    note: str
+
+
+@open_to_other_keys
+class SpeculativeComparison(TypedDict, total=False):
+    """A draft cell against its twins (harness/judge/speculative.py): its greedy outputs against the no-draft
+    twin's, its acceptance against the plain twin's."""
+
+    twin: str
+    tokens: TokenComparison
+    missing: str
+    plain_twin: str
+    acceptance_rate: float | None
+    plain_acceptance_rate: float | None
+    acceptance: str
+
+
+@open_to_other_keys
 class Waived(TypedDict, total=False):
     """The verdict a waiver turned into `xfail`, and the waiver (harness/judge/waivers.py)."""
 

@@ -47,12 +47,13 @@ def baselines_first(tasks: list) -> list[list]:
 
 
 def baseline_gates(tasks: list) -> dict[str, set[str]]:
-    """Which task keys each task waits for: a compared cell, its accuracy baseline's task and its differential
-    oracle's, when those run too (the same GPU class; one already recorded waits for nothing)."""
+    """Which task keys each task waits for: a compared cell, its accuracy baseline's task, its differential
+    oracle's and its speculative twins' (Cell.compared_with), when those run too (the same GPU class; one
+    already recorded waits for nothing)."""
     keys = {(t.cell.cell_id, t.gpu_name): t.key for t in tasks}
     gates: dict[str, set[str]] = {}
     for t in tasks:
-        others = {t.cell.oracle_on(t.gpu_name)}
+        others: set[str | None] = set(t.cell.compared_with(t.gpu_name))
         if t.cell.baseline_id != t.cell.cell_id:
             others.add(t.cell.baseline_id)
         gates[t.key] = {keys[(o, t.gpu_name)] for o in others if o is not None and (o, t.gpu_name) in keys}

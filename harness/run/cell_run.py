@@ -39,10 +39,11 @@ from kvmatrix.harness.run.model_builds import ensure_models
 from kvmatrix.harness.run.process import CellProcesses, cap_log
 from kvmatrix.harness.run.process_start import CellFiles, ShareKey
 from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.harness.run.speculative import speculative_reason
 from kvmatrix.harness.vllm_compat import GRAPH_EXECUTIONS, MULTI_RANK_ENV
 from kvmatrix.matrix.axes import resolved_execution
 from kvmatrix.matrix.conditions import when_matches
-from kvmatrix.matrix.expectations import CrashExpected
+from kvmatrix.matrix.expectations import CrashExpected, Differential
 
 
 def base_record(task: Task, run_id: str) -> CellOutput:
@@ -60,6 +61,8 @@ def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mo
     differential = cell.case.differential
     paired = differential is not False and (cell.oracle_on(task.gpu_name) or cell.is_oracle_on(task.gpu_name))
     top_logprobs = differential.top_logprobs if differential is not False and paired else None
+    if top_logprobs is None and (cell.draft_twin or cell.twin_of_draft):  # the draft's greedy-equality pair
+        top_logprobs = (differential or Differential()).top_logprobs
     return CellSpec(
         workload=workload_plan(cell.axes["workload"], length, version)[1],
         references=[workload_plan(w, length, version)[1] for w in cell.references_on(task.gpu_name)],
@@ -155,6 +158,7 @@ def not_run_reason(task: Task, settings: RunSettings) -> str | None:
     """Why a task is a skip here (its case's rules for this class and vLLM, a hub-only model offline, an accuracy
     cell without lm-eval); None for a task that runs."""
     return (task.cell.skip_reason(task.context(settings.vllm_version))
+            or speculative_reason(task.cell, settings.models, settings.vllm_version)
             or offline_reason(task.cell, settings.models, settings.use_hub)
             or gpus_reason(task, settings.gpus_here)
             or execution_reason(task))

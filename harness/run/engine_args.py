@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvmatrix.harness.record.parts import Mode
+from kvmatrix.harness.run.speculative import needs_draft_checkpoint, speculative_config
 from kvmatrix.harness.vllm_compat import (
     PROBE_ONLY_ARG_NAMES,
     SMALLEST_KV_BLOCK_TOKENS,
@@ -64,14 +65,9 @@ def engine_args_for(
             args[axis] = axes[axis]
     if axes["speculative"]:
         draft = models[axes["speculative"]]
-        if draft.draft is None:  # a KeyError: the cell's record is an error naming it (cell_run.run_attempt)
-            raise KeyError(f"speculative model {axes['speculative']} has no draft section in the model registry")
-        source = model_source(draft, built, axes["speculative"], use_hub)
-        args["speculative_config"] = {
-            "method": draft.draft.method,
-            "model": source["model"],
-            "num_speculative_tokens": draft.draft.num_speculative_tokens,
-        }
+        source = model_source(draft, built, axes["speculative"], use_hub) if needs_draft_checkpoint(draft) else None
+        args["speculative_config"] = speculative_config(cell, models, source)
+        args["disable_log_stats"] = False  # vLLM keeps its spec-decode counters (the acceptance) only with stats
     execution = resolved_execution(axes["execution"], gpu.device)
     args.update(execution_engine_args(execution, vllm_version, args.get("compilation_config")))
     if runs_workloads(cell) and "max_model_len" not in cell.case.engine_args:

@@ -49,9 +49,14 @@ def trainings_waited_on(task, models: dict[str, ModelEntry], built: dict[str, Pa
     """The training `task` would wait for as it starts, if any: the trained family's builders share one training
     of a minute or more, one build at a time. Random-weight models build in seconds, not worth reordering a run
     for (on a cold H200, passing over cells for a llama build started the FlashInfer pilots 30 and 56 s late)."""
-    from kvmatrix.harness.models import trained as trained_models  # no torch at import
+    return {"trained family" for n in unbuilt(task, models, built) if _trained_builder(models[n].tiny)}
 
-    return {"trained family" for n in unbuilt(task, models, built) if models[n].tiny in trained_models.BUILDERS}
+
+def _trained_builder(tiny: str | None) -> bool:
+    from kvmatrix.harness.models import trained as trained_models  # no torch at import
+    from kvmatrix.harness.models import trained_draft
+
+    return tiny in trained_models.BUILDERS or tiny in trained_draft.BUILDERS
 
 
 class TrainingAhead:
@@ -87,9 +92,11 @@ def _build(name: str, entry: ModelEntry, cache_dir: Path) -> Path | None:
 
         from kvmatrix.harness.models import tiny as tiny_models
         from kvmatrix.harness.models import trained as trained_models
+        from kvmatrix.harness.models import trained_draft
 
     try:
-        builder = trained_models if entry.tiny in trained_models.BUILDERS else tiny_models
+        builder = next((family for family in (trained_models, trained_draft) if entry.tiny in family.BUILDERS),
+                       tiny_models)
         return builder.build(entry.tiny, cache_dir)
     except Exception as err:  # noqa: BLE001 - any builder failure must not stop the other models
         _FAILED.add((str(cache_dir), name))

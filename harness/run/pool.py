@@ -228,9 +228,9 @@ def start_plan(todo: list[Task], settings: RunSettings, expected: dict[str, str 
     waits = baseline_gates(todo)
     baselines_first(todo)  # cells that would wait for each other are named before any runs, not after the rest
     if jobs > 1:
-        # A differential cell waits for its oracle, so it cannot be the pilot its oracle waits for.
+        # A compared cell waits for its oracle (or twins), so it cannot be the pilot they wait for.
         can_pilot = {t.key for t in todo if expected[t.key] is None and not_run_reason(t, settings) is None
-                     and t.cell.oracle_on(t.gpu_name) is None}
+                     and not t.cell.compared_with(t.gpu_name)}
         todo, pilot_waits = pilot_gates(todo, warm_families(settings), can_pilot, pilots_first=not timed,
                                         backends=backends)
         waits = {key: waits[key] | pilot_waits[key] for key in waits}

@@ -28,6 +28,7 @@ from kvmatrix.harness.vllm_compat import (
     known_kv_cache_dtypes,
     skip_layer_words,
 )
+from kvmatrix.harness.vllm_compat.speculative import SPECULATIVE_CONFIG_FIELDS
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.load import CASES_DIR, load_models, load_pool, shared_file
 from kvmatrix.matrix.machine import LocalDevice, PoolError, detect_device, resolve
@@ -41,7 +42,8 @@ def vllm_vocabulary(models: dict[str, ModelEntry] | None = None) -> Vocabulary:
               if (count := layers_of(entry.tiny, entry.draft.method if entry.draft else None)) is not None}
     signatures = frozenset(name for name, _, _ in SIGNATURES) | frozenset(SIGNATURE_FAMILIES)
     return Vocabulary(known_kv_cache_dtypes(), known_engine_args(), known_env_vars(), signatures,
-                      skip_layer_words(), layers)
+                      skip_layer_words(), model_layers=layers,
+                      speculative_fields=frozenset().union(*(f for _, f in SPECULATIVE_CONFIG_FIELDS)))
 
 
 @dataclass

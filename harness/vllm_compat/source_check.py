@@ -13,13 +13,14 @@ that appears may still live elsewhere: the records of a real run are the proof o
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from kvmatrix.harness.vllm_compat import emulation, engine, modules, preimport, sources, teardown
+from kvmatrix.harness.vllm_compat import emulation, engine, modules, preimport, sources, speculative, teardown
 from kvmatrix.harness.vllm_compat.versions import for_version, installed_vllm_version
 
 Check = tuple[str, str, bool]  # (what the table names, where it is looked for, found)
@@ -29,7 +30,7 @@ def source_checks(package: Path, version: str | None) -> list[Check]:
     """Every name of the tables for `version`, looked for in the vLLM package folder `package`."""
     words = _source_words(package)
     return [*_module_checks(package, version), *_file_checks(package, version),
-            *_attribute_checks(words, version)]
+            *_attribute_checks(words, version), *_speculative_checks(package, version)]
 
 
 def _module_file(package: Path, module: str) -> Path | None:
@@ -97,6 +98,29 @@ def _attribute_checks(words: frozenset[str], version: str | None) -> Iterator[Ch
     for args in for_version(engine.PROBE_ONLY_ARG_NAMES, version):
         for name in args.values():
             yield "probe-only engine argument", name, name in words
+
+
+def speculative_config_fields_in(package: Path) -> frozenset[str]:
+    """The annotated fields of SpeculativeConfig in a vLLM package's vllm/config/speculative.py (none: no file)."""
+    path = package / "config" / "speculative.py"
+    if not path.is_file():
+        return frozenset()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == "SpeculativeConfig":
+            return frozenset(s.target.id for s in node.body
+                             if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name))
+    return frozenset()
+
+
+def _speculative_checks(package: Path, version: str | None) -> Iterator[Check]:
+    """Both ways: every field the table gives this release is in its SpeculativeConfig, and every field there
+    that a user sets is in the table (a new field the harness would otherwise skip cells for)."""
+    table = speculative.speculative_config_fields(version) or frozenset()
+    source = speculative_config_fields_in(package) - speculative.FIELDS_VLLM_FILLS_IN
+    for name in sorted(table):
+        yield "speculative_config field", name, name in source
+    for name in sorted(source - table):
+        yield "speculative_config field not in the table", name, False
 
 
 def main() -> int:
