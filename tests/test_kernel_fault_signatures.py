@@ -12,12 +12,13 @@ from kvmatrix.harness.judge.signatures import classify
 from kvmatrix.harness.vllm_compat import signature_matches
 
 # vllm-project/vllm#45670 (CUDA graphs, H200-class GPU): the engine core's error, then the API server's wrapper.
-ILLEGAL_ACCESS_LOG = """\
-(EngineCore pid=1426191) torch.AcceleratorError: CUDA error: an illegal memory access was encountered
-(EngineCore pid=1426191) Search for `cudaErrorIllegalAddress' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.
-(EngineCore pid=1426191) Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.
-vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.
-"""
+ILLEGAL_ACCESS_LOG = (
+    "(EngineCore pid=1426191) torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
+    "(EngineCore pid=1426191) Search for `cudaErrorIllegalAddress' in "
+    "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.\n"
+    "(EngineCore pid=1426191) Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+    "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the "
+    "root cause.\n")
 # vllm-project/vllm#6976 (an older release's words): RuntimeError instead of torch.AcceleratorError.
 ILLEGAL_ACCESS_OLD = ("RuntimeError: CUDA error: an illegal memory access was encountered\n"
                       "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
@@ -25,7 +26,8 @@ ILLEGAL_ACCESS_OLD = ("RuntimeError: CUDA error: an illegal memory access was en
 # A graph replay racing an in-place copy (SNU-ARC/DecDEC#1), and torch's allocator (pytorch/pytorch#49832).
 LAUNCH_FAILURE = "torch.AcceleratorError: CUDA error: unspecified launch failure"
 LAUNCH_FAILURE_ALLOCATOR = ("terminate called after throwing an instance of 'c10::Error'\n  what():  CUDA error: "
-                            "unspecified launch failure (insert_events at /pytorch/c10/cuda/CUDACachingAllocator.cpp:764)")
+                            "unspecified launch failure (insert_events at "
+                            "/pytorch/c10/cuda/CUDACachingAllocator.cpp:764)")
 LAUNCH_FAILURE_RUNTIME = "cudaErrorLaunchFailure: unspecified launch failure"  # huggingface/accelerate#83
 # vLLM's own check (vllm/v1/worker/utils.py raise_if_nan_logits, VLLM_RAISE_ON_LOGIT_NANS=1), and torch's sampler
 # under random sampling (vllm-project/vllm#4151, #1952: NaNs out of an attention kernel).
