@@ -8,8 +8,10 @@ teacher_forced.py compares them):
   request of its own that ends at another step, so the batch shrinks as it goes): how far the configuration's own
   numerics move with the batch is its noise floor.
 
-The forcing is a logits processor (harness/vllm_compat/forced_decode.py) loaded with the engine; the logprobs
-recorded are vLLM's raw ones, computed before it.
+The forcing is vLLM's own trace replay or a logits processor, as the release and device take it
+(harness/vllm_compat/forcing.py; the runner picks it: `spec.forcing`); the logprobs recorded are vLLM's raw ones.
+Where vLLM refuses the mechanism at start, the engine starts again without it and the cell runs free only, saying
+why: the forcing is the harness's instrument, never the cell's failure.
 """
 
 from __future__ import annotations
@@ -22,24 +24,56 @@ from kvmatrix.harness.cell import workloads
 from kvmatrix.harness.cell.spec import CellSpec
 from kvmatrix.harness.record.model import CellOutput, ForcedRun
 from kvmatrix.harness.vllm_compat import CUDA_ERROR_MARKERS
-from kvmatrix.harness.vllm_compat.forcing import forced_extra_args, forcing_engine_args, forcing_refused
+from kvmatrix.harness.vllm_compat.forcing import (
+    forced_request_args,
+    forcing_engine_args,
+    forcing_refused,
+    refused_forcing,
+)
 
 MESSAGE_CAP = 500
 
 NOISE_FLOOR_BATCH = "the prompts in reverse order, each beside a request of its own ending at another step"
 
 
-def engine_args_with_forcing(spec: CellSpec, version: str | None, result: CellOutput) -> dict[str, Any]:
-    """The engine arguments the cell starts vLLM with: the spec's, plus the forcing processor where the cell
-    decodes forced (the record's `engine_args` stay the configuration's own). Where vLLM cannot take it, the
-    record says why and the cell runs free only."""
+def _missing(spec: CellSpec, result: CellOutput, why: str) -> None:
+    """The cell's forced decode will not run: its record field (`forced` or `noise_floor`) says why."""
+    if spec.forced_tokens is not None:
+        result["forced"] = {"missing": why}
+    else:
+        result["noise_floor"] = {"of": "itself", "missing": why}
+
+
+def start_with_forcing(start: Callable[[dict[str, Any]], Any], spec: CellSpec, version: str | None,
+                       result: CellOutput) -> Any:
+    """The cell's engine (`start(engine_args)`): with the forcing mechanism added where the cell decodes forced
+    (the record's `engine_args` stay the configuration's own). Where vLLM cannot or will not take it, the record
+    says why and the engine runs free only."""
     if spec.forced_tokens is None and not spec.noise_floor:
-        return spec.engine_args
-    refused = forcing_refused(spec.engine_args, version)
-    if refused is not None:
-        result["forced" if spec.forced_tokens is not None else "noise_floor"] = {"missing": refused}
-        return spec.engine_args
-    return {**spec.engine_args, **forcing_engine_args(version)}
+        return start(spec.engine_args)
+    refused = forcing_refused(spec.engine_args, spec.forcing, version)
+    if refused is not None or spec.forcing is None:
+        _missing(spec, result, refused or "no forcing method")
+        return start(spec.engine_args)
+    try:
+        return start({**spec.engine_args, **forcing_engine_args(spec.forcing)})
+    except Exception as exc:
+        said = _messages(exc)
+        if not refused_forcing(said):
+            raise
+        traceback.print_exc()
+        _missing(spec, result, f"vLLM refused the forced decode ({spec.forcing}) at start: {said[:MESSAGE_CAP]}")
+        return start(spec.engine_args)
+
+
+def _messages(exc: BaseException) -> str:
+    """The exception's message and its causes' (what vLLM said, not the frames it passed through)."""
+    said: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(said) < 5:
+        said.append(f"{type(seen).__name__}: {seen}")
+        seen = seen.__cause__ or seen.__context__
+    return " <- ".join(said)
 
 
 def wants_forced_decode(spec: CellSpec, result: CellOutput) -> bool:
@@ -72,9 +106,10 @@ def _recorded(decode: Callable[[], ForcedRun]) -> ForcedRun:
         return {"missing": f"the forced decode raised {text[:MESSAGE_CAP]}"}
 
 
-def _params(vllm: Any, max_tokens: int, logprobs: int | None, forced: list[int] | None) -> Any:
+def _params(vllm: Any, spec: CellSpec, max_tokens: int, logprobs: int | None, forced: list[int] | None) -> Any:
+    assert spec.forcing is not None, "a forced decode runs only with a forcing method"
     return vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=logprobs,
-                               **({"extra_args": forced_extra_args(forced)} if forced else {}))
+                               **(forced_request_args(spec.forcing, forced) if forced else {}))
 
 
 def _oracle_tokens(result: CellOutput, vllm: Any, llm: Any, spec: CellSpec, tokens: list[list[int]],
@@ -83,11 +118,11 @@ def _oracle_tokens(result: CellOutput, vllm: Any, llm: Any, spec: CellSpec, toke
     if spec.workload is None:
         if len(tokens) != len(spec.prompts):
             return {**run, "missing": f"{len(tokens)} oracle sequences for {len(spec.prompts)} prompts"}
-        params = [_params(vllm, len(t), logprobs, t) for t in tokens]
+        params = [_params(vllm, spec, len(t), logprobs, t) for t in tokens]
         got = workloads.outputs_of(llm.generate(spec.prompts, params, use_tqdm=False), logprobs)
     else:
         got, facts = workloads.run_workload(vllm, llm, spec.workload, result, spec.max_tokens, logprobs,
-                                            forced=tokens)
+                                            forced=tokens, forcing=spec.forcing)
         if not got:
             return {**run, "missing": f"workload {spec.workload['name']}: {facts.get('detail')}"}
         run["batch"] = f"the {spec.workload['name']} workload's, as this cell's own"
@@ -104,8 +139,8 @@ def _noise_floor(result: CellOutput, vllm: Any, llm: Any, spec: CellSpec, logpro
         return {"of": "itself", "missing": f"{len(own)} sequences for {n} prompts"}
     order = list(reversed(range(n)))
     prompts = [spec.prompts[i] for i in order] + list(spec.prompts)
-    params = [_params(vllm, len(own[i]), logprobs, own[i]) for i in order]
-    params += [_params(vllm, max(1, (k + 1) * spec.max_tokens // (n + 1)), None, None) for k in range(n)]
+    params = [_params(vllm, spec, len(own[i]), logprobs, own[i]) for i in order]
+    params += [_params(vllm, spec, max(1, (k + 1) * spec.max_tokens // (n + 1)), None, None) for k in range(n)]
     got = workloads.outputs_of(llm.generate(prompts, params, use_tqdm=False)[:n], logprobs)
     back = {i: k for k, i in enumerate(order)}
     return {"of": "itself", "batch": NOISE_FLOOR_BATCH,

@@ -291,8 +291,8 @@ def main(spec_path: str, result_path: str) -> int:
     ok, vllm = result.run("import", lambda: import_vllm(result, spec.emulate_capability, spec.emulate_cpu_isa))
     if not ok:
         return 1
-    engine_args = forced.engine_args_with_forcing(spec, result.data["vllm_version"], result.data)
-    ok, llm = result.run("init", lambda: start_engine_noting(result, vllm, engine_args))
+    ok, llm = result.run("init", lambda: forced.start_with_forcing(
+        lambda args: start_engine_noting(result, vllm, args), spec, result.data["vllm_version"], result.data))
     if not ok:
         return 1
     result.run("probe", lambda: probe_engine(result, llm))

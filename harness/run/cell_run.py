@@ -40,6 +40,7 @@ from kvmatrix.harness.run.process import CellProcesses, cap_log
 from kvmatrix.harness.run.process_start import CellFiles, ShareKey
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.vllm_compat import GRAPH_EXECUTIONS, MULTI_RANK_ENV
+from kvmatrix.harness.vllm_compat.forcing import forcing_method
 from kvmatrix.matrix.axes import resolved_execution
 from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expectations import CrashExpected
@@ -65,6 +66,7 @@ def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mo
         forced_tokens=oracle_tokens(task, settings, oracle_id, mode) if oracle_id else None,
         forced_of=oracle_id,
         noise_floor=differential is not False and cell.is_oracle_on(task.gpu_name),
+        forcing=forcing_method(version, task.gpu.device),
         workload=workload_plan(cell.axes["workload"], length, version)[1],
         references=[workload_plan(w, length, version)[1] for w in cell.references_on(task.gpu_name)],
         logprobs=top_logprobs,
