@@ -146,6 +146,7 @@ class JudgedRecord(OutcomeRecord, total=False):
     tags: list[str]
     accuracy_vs_baseline: AccuracyComparison
     differential: DifferentialComparison
+    noise_floor_summary: dict[str, Any]  # an oracle's noise floor, summarized (harness/judge/differential.py)
     not_emulable: bool
     flaky: bool
     first_failure: str
