@@ -64,6 +64,7 @@ def test_every_one_gpu_cell_but_the_accuracy_cells_ran_cold(unpacked):
     _, cells, _ = shipped_matrix()
     ran = {r["cell_id"] for r in stored(unpacked, COLD).values()}
     added_since = {"execution-modes[kv=auto,skip=-,spec=-,exec=graphs_full,wl=plain]"}  # after this run's finding
+    added_since |= {c for c in cells if c.startswith("trained-llama-execution[")}  # issue 49's case, added later
     missing = {c for c, cell in cells.items() if "H200" in cell.gpu_classes} - ran - added_since
     assert len(ran) == 197
     assert {c.split("[")[0] for c in missing} == {"trained-llama-accuracy", "trained-llama-fp8kv-clipping",
