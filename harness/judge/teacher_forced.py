@@ -196,7 +196,9 @@ def _failures(cell: dict[str, Any], rule: dict[str, Any], reference: Reference) 
 
 
 def _floor_words(rule: dict[str, Any]) -> str:
-    return f"{rule['floor_factor']:g}x the noise floor, at least {rule['min_typical']:g} for a {rule['kind']} cache"
+    article = "an" if rule["kind"].startswith("u") else "a"
+    return (f"{rule['floor_factor']:g}x the noise floor, at least {rule['min_typical']:g} for {article} "
+            f"{rule['kind']} cache")
 
 
 def _passed(cell: dict[str, Any], rule: dict[str, Any], floor: dict[str, Any] | None) -> str:
