@@ -248,7 +248,7 @@ def main() -> None:
     planted = {} if args.no_planted else {
         f.name: (f, RunDir(scratch / "runs" / f"planted-{f.name}"),
                  planted_cells(scratch, f) if args.tally else planted_run(args, scratch, f, clean, device))
-        for f in faults_for(device)}
+        for f in faults_for(device, version)}
     lines, ok = tally(clean, planted, known_fault=lambda r: bool(r.get("waived")))
     text = "\n".join([f"calibration on {name} (vLLM {version}): trained-llama and trained-mla, {{auto, fp8}} x every "
                       "execution mode against the eager twin", *lines, "",

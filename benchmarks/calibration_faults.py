@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvmatrix.harness.vllm_compat import for_version
+
 # True in a process whose vLLM has compiled a model: a `compiled` (or graphs) cell, never its eager oracle (each
 # runs in a fresh process: the calibration runs planted cells with `--isolation process`).
 COMPILED = "bool(__import__('vllm.compilation.counter', fromlist=['c']).compilation_counter.num_models_seen)"
@@ -79,29 +81,38 @@ CPU_FAULTS = (
 )
 
 
-# vLLM 0.33.0 on CUDA (FLASH_ATTN, the trained Llama's backend on the H200): the fp8 value cache's descale halved
-# where the attention runs a decode-only batch. Under FULL graphs the condition is read while the decode graph is
-# captured and replayed with it; PIECEWISE and compiled run the attention outside any graph, every step.
+# CUDA (FLASH_ATTN, the trained Llama's backend on the H200): the fp8 value cache's descale halved where the
+# attention runs a decode-only batch. Under FULL graphs the condition is read while the decode graph is captured and
+# replayed with it; PIECEWISE and compiled run the attention outside any graph, every step. The line differs by
+# release (vLLM 0.34.0 computes the descales in `_descale`).
 FLASH_ATTN = "vllm.v1.attention.backends.flash_attn"
-CUDA_FAULTS = (
-    Fault(
-        name="value-scale-in-decode",
-        what="the fp8 value cache read at half its scale in decode-only batches",
-        patches=(
-            {"module": FLASH_ATTN, "old": "        v_descale = layer._v_scale.expand(descale_shape)\n",
-             "new": f"        v_descale = (layer._v_scale * (0.5 if max_seqlen_q == 1 and {COMPILED} else 1.0))"
-                    ".expand(descale_shape)\n"},
-        ),
-        cells=(("trained-llama", "fp8"),),
-    ),
-)
+HALF_IN_DECODE = f"(0.5 if max_seqlen_q == 1 and {COMPILED} else 1.0)"
+V_DESCALE_LINES = [
+    (">=0.34", ("        v_descale = self._descale(layer._v_scale, layer._v_scale_float, descale_shape)\n",
+                f"        v_descale = self._descale(layer._v_scale * {HALF_IN_DECODE}, layer._v_scale_float * "
+                f"{HALF_IN_DECODE}, descale_shape)\n")),
+    (">=0.33,<0.34", ("        v_descale = layer._v_scale.expand(descale_shape)\n",
+                      f"        v_descale = (layer._v_scale * {HALF_IN_DECODE}).expand(descale_shape)\n")),
+]
+
+
+def cuda_faults(version: str | None) -> tuple[Fault, ...]:
+    lines = for_version(V_DESCALE_LINES, version)
+    if not lines:
+        return ()
+    old, new = lines[0]
+    return (Fault(name="value-scale-in-decode", what="the fp8 value cache read at half its scale in decode-only "
+                  "batches", patches=({"module": FLASH_ATTN, "old": old, "new": new},),
+                  cells=(("trained-llama", "fp8"),)),)
+
+
 # The executions whose cells a fault is planted in, per device (CUDA: not FULL graphs, a real fault of its own).
 PLANTED_EXECUTIONS = {"cpu": ("compiled",), "cuda": ("default", "graphs_piecewise", "compiled")}
 
 
-def faults_for(device: str) -> tuple[Fault, ...]:
-    """The faults planted on this kind of device."""
-    return CPU_FAULTS if device == "cpu" else CUDA_FAULTS
+def faults_for(device: str, version: str | None) -> tuple[Fault, ...]:
+    """The faults planted on this kind of device under vLLM `version` (none where its lines are not known)."""
+    return CPU_FAULTS if device == "cpu" else cuda_faults(version)
 
 
 def reaches(fault: Fault, record: dict) -> bool:
