@@ -107,7 +107,7 @@ def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "
         lines += ["", "## Cells per tag (skipped cells not counted)", "", per_tag.to_markdown()]
     lines += _section("Failures and expected failures", _problems(df, records, first_seen))
     lines += _section("Differential cells (each against its oracle: the same configuration run eager and plain)",
-                      [f"- {line}" for line in differential_lines(records)])
+                      [line if line.startswith(" ") else f"- {line}" for line in differential_lines(records)])
     lines += _section("Leaks (GPU memory left behind after the cell ended)", [f"- {line}" for line in leaks(records)])
     lines += _section("Run again in a fresh process (a warm worker's run did not pass; the fresh run is the record)",
                       [f"- {line}" for line in fresh_reruns(records)])
