@@ -96,10 +96,14 @@ def kvmatrix_run(args: argparse.Namespace, scratch: Path, run_id: str, extra: li
     started = time.monotonic()
     with log.open("w") as out:
         done = subprocess.run(command, cwd=PACKAGE_ROOT, stdout=out, stderr=subprocess.STDOUT,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
-                                  env.get("PYTHONPATH"), str(PACKAGE_ROOT)])), **{k: v for k, v in env.items()
-                                                                                  if k != "PYTHONPATH"}})
+                              env={**os.environ, **env, "PYTHONPATH": search_path(env.get("PYTHONPATH"))})
     print(f"{run_id}: exit {done.returncode} in {time.monotonic() - started:.0f} s (log {log})", flush=True)
+
+
+def search_path(first: str | None = None) -> str:
+    """PYTHONPATH for the harness's processes: `first` (the patcher), this checkout, then the caller's (a GPU
+    machine's staged vLLM)."""
+    return os.pathsep.join(filter(None, [first, str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
 
 
 def planted_run(args: argparse.Namespace, scratch: Path, fault: Fault, clean: RunDir, device: str) -> list[str]:
@@ -136,7 +140,7 @@ def rejudge(scratch: Path) -> None:
     """Every run folder of an earlier invocation judged again with this checkout's rules (`kvmatrix rejudge`)."""
     for run in sorted((scratch / "runs").iterdir()):
         subprocess.run([sys.executable, "-m", "kvmatrix", "rejudge", str(run), "--cases-dir", str(scratch / "cases")],
-                       cwd=PACKAGE_ROOT, env={**os.environ, "PYTHONPATH": str(PACKAGE_ROOT)}, check=True,
+                       cwd=PACKAGE_ROOT, env={**os.environ, "PYTHONPATH": search_path()}, check=True,
                        capture_output=True)
 
 
