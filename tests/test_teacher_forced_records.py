@@ -19,7 +19,7 @@ from kvmatrix.harness.judge.waivers import load_waivers
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.task import Task
 from kvmatrix.matrix.expand import expand_all
-from kvmatrix.matrix.load import load_cases, load_models, load_pool
+from kvmatrix.matrix.load import case_files, load_cases, load_models, load_pool
 from tests.conftest import FIXTURES, unpacked_archive
 
 ARCHIVE = FIXTURES / "runs" / "calibration-cpu-vllm-0.32.0.tar.xz"
@@ -41,7 +41,7 @@ def judged_run(folder: Path, run: str) -> dict[str, dict]:
     calibration's own cases folder, oracles first."""
     cases = folder / "cases"
     pool = load_pool(cases)
-    cells = {c.cell_id: c for c in expand_all(load_cases(cases), load_models(cases), pool)}
+    cells = {c.cell_id: c for c in expand_all(load_cases(case_files(cases)), load_models(cases), pool)}
     waivers = load_waivers(cases / "_waivers.txt", pool)
     run_dir = RunDir(folder / "runs" / run)
     records = sorted(run_dir.records(), key=lambda r: "differential" in r)
