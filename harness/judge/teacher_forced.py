@@ -209,8 +209,12 @@ def _floor_words(rule: dict[str, Any]) -> str:
 
 
 def _passed(cell: dict[str, Any], rule: dict[str, Any], floor: dict[str, Any] | None) -> str:
-    floor_text = (f"floor {floor['typical']:.3g} typical, {floor['flips']} flips" if floor
+    floor_text = (f"floor {floor['typical']:.3g} typical, {_flips(floor['flips'])}" if floor
                   else "no floor measured")
     return (f"teacher-forced over {cell['positions']} positions: distance {cell['typical']:.3g} typical, "
-            f"{cell['worst']:.3g} worst (allowed {rule['typical_allowed']:.3g}), {cell['flips']} top-1 flips "
-            f"(allowed {rule['flip_rate_allowed']:.1%}); {floor_text}")
+            f"{cell['worst']:.3g} worst (allowed {rule['typical_allowed']:.3g}), {_flips(cell['flips'])} (allowed "
+            f"{rule['flip_rate_allowed']:.1%}); {floor_text}")
+
+
+def _flips(count: int) -> str:
+    return f"{count} top-1 flip" + ("" if count == 1 else "s")
