@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from kvmatrix.matrix.axes import MatrixAxes
 from kvmatrix.matrix.conditions import check_condition_value
@@ -16,6 +16,15 @@ from kvmatrix.matrix.schema import Strict
 class Generation(Strict):
     prompts: list[str] = Field(default_factory=lambda: ["The capital of France is", "1 2 3 4 5"], min_length=1)
     max_tokens: int = Field(default=8, ge=1)
+    # Where the model has learned a task: each prompt's answer, the first line its continuation must be. A
+    # differential cell's answers are then scored and paired with its oracle's (harness/judge/answers.py).
+    answers: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_answer_per_prompt(self) -> Generation:
+        if self.answers is not None and len(self.answers) != len(self.prompts):
+            raise ValueError(f"answers: {len(self.answers)} answers for {len(self.prompts)} prompts")
+        return self
 
 
 class Case(Strict):

@@ -193,8 +193,11 @@ class Differential(Strict):
     identical, a crash in one of them only fails naming the mode that crashed, and the greedy tokens agree:
     exactly where an `expect:` rule says `tokens: exact`, else closely. Close: equal up to the first divergent
     token, each chosen token's logprob within `logprob_tolerance` of the oracle's, and the divergent tokens a near
-    tie (within `tie_tolerance` of each other in the oracle's or the cell's top `top_logprobs`); accuracy cells
-    also compare their samples, paired, as with the accuracy baseline. `differential: false` turns it off."""
+    tie (within `tie_tolerance` of each other in the oracle's or the cell's top `top_logprobs`). Where the cell
+    decoded its oracle's tokens teacher-forced, that comparison decides instead of "closely"
+    (harness/judge/teacher_forced.py: its distance against the oracle's noise floor; a top-1 flip is a preference
+    beyond `tie_tolerance`); where the case gives answers, they are paired too; accuracy cells also compare their
+    samples, paired, as with the accuracy baseline. `differential: false` turns it off."""
 
     oracle: OracleAxes = Field(default_factory=OracleAxes)
     top_logprobs: int = Field(default=5, ge=1, le=20)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.record.model import DifferentialComparison, JudgedRecord
 from kvmatrix.harness.record.parts import LISTED_VERDICTS
 from kvmatrix.reports.summary import counts, crash_counts, frame, fresh_reruns, leaks, pivot, same_crash
 
@@ -46,8 +46,14 @@ def cells_per_tag(records: list[JudgedRecord]) -> pd.DataFrame:
     return counted.reindex(index=order, columns=classes, fill_value=0).rename_axis(columns=None)
 
 
+TEXT_SHOWN = 48  # characters of each free-running text shown side by side
+TEXTS_SHOWN = 2  # differing sequences shown per cell
+
+
 def differential_lines(records: list[JudgedRecord]) -> list[str]:
-    """One line per compared cell: the pair, its modes, what the comparison found (harness/judge/differential.py)."""
+    """One line per compared cell: the pair, its modes, what the comparison found (harness/judge/differential.py),
+    and under it the free-running texts of the first sequences that differ from the oracle's, side by side."""
+    by_id = {(r["cell_id"], r.get("gpu_class")): r for r in records}
     out = []
     for r in records:
         d = r.get("differential")
@@ -55,15 +61,10 @@ def differential_lines(records: list[JudgedRecord]) -> list[str]:
             continue
         pair = (f"`{r['cell_id']}` ({d.get('mode')}) vs `{d.get('oracle')}` ({d.get('oracle_mode')}) on "
                 f"{r.get('gpu_class')}")
-        if d.get("missing"):
-            found = f"not compared: {d['missing']}"
-        elif d.get("crash"):
-            found = d["crash"]
-        else:
-            parts = [f"state differs: {d['state'][0]}" if d.get("state") else "state identical",
-                     (d.get("tokens") or {}).get("detail") or d.get("tokens_missing") or ""]
-            found = "; ".join(p for p in parts if p)
-        out.append(f"{r['verdict'].upper()} {pair}: {found}")
+        out.append(f"{r['verdict'].upper()} {pair}: {_found(d)}")
+        oracle = by_id.get((d.get("oracle") or "", r.get("gpu_class")))
+        if oracle is not None and not (r.get("workload_run") or {}).get("name"):
+            out += _texts_side_by_side(r.get("texts") or [], oracle.get("texts") or [])
     return out
 
 
@@ -95,6 +96,27 @@ def speculative_lines(records: list[JudgedRecord]) -> list[str]:
     return out
 
 
+def _found(d: DifferentialComparison) -> str:
+    if d.get("missing"):
+        return f"not compared: {d['missing']}"
+    if d.get("crash"):
+        return d["crash"]
+    answers = d.get("answers")
+    parts = [f"state differs: {d['state'][0]}" if d.get("state") else "state identical",
+             (d.get("teacher_forced") or {}).get("detail") or "",
+             f"answers {answers['right']}/{answers['n']}, the oracle {answers['oracle_right']}/{answers['n']}"
+             if answers else "",
+             ("free-running: " if d.get("teacher_forced") else "")
+             + ((d.get("tokens") or {}).get("detail") or d.get("tokens_missing") or "")]
+    return "; ".join(p for p in parts if p and p != "free-running: ")
+
+
+def _texts_side_by_side(mine: list[str], theirs: list[str]) -> list[str]:
+    differing = [i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b][:TEXTS_SHOWN]
+    return [f"  - sequence {i}: oracle `{theirs[i][:TEXT_SHOWN]!r}` · this cell `{mine[i][:TEXT_SHOWN]!r}`"
+            for i in differing]
+
+
 def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "", compare_to: str | None = None,
            first_seen: dict[str, str] | None = None) -> str:
     """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash."""
@@ -113,7 +135,7 @@ def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "
         lines += ["", "## Cells per tag (skipped cells not counted)", "", per_tag.to_markdown()]
     lines += _section("Failures and expected failures", _problems(df, records, first_seen))
     lines += _section("Differential cells (each against its oracle: the same configuration run eager and plain)",
-                      [f"- {line}" for line in differential_lines(records)])
+                      [line if line.startswith(" ") else f"- {line}" for line in differential_lines(records)])
     lines += _section("Speculative decoding (target and draft; acceptance against the plain twin: the same draft, auto "
                       "KV, eager; greedy outputs against the no-draft twin)",
                       [f"- {line}" for line in speculative_lines(records)])

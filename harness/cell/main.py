@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kvmatrix.harness import vllm_compat
-from kvmatrix.harness.cell import spec_decode, workloads
+from kvmatrix.harness.cell import forced, spec_decode, workloads
 from kvmatrix.harness.cell.probe import probe
 from kvmatrix.harness.cell.spec import CellSpec
 from kvmatrix.harness.record.files import write_json_atomic
@@ -31,8 +31,9 @@ from kvmatrix.harness.record.model import CellOutput, Emulation, ExceptionInfo, 
 MESSAGE_CAP = 4096
 TRACEBACK_CAP = 4096
 # Each phase of the cell process and the record's timing of it.
-PHASE_TIMINGS: dict[str, Literal["import_s", "init_s", "probe_s", "generate_s", "references_s", "accuracy_s"]] = {
-    "import": "import_s", "init": "init_s", "probe": "probe_s", "generate": "generate_s",
+PHASE_TIMINGS: dict[str, Literal["import_s", "init_s", "probe_s", "generate_s", "forced_s", "references_s",
+                                  "accuracy_s"]] = {
+    "import": "import_s", "init": "init_s", "probe": "probe_s", "generate": "generate_s", "forced": "forced_s",
     "references": "references_s", "accuracy": "accuracy_s"}
 
 
@@ -268,36 +269,43 @@ def measure_accuracy(result: CellResult, llm: Any, accuracy: dict[str, Any]) -> 
     result.data["accuracy"] = evaluate(llm, accuracy)
 
 
+def after_probe(result: CellResult, vllm: Any, llm: Any, spec: CellSpec) -> Iterator[tuple[str, Callable[[], Any]]]:
+    """The phases after the probe, in order, each (name, step): the generation, the teacher-forced decodes, an
+    oracle's references, accuracy. Asked one at a time: whether a phase runs may depend on the ones before."""
+    workload, accuracy = spec.workload, spec.accuracy
+    drafting = bool(spec.engine_args.get("speculative_config"))
+    counted = spec_decode.counters(llm, result.data["vllm_version"]) if drafting else None
+
+    def generate_counted() -> Any:
+        out = (generate(result, vllm, llm, spec.prompts, spec.max_tokens, spec.logprobs) if workload is None
+               else generate_workload(result, vllm, llm, workload, spec.max_tokens, spec.logprobs))
+        if drafting:  # the acceptance of this generation alone, before any forced decode drafts again
+            after = spec_decode.counters(llm, result.data["vllm_version"])
+            result.data["spec_decode"] = spec_decode.acceptance(counted, after)
+        return out
+
+    yield "generate", generate_counted
+    if forced.wants_forced_decode(spec, result.data):
+        yield "forced", lambda: forced.forced_decode(result.data, vllm, llm, spec)
+    if spec.references:
+        yield "references", lambda: generate_references(result, vllm, llm, spec)
+    if accuracy is not None:
+        yield "accuracy", lambda: measure_accuracy(result, llm, dataclasses.asdict(accuracy))
+
+
 def main(spec_path: str, result_path: str) -> int:
     spec = CellSpec.read(Path(spec_path))
     result = CellResult(Path(result_path), spec.cell_id)
     ok, vllm = result.run("import", lambda: import_vllm(result, spec.emulate_capability, spec.emulate_cpu_isa))
     if not ok:
         return 1
-    ok, llm = result.run("init", lambda: start_engine_noting(result, vllm, spec.engine_args))
+    ok, llm = result.run("init", lambda: forced.start_with_forcing(
+        lambda args: start_engine_noting(result, vllm, args), spec, result.data["vllm_version"], result.data))
     if not ok:
         return 1
     result.run("probe", lambda: probe_engine(result, llm))
-    workload, accuracy = spec.workload, spec.accuracy
-    drafting = bool(spec.engine_args.get("speculative_config"))
-    counted = spec_decode.counters(llm, result.data["vllm_version"]) if drafting else None
-    if workload is None:
-        ok, _ = result.run("generate", lambda: generate(result, vllm, llm, spec.prompts, spec.max_tokens,
-                                                        spec.logprobs))
-    else:
-        ok, _ = result.run("generate", lambda: generate_workload(result, vllm, llm, workload, spec.max_tokens,
-                                                                 spec.logprobs))
-    if not ok:
-        return 1
-    if drafting:
-        after = spec_decode.counters(llm, result.data["vllm_version"])
-        result.data["spec_decode"] = spec_decode.acceptance(counted, after)
-    if spec.references:
-        ok, _ = result.run("references", lambda: generate_references(result, vllm, llm, spec))
-        if not ok:
-            return 1
-    if accuracy is not None:
-        ok, _ = result.run("accuracy", lambda: measure_accuracy(result, llm, dataclasses.asdict(accuracy)))
+    for phase, step in after_probe(result, vllm, llm, spec):
+        ok, _ = result.run(phase, step)
         if not ok:
             return 1
     result.data["phase"] = "done"

@@ -41,6 +41,13 @@ class CellSpec:
     workload: dict[str, Any] | None = None
     references: list[dict[str, Any] | None] = field(default_factory=list)
     logprobs: int | None = None
+    # Teacher-forced decodes (harness/cell/forced.py): a compared cell's oracle's greedy tokens for its prompts (or
+    # its workload's requests) and that oracle's id; an oracle measures its noise floor; the forcing method
+    # (harness/vllm_compat/forcing.py) for this vLLM and device.
+    forced_tokens: list[list[int]] | None = None
+    forced_of: str | None = None
+    noise_floor: bool = False
+    forcing: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys of a newer runner this cell does not know
 
     def write(self, path: Path) -> None:

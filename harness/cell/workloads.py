@@ -23,6 +23,7 @@ from typing import Any, TypedDict
 
 from kvmatrix.harness import vllm_compat as compat
 from kvmatrix.harness.record.model import CellOutput, Reference, WorkloadRun
+from kvmatrix.harness.vllm_compat.forcing import forced_request_args
 
 WORKLOAD_SEED = 34
 SUFFIX_TOKENS = 8
@@ -104,10 +105,11 @@ def _logprobs(completion: Any) -> list[dict[str, float]]:
 
 
 def run_workload(vllm: Any, llm: Any, params: dict[str, Any], record: CellOutput, max_tokens: int,
-                 logprobs: int | None) -> tuple[Generation, WorkloadRun]:
+                 logprobs: int | None, forced: list[list[int]] | None = None, forcing: str | None = None
+                 ) -> tuple[Generation, WorkloadRun]:
     """(what the generation gave: tokens, texts, logprobs, cached tokens; the workload's facts: prompt lengths,
-    block size, whether its path was reached and why)."""
-    sampling = vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=logprobs)
+    block size, whether its path was reached and why). `forced`: each request's tokens to emit, one forced step at
+    a time by the `forcing` method (harness/cell/forced.py), instead of its greedy ones."""
     block = block_size_of(record)
     runtime = record.get("runtime") or {}
     facts: WorkloadRun = {"name": params["name"], "block_size": block}
@@ -120,9 +122,13 @@ def run_workload(vllm: Any, llm: Any, params: dict[str, Any], record: CellOutput
         return {}, {**facts, "reached": False,
                     "detail": f"a prompt of {max(map(len, prompts))} tokens does not fit max_model_len {limit}"}
     requests = [{"prompt_token_ids": p} for p in prompts]
+    if forced is not None and len(forced) != len(requests):
+        return {}, {**facts, "reached": False, "detail": f"{len(forced)} forced sequences for {len(requests)} requests"}
+    sampling = _sampling(vllm, len(requests), max_tokens, logprobs, forced, forcing)
     name = params["name"]
     if name == "shared_prefix":
-        got = outputs_of([o for r in requests for o in llm.generate([r], sampling, use_tqdm=False)], logprobs)
+        got = outputs_of([o for r, s in zip(requests, sampling, strict=True)
+                          for o in llm.generate([r], s, use_tqdm=False)], logprobs)
         cached = got["cached_tokens"][1] or 0
         reached = cached >= 2 * block
         detail = f"second request reused {cached} cached tokens ({cached // block} blocks of {block})"
@@ -145,6 +151,15 @@ def run_workload(vllm: Any, llm: Any, params: dict[str, Any], record: CellOutput
         detail = (f"{len(prompts)} sequences of {len(prompts[0])} tokens in {runtime.get('num_blocks')} KV blocks "
                   f"of {block}: {count if count is not None else 'unknown'} preemptions")
     return got, {**facts, "reached": reached, "detail": detail}
+
+
+def _sampling(vllm: Any, count: int, max_tokens: int, logprobs: int | None, forced: list[list[int]] | None,
+              forcing: str | None) -> list[Any]:
+    """Each request's sampling parameters: greedy, or forced to given tokens."""
+    if forced is None or forcing is None:
+        return [vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=logprobs)] * count
+    return [vllm.SamplingParams(temperature=0.0, max_tokens=len(tokens), ignore_eos=True, logprobs=logprobs,
+                                **forced_request_args(forcing, tokens)) for tokens in forced]
 
 
 def run_reference(vllm: Any, llm: Any, params: dict[str, Any], record: CellOutput, max_tokens: int,

@@ -4,8 +4,9 @@ record: the final verdict and reason, with the per-rule results. Used by both po
 verdict.
 
 In order: the case's expectations (verdict.py); accuracy against the baseline cell (accuracy.py); a workload that
-did not take its runtime path, and the comparison with the cell's oracle (differential.py); a draft cell's
-greedy outputs against its no-draft twin and its acceptance against its plain twin (speculative.py); a failure
+did not take its runtime path, the comparison with the cell's oracle, and an oracle's own noise floor
+(differential.py); a draft cell's greedy outputs against its no-draft twin and its acceptance against its plain
+twin (speculative.py); a failure
 emulation cannot reproduce is `skip`, a failure of the environment (not vLLM) is `error`, a class's clear refusal
 of what its hardware cannot run is `skip`; a cell that failed
 and then passed on a retry stays a (flaky) failure; a known failure (cases/_waivers.txt, waivers.py) is `xfail`
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from typing import cast
 
 from kvmatrix.harness.judge.accuracy import judge_accuracy
-from kvmatrix.harness.judge.differential import judge_differential, judge_workload
+from kvmatrix.harness.judge.differential import judge_differential, judge_oracle_floor, judge_workload
 from kvmatrix.harness.judge.speculative import judge_speculative
 from kvmatrix.harness.judge.verdict import judge
 from kvmatrix.harness.judge.waivers import Waiver, waive
@@ -54,9 +55,11 @@ def judge_record(outcome: OutcomeRecord, task: Task, run_dir: RunDir, waivers: S
         verdict, reason = judge_accuracy(record, task.cell, run_dir, task.gpu_name, context, verdict, reason,
                                          results)
     record.pop("differential", None)
+    record.pop("noise_floor_summary", None)
     verdict, reason = judge_workload(record, verdict, reason, results, task.gpu.device)
     verdict, reason = judge_differential(record, task.cell, run_dir, task.gpu_name, task.gpu.device, context,
                                          verdict, reason, results)
+    verdict, reason = judge_oracle_floor(record, task.cell, task.gpu_name, verdict, reason, results)
     record.pop("speculative", None)
     verdict, reason = judge_speculative(record, task.cell, run_dir, task.gpu_name, context, verdict, reason, results)
     record.pop("not_emulable", None)

@@ -1,5 +1,6 @@
 """Tiny models the project trains itself, so that accuracy has a real signal offline: a 2-layer Llama that
-reverses digit strings (`48213=` → `31284`), trained deterministically on the CPU in a few minutes.
+reverses digit strings (`48213=` → `31284`), trained deterministically on the CPU in a few minutes, and the same
+task on DeepSeek-V2-style MLA (trained_mla.py).
 
 Reversal is the task because every answer token must be read back from the prompt's KV cache, so whatever a
 KV-cache setting does to keys and values shows up in exact match; chance is ~0 (10^-len).
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from kvmatrix.harness.models.cache import BuilderFamily
 from kvmatrix.harness.models.checkpoint import TORCH_DEFAULTS, kv_only_quantization, static_kv_scales
+from kvmatrix.harness.models.trained_mla import build_trained_mla
 
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<mask>"]
 BOS, EOS, PAD = 0, 1, 2
@@ -112,12 +114,20 @@ def train_llama(steps: int = STEPS, log: Callable[[str], None] = _log):
     with TORCH_DEFAULTS:  # the initial weights come from the global generator, in the default dtype
         torch.manual_seed(SEED)
         model = LlamaForCausalLM(LlamaConfig(**{**cfg, "torch_dtype": "float32"}))
+    return train(model, steps, BATCH, log)
+
+
+def train(model, steps: int, batch: int, log: Callable[[str], None]):
+    """`model` (fp32, transformers, its initial weights drawn) trained on the task: the one loop of every trained
+    model here, deterministic for a given torch build and machine kind."""
+    import torch
+
     tok, rng = _tokenizer(), random.Random(SEED)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=LR, total_steps=steps, pct_start=0.1)
     model.train()
     for step in range(steps):
-        ids, lab = _batch(rng, tok, BATCH)
+        ids, lab = _batch(rng, tok, batch)
         loss = model(input_ids=ids, labels=lab).loss
         opt.zero_grad()
         loss.backward()
@@ -165,10 +175,13 @@ BUILDERS: dict[str, Callable] = {
     "trained_llama_ct": build_trained_llama_ct,
     # Scale 0.01 clips |K|, |V| above 4.48: measured 0.99 → 0.65 exact match (1e-4 gives 0.0, 100 changes nothing).
     "trained_llama_ct_clipping": functools.partial(build_trained_llama_ct, k_scale=0.01, v_scale=0.01),
+    "trained_mla": build_trained_mla,  # trained_mla.py: the same task on DeepSeek-V2-style MLA
 }
 
 
-_FAMILY = BuilderFamily(__name__, BUILDERS, also=("kvmatrix.harness.models.checkpoint",))
+_FAMILY = BuilderFamily(__name__, BUILDERS, also=("kvmatrix.harness.models.checkpoint",
+                                                   "kvmatrix.harness.models.trained_mla",
+                                                   "kvmatrix.harness.models.tiny_mla"))
 folder_name = _FAMILY.folder_name
 # One build of this family at a time in a process (a run builds models in its slots' threads): every builder
 # here needs the one training, which draws from torch's global generator, so two threads training side by side

@@ -44,6 +44,7 @@ from kvmatrix.harness.record.parts import (  # noqa: F401  (the parts are part o
     DifferentialComparison,
     Emulation,
     ExceptionInfo,
+    ForcedRun,
     GpuMemoryCheck,
     KvGroup,
     Layer,
@@ -101,6 +102,8 @@ class CellOutput(TypedDict, total=False):
     runtime: Runtime
     workload_run: WorkloadRun
     references: dict[str, Reference]  # an oracle's plain generation of its cells' workload prompts
+    forced: ForcedRun  # a compared cell's teacher-forced decode of its oracle's tokens
+    noise_floor: ForcedRun  # an oracle's teacher-forced decode of its own tokens in another batch
     layers: list[Layer]
     kv_groups: list[KvGroup]
     attn_groups: list[AttnGroup]
@@ -147,6 +150,7 @@ class JudgedRecord(OutcomeRecord, total=False):
     accuracy_vs_baseline: AccuracyComparison
     differential: DifferentialComparison
     speculative: SpeculativeComparison  # a draft cell against its no-draft and plain twins
+    noise_floor_summary: dict[str, Any]  # an oracle's noise floor, summarized (harness/judge/differential.py)
     not_emulable: bool
     flaky: bool
     first_failure: str

@@ -5,7 +5,7 @@ that ran it, and what judging added (rule results, the accuracy comparison, a wa
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict
@@ -123,6 +123,7 @@ class Timings(TypedDict, total=False):
     probe_s: float
     generate_s: float
     references_s: float  # an oracle's plain generation of its cells' workload prompts
+    forced_s: float  # the teacher-forced decodes: a compared cell's of its oracle's tokens, an oracle's noise floor
     accuracy_s: float
     teardown_s: float  # a warm worker's engine teardown after the cell
     total_s: float
@@ -243,6 +244,20 @@ class Reference(TypedDict, total=False):
     missing: str
 
 
+@open_to_other_keys
+class ForcedRun(TypedDict, total=False):
+    """A teacher-forced decode (harness/cell/forced.py): the engine's own decode path made to emit given tokens one
+    step at a time, with per position the raw logprobs vLLM computed before the forcing (harness/vllm_compat/
+    forced_decode.py). A compared cell decodes its oracle's greedy tokens; an oracle decodes its own again in
+    another batch (its noise floor)."""
+
+    of: str  # whose tokens: the oracle's cell id, or "itself" (a noise floor)
+    batch: str  # how the forced requests were batched
+    tokens: list[list[int]]  # what the engine emitted: the forced tokens
+    logprobs: list[list[dict[str, float]]]
+    missing: str  # why no forced decode ran (vLLM takes no logits processor here, no oracle tokens)
+
+
 # --- what judging added (harness/judge/) -------------------------------------------------------------------
 
 
@@ -299,6 +314,9 @@ class DifferentialComparison(TypedDict, total=False):
     tokens: TokenComparison
     tokens_missing: str
     accuracy: AccuracyComparison
+    teacher_forced: dict[str, Any]  # harness/judge/teacher_forced.py: the cell's distance, the floor, the rule
+    teacher_forced_missing: str  # why the pair was compared free-running only
+    answers: dict[str, Any]  # harness/judge/answers.py: task correctness, paired with the oracle's
 
 
 @open_to_other_keys

@@ -41,6 +41,7 @@ from kvmatrix.harness.run.process_start import CellFiles, ShareKey
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.run.speculative import speculative_reason
 from kvmatrix.harness.vllm_compat import GRAPH_EXECUTIONS, MULTI_RANK_ENV
+from kvmatrix.harness.vllm_compat.forcing import forcing_method
 from kvmatrix.matrix.axes import resolved_execution
 from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expectations import CrashExpected, Differential
@@ -63,7 +64,12 @@ def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mo
     top_logprobs = differential.top_logprobs if differential is not False and paired else None
     if top_logprobs is None and (cell.draft_twin or cell.twin_of_draft):  # the draft's greedy-equality pair
         top_logprobs = (differential or Differential()).top_logprobs
+    oracle_id = cell.oracle_on(task.gpu_name) if differential is not False else None
     return CellSpec(
+        forced_tokens=oracle_tokens(task, settings, oracle_id, mode) if oracle_id else None,
+        forced_of=oracle_id,
+        noise_floor=differential is not False and cell.is_oracle_on(task.gpu_name),
+        forcing=forcing_method(version, task.gpu.device),
         workload=workload_plan(cell.axes["workload"], length, version)[1],
         references=[workload_plan(w, length, version)[1] for w in cell.references_on(task.gpu_name)],
         logprobs=top_logprobs,
@@ -74,6 +80,18 @@ def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mo
         emulate_cpu_isa=task.gpu.cpu_isa if task.emulated_from and task.gpu.device == "cpu" else None,
         accuracy=AccuracySpec(**accuracy) if accuracy is not None else None,
     )
+
+
+def oracle_tokens(task: Task, settings: RunSettings, oracle_id: str, mode: str) -> list[list[int]] | None:
+    """The greedy tokens the cell's oracle generated for this cell's prompts (its own, or its plain reference run of
+    this cell's workload), which the cell decodes teacher-forced (harness/cell/forced.py); None where the oracle
+    has none in this run folder (it ran first: harness/run/accuracy_plan.py) or ran in another mode."""
+    oracle = settings.run_dir.read(oracle_id, task.gpu_name)
+    if oracle is None or oracle.get("status") != "ok" or (oracle.get("mode") or "full") != mode:
+        return None
+    workload = task.cell.axes["workload"]
+    source = oracle if workload == "plain" else (oracle.get("references") or {}).get(workload) or {}
+    return source.get("tokens") or None
 
 
 def run_attempt(task: Task, settings: RunSettings, processes: CellProcesses, launcher: Launcher,

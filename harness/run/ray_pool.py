@@ -131,12 +131,13 @@ def run_tasks_on_ray(
 
 
 def _baselines_of(task: Task, records: dict[str, JudgedRecord]) -> list[JudgedRecord]:
-    """The finished baseline record a compared cell is judged against (none for a baseline or a plain cell)."""
-    baseline_id = task.cell.baseline_id
-    if baseline_id is None or baseline_id == task.cell.cell_id:
-        return []
-    record = records.get(record_stem(baseline_id, task.gpu_name))
-    return [record] if record is not None else []
+    """The finished records a compared cell is judged against: its accuracy baseline and its differential oracle,
+    whose greedy tokens it also decodes teacher-forced (none for a baseline or a plain cell)."""
+    others = {task.cell.oracle_on(task.gpu_name)}
+    if task.cell.baseline_id != task.cell.cell_id:
+        others.add(task.cell.baseline_id)
+    found = [records.get(record_stem(other, task.gpu_name)) for other in sorted(o for o in others if o)]
+    return [record for record in found if record is not None]
 
 
 def _drain(ray: Any, pending: dict[Any, tuple[Task, str]], keep: Callable[..., None], settings: RunSettings,

