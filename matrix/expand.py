@@ -4,6 +4,8 @@ matrix idea), each cell with a stable, readable id and the GPU classes of the po
 from __future__ import annotations
 
 import itertools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +91,30 @@ def cell_id(case: Case, axes: dict[str, Any], shown_optional: frozenset[str] = f
     return f"{case.name}[" + ",".join(f"{AXIS_ID_NAMES[a]}={show(a, axes[a])}" for a in shown) + "]"
 
 
+# Cells a run expands to at most (`--max-cells` sets another cap, 0 none): a 10^6-cell matrix took 114 s and
+# 2.3 GB to plan, then started a cell a second, skips included.
+MAX_CELLS = 20_000
+
+
+def matrix_size(case: Case) -> int:
+    """The cells a case's matrix can expand to, counted without expanding it: its cross product and includes
+    (excludes only remove cells; the oracles a differential rule adds at most double them)."""
+    m = case.matrix
+    return math.prod(len(getattr(m, a)) for a in AXES) + len(m.include)
+
+
+def check_size(case: Case, source: str, max_cells: int | None) -> None:
+    """CaseError where the case's matrix may expand to more than `max_cells` cells (None: no cap)."""
+    if max_cells is not None and (size := matrix_size(case)) > max_cells:
+        raise CaseError(source, case.name, "matrix", f"expands to up to {size:,} cells, over the {max_cells:,} "
+                                                     "this run may still take (`--max-cells N` sets the cap, 0 none)")
+
+
+def _key(combo: dict[str, Any], axes: tuple[str, ...] = AXES) -> tuple:
+    """A combination as a dict key (a skip list is a list)."""
+    return tuple(tuple(combo[a]) if isinstance(combo[a], list) else combo[a] for a in axes)
+
+
 def combinations(case: Case) -> list[dict[str, Any]]:
     m = case.matrix
     product = [dict(zip(AXES, values, strict=True)) for values in itertools.product(*(getattr(m, a) for a in AXES))]
@@ -96,9 +122,11 @@ def combinations(case: Case) -> list[dict[str, Any]]:
         combo for combo in product
         if not any(all(matches(v, combo[k]) for k, v in ex.given().items()) for ex in m.exclude)
     ]
+    seen = {_key(combo) for combo in kept}
     for inc in m.include:
         combo = {**AXIS_DEFAULTS, **inc.given()}
-        if combo not in kept:
+        if _key(combo) not in seen:
+            seen.add(_key(combo))
             kept.append(combo)
     return kept
 
@@ -111,9 +139,11 @@ def classes_for(case: Case, pool: dict[str, GpuClass]) -> tuple[str, ...]:
 
 
 def expand_case(
-    case: Case, models: dict[str, ModelEntry], pool: dict[str, GpuClass], source: str = ""
+    case: Case, models: dict[str, ModelEntry], pool: dict[str, GpuClass], source: str = "",
+    max_cells: int | None = MAX_CELLS,
 ) -> list[Cell]:
     source = source or f"cases/{case.name}.yaml"
+    check_size(case, source, max_cells)
     if case.model not in models:
         raise CaseError(source, case.name, "model", f"{case.model!r} is not in the model registry")
     for i, draft in enumerate(case.matrix.speculative + [c.speculative for c in case.matrix.include]):
@@ -135,7 +165,8 @@ def expand_case(
             for c, _ in added]
     classes = [gpu_classes] * len(combos) + [tuple(g for g in gpu_classes if g in needed) for _, needed in added]
     combos = combos + [c for c, _ in added]
-    baselines = [baseline_for(c, baseline, combos, ids) for c in combos]
+    index = {_key(c): i for i, c in reversed(list(enumerate(combos)))}  # the first of equal ones, as list.index
+    baselines = [baseline_for(c, baseline, index, ids) for c in combos]
     cells = [Cell(ids[i], case, cell_axes(c), classes[i], source, baselines[i],
                   tuple((g, ids[o]) for g, o in oracles.get(i, {}).items()),
                   tuple((g, tuple(sorted(w))) for g, w in references.get(i, {}).items()))
@@ -146,21 +177,40 @@ def expand_case(
     return cells
 
 
-def baseline_for(combo: dict[str, Any], baseline: dict[str, Any] | None, combos: list[dict[str, Any]],
+def baseline_for(combo: dict[str, Any], baseline: dict[str, Any] | None, index: dict[tuple, int],
                  ids: list[str]) -> str | None:
     """The id of the accuracy baseline a combination is compared with: the baseline run in the combination's own
     execution and workload where the case has that cell (an eager twin against the eager twin of the baseline),
-    else the baseline itself. Never the other way round: a baseline that is a differential cell waits for its
-    eager oracle, so that oracle waiting for the baseline would stop both."""
+    else the baseline itself (`index`: each combination's position, by `_key`). Never the other way round: a
+    baseline that is a differential cell waits for its eager oracle, so that oracle waiting for the baseline would
+    stop both."""
     if baseline is None:
         return None
     same_mode = {**baseline, "execution": combo["execution"], "workload": combo["workload"]}
-    return ids[combos.index(same_mode)] if same_mode in combos else ids[combos.index(baseline)]
+    return ids[index[_key(same_mode)]] if _key(same_mode) in index else ids[index[_key(baseline)]]
+
+
+_SHARED_WITH_ORACLE = tuple(a for a in AXES if a not in ("execution", "workload"))
 
 
 def _others(combo: dict[str, Any]) -> tuple:
     """A combination's axes other than execution and workload (what a cell and its oracle share)."""
-    return tuple(repr(combo[a]) for a in AXES if a not in ("execution", "workload"))
+    return _key(combo, _SHARED_WITH_ORACLE)
+
+
+def _running_as_oracle(combos: list[dict[str, Any]], runs_as: Callable[[dict], tuple[str, str]],
+                       want: tuple[str, str]) -> dict[tuple, int]:
+    """The case's cells that run as the oracle on a class, by their other axes (`_others`): the first with an
+    explicit execution, else the first with `default`. One pass: looking each cell's oracle up among all cells made
+    expanding grow with the square of the cells."""
+    found: dict[tuple, int] = {}
+    for j, combo in enumerate(combos):
+        if runs_as(combo) != want:
+            continue
+        seen = found.get(_others(combo))
+        if seen is None or combos[seen]["execution"] == "default" != combo["execution"]:
+            found[_others(combo)] = j
+    return found
 
 
 def differential_plan(case: Case, combos: list[dict[str, Any]], gpu_classes: tuple[str, ...],
@@ -176,27 +226,26 @@ def differential_plan(case: Case, combos: list[dict[str, Any]], gpu_classes: tup
     added: list[tuple[dict, set[str]]] = []
     oracles: dict[int, dict[str, int]] = {}
     references: dict[int, dict[str, set[str]]] = {}
+    twins: dict[tuple, int] = {}  # an added oracle's position in `added`, by `_key`
     for gpu_name in gpu_classes:
         device = pool[gpu_name].device
 
         def runs_as(combo: dict, device: str = device) -> tuple[str, str]:
             return resolved_execution(combo["execution"], device), combo["workload"]
 
+        as_oracle = _running_as_oracle(combos, runs_as, want)
         for i, combo in enumerate(combos):
             if runs_as(combo) == want:
                 continue
-            same = [j for j, o in enumerate(combos) if _others(o) == _others(combo) and runs_as(o) == want]
-            same.sort(key=lambda j: combos[j]["execution"] == "default")
-            if same:
-                oracle = same[0]
+            if _others(combo) in as_oracle:
+                oracle = as_oracle[_others(combo)]
             else:
                 twin = {**combo, "execution": want[0], "workload": want[1]}
-                index = next((k for k, (c, _) in enumerate(added) if c == twin), None)
-                if index is None:
+                if _key(twin) not in twins:
                     added.append((twin, set()))
-                    index = len(added) - 1
-                added[index][1].add(gpu_name)
-                oracle = len(combos) + index
+                    twins[_key(twin)] = len(added) - 1
+                added[twins[_key(twin)]][1].add(gpu_name)
+                oracle = len(combos) + twins[_key(twin)]
             oracles.setdefault(i, {})[gpu_name] = oracle
             workloads = references.setdefault(oracle, {}).setdefault(gpu_name, set())
             if combo["workload"] != "plain":
