@@ -8,7 +8,6 @@ may say is bounded (size, UTF-8, no aliases; the cells they expand to, matrix/ex
 
 from __future__ import annotations
 
-import re
 from collections.abc import Hashable, Iterable
 from importlib import resources
 from pathlib import Path
@@ -135,17 +134,25 @@ def _with_includes(path: Path, data: dict, case: str, seen: tuple[Path, ...] = (
 
 
 # A case's name is its file's: it is part of every cell id, record file name, report row and command line that
-# names a cell, so it holds only letters, digits and `_.+-` (no line break, space, `|`, `[`, `*`, ...).
-CASE_NAME = re.compile(r"[\w.+-]+")
+# names a cell. So it is printable UTF-8 text without spaces (a line break split the report's rows, bytes that are
+# not UTF-8 could not be printed) and without what cell ids, report tables and selections give a meaning to.
+NOT_IN_A_CASE_NAME = frozenset("[]|*?")
+
+
+def case_name_problem(name: str) -> str | None:
+    """Why a case file's name cannot be a case's name; None where it can."""
+    if name.isprintable() and not any(c.isspace() or c in NOT_IN_A_CASE_NAME for c in name):
+        return None
+    return ("a case is named by its file, and a case name is printable UTF-8 text without spaces, line breaks or "
+            f"any of {' '.join(sorted(NOT_IN_A_CASE_NAME))}; rename the file")
 
 
 def load_case(path: Path, vocabulary: Vocabulary | None = None, max_cells: int | None = MAX_CELLS) -> Case:
     """A case file, checked (the installed vLLM's names too, with `vocabulary`); CaseError naming file, case and
     field. `max_cells`: the cells its matrix may expand to (None: any number), checked before anything expands it."""
     name = path.stem
-    if not CASE_NAME.fullmatch(name):
-        raise CaseError(shown(path), None, None, "a case is named by its file, and a case name holds only letters, "
-                                                 "digits, '_', '.', '+' and '-'; rename the file")
+    if problem := case_name_problem(name):
+        raise CaseError(shown(path), None, None, problem)
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise CaseError(str(path), name, None, "a case file is a mapping of fields")

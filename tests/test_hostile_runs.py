@@ -191,6 +191,23 @@ def test_a_case_that_names_remote_code_is_set_aside_and_the_others_run(cases_dir
     assert [r["case"] for r in RunDir(run).records()] == ["ok"]
 
 
+@pytest.mark.parametrize("name", [b"caf\xe9", b"two\nlines"], ids=["not-utf8", "newline"])
+def test_a_case_file_whose_name_is_no_case_name_is_set_aside_and_the_others_run(cases_dir, tmp_path, monkeypatch,
+                                                                                capsys, name):
+    """Before: a file name that is not UTF-8 stopped the run with a traceback; a line break in one split the
+    report's rows."""
+    with open(os.path.join(os.fsencode(cases_dir), name + b".yaml"), "w") as f:
+        f.write("model: llama\n")
+    write_case(cases_dir, "ok", {"model": "llama", "gpus": [CPU_CLASS]})
+    assert run_fake(cases_dir, tmp_path, monkeypatch, "--cases-dir", str(cases_dir), "--run-id", "r") == 1
+    err = capsys.readouterr().err
+    assert "a case name is printable UTF-8 text" in err and "Traceback" not in err
+    run = tmp_path / "runs" / "r"
+    rows = [line for line in (run / "matrix.md").read_text().splitlines() if line.startswith("| ")]
+    assert all(line.endswith("|") for line in rows) and any("[invalid]" in line for line in rows)
+    assert [r["case"] for r in RunDir(run).records()] == ["ok"]
+
+
 def test_a_registry_model_that_cannot_be_had_is_its_cells_error_not_a_broken_environment(
         cases_dir, tmp_path, monkeypatch, capsys):
     """Before: the first model's plain cell is the canary, so a model of the user's own registry that has no build

@@ -32,7 +32,7 @@ def cases_fingerprint(cases_dir: Path) -> str:
                 if not (folder / name).exists()]
     digest = hashlib.sha256()
     for path in sorted(folder.glob("*.yaml")) + sorted(folder.glob("*.txt")) + borrowed:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(os.fsencode(path.name) + b"\0" + path.read_bytes() + b"\0")  # any name, UTF-8 or not
     return digest.hexdigest()[:16]
 
 
