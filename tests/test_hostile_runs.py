@@ -266,6 +266,7 @@ def test_sigterm_ends_a_run_with_a_message_and_no_socket_folder_outlives_a_run(c
     proc.communicate(timeout=60)
     assert list(tmpdir.glob("kvmatrix-template-*")) != []
     command, env = slow_run(cases_dir, tmp_path, tmpdir, sleep="0")
+    del env["FAKE_TEMPLATES"]  # a run that forks nothing (a GPU class, --no-template) removes them too
     done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert list(tmpdir.glob("kvmatrix-template-*")) == []  # the killed run's folder removed by the next run

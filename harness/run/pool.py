@@ -29,7 +29,7 @@ from kvmatrix.harness.run.process import CellProcesses
 from kvmatrix.harness.run.process_start import Exec, ProcessStart
 from kvmatrix.harness.run.schedule import order_tasks
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.run.template import Templates
+from kvmatrix.harness.run.template import Templates, remove_stale_socket_folders
 
 OnRecord = Callable[[JudgedRecord, int, int, bool], None]
 
@@ -221,7 +221,9 @@ def slot_launcher(settings: RunSettings, start: ProcessStart) -> Launcher:
 
 def process_start(settings: RunSettings) -> ProcessStart:
     """How the run's cell processes and workers start: forked from a template, or each running its command. Cells
-    with caches of their own would each need a template of their own (the cache folders are fixed at import)."""
+    with caches of their own would each need a template of their own (the cache folders are fixed at import). Every
+    run first removes the templates' socket folders that runners killed earlier left behind."""
+    remove_stale_socket_folders()
     if settings.fork_from_template and not settings.fresh_caches:
         return Templates(settings.template_command, settings.run_dir.root / "logs" / "templates")
     return Exec()

@@ -166,9 +166,6 @@ class Templates:
     _key_locks: dict[ShareKey, threading.Lock] = field(default_factory=dict, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
-    def __post_init__(self) -> None:
-        remove_stale_socket_folders()
-
     def cell(self, command: tuple[str, ...], files: CellFiles, env: dict[str, str], share_key: ShareKey,
              processes: CellProcesses, gpu: int | None) -> Started:
         request = {"kind": "cell", "spec": str(files.spec), "result": str(files.result), "log": str(files.log)}
