@@ -69,6 +69,9 @@ def rejudged(run_dir: RunDir, cases_dir: Path) -> list[tuple[JudgedRecord, Judge
     for stored in run_dir.records():
         now = copy.deepcopy(stored)
         cell, gpu = cells.get(stored["cell_id"]), stored.get("gpu_class")
+        if stored.get("unreadable_record"):  # a file that could not be read: nothing to judge, an error as it is
+            pairs.append((stored, now))
+            continue
         if cell is not None and gpu in pool and stored.get("status") != "skipped":
             reclassify(now, run_dir)
             judge_record(now, Task(cell, gpu, pool[gpu], stored.get("emulated_from")), run_dir, waivers)

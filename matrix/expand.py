@@ -4,6 +4,8 @@ matrix idea), each cell with a stable, readable id and the GPU classes of the po
 from __future__ import annotations
 
 import itertools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +119,30 @@ def cell_id(case: Case, axes: dict[str, Any], shown_optional: frozenset[str] = f
     return f"{case.name}[" + ",".join(f"{AXIS_ID_NAMES[a]}={show(a, axes[a])}" for a in shown) + "]"
 
 
+# Cells a run expands to at most (`--max-cells` sets another cap, 0 none): a 10^6-cell matrix took 114 s and
+# 2.3 GB to plan, then started a cell a second, skips included.
+MAX_CELLS = 20_000
+
+
+def matrix_size(case: Case) -> int:
+    """The cells a case's matrix can expand to, counted without expanding it: its cross product and includes
+    (excludes only remove cells; the oracles a differential rule adds at most double them)."""
+    m = case.matrix
+    return math.prod(len(getattr(m, a)) for a in AXES) + len(m.include)
+
+
+def check_size(case: Case, source: str, max_cells: int | None) -> None:
+    """CaseError where the case's matrix may expand to more than `max_cells` cells (None: no cap)."""
+    if max_cells is not None and (size := matrix_size(case)) > max_cells:
+        raise CaseError(source, case.name, "matrix", f"expands to up to {size:,} cells, over the {max_cells:,} "
+                                                     "this run may still take (`--max-cells N` sets the cap, 0 none)")
+
+
+def _key(combo: dict[str, Any], axes: tuple[str, ...] = AXES) -> tuple:
+    """A combination as a dict key (a skip list is a list)."""
+    return tuple(tuple(combo[a]) if isinstance(combo[a], list) else combo[a] for a in axes)
+
+
 def combinations(case: Case) -> list[dict[str, Any]]:
     m = case.matrix
     product = [dict(zip(AXES, values, strict=True)) for values in itertools.product(*(getattr(m, a) for a in AXES))]
@@ -125,9 +151,11 @@ def combinations(case: Case) -> list[dict[str, Any]]:
         if not any(all(matches(v, combo[k]) for k, v in ex.given().items()) for ex in m.exclude)
         and (combo["speculative"] or not any(combo[a] for a in DRAFT_AXES))  # draft options need a draft
     ]
+    seen = {_key(combo) for combo in kept}
     for inc in m.include:
         combo = {**AXIS_DEFAULTS, **inc.given()}
-        if combo not in kept:
+        if _key(combo) not in seen:
+            seen.add(_key(combo))
             kept.append(combo)
     return kept
 
@@ -140,9 +168,11 @@ def classes_for(case: Case, pool: dict[str, GpuClass]) -> tuple[str, ...]:
 
 
 def expand_case(
-    case: Case, models: dict[str, ModelEntry], pool: dict[str, GpuClass], source: str = ""
+    case: Case, models: dict[str, ModelEntry], pool: dict[str, GpuClass], source: str = "",
+    max_cells: int | None = MAX_CELLS,
 ) -> list[Cell]:
     source = source or f"cases/{case.name}.yaml"
+    check_size(case, source, max_cells)
     if case.model not in models:
         raise CaseError(source, case.name, "model", f"{case.model!r} is not in the model registry")
     _check_drafts(case, models, source)
@@ -162,13 +192,16 @@ def expand_case(
             for c, _ in added]
     classes = [gpu_classes] * len(combos) + [tuple(g for g in gpu_classes if g in needed) for _, needed in added]
     combos = combos + [c for c, _ in added]
-    baselines = [baseline_for(c, baseline, combos, ids) for c in combos]
-    twins = [ids[combos.index(no_draft(c))] if c["speculative"] and no_draft(c) in combos else None for c in combos]
+    index = {_key(c): i for i, c in reversed(list(enumerate(combos)))}  # the first of equal ones, as list.index
+    baselines = [baseline_for(c, baseline, index, ids) for c in combos]
+    twins = [ids[index[_key(no_draft(c))]] if c["speculative"] and _key(no_draft(c)) in index else None
+             for c in combos]
+    twin_ids = set(twins)
     cells = [Cell(ids[i], case, cell_axes(c), classes[i], source, baselines[i],
                   tuple((g, ids[o]) for g, o in oracles.get(i, {}).items()),
                   tuple((g, tuple(sorted(w))) for g, w in references.get(i, {}).items()),
-                  draft_twin=twins[i], plain_twins=plain_twins(i, combos, ids, classes, pool),
-                  twin_of_draft=ids[i] in twins)
+                  draft_twin=twins[i], plain_twins=plain_twins(i, combos, index, ids, classes, pool),
+                  twin_of_draft=ids[i] in twin_ids)
              for i, c in enumerate(combos)]
     ids = [c.cell_id for c in cells]
     if len(set(ids)) != len(ids):
@@ -176,16 +209,20 @@ def expand_case(
     return cells
 
 
-def baseline_for(combo: dict[str, Any], baseline: dict[str, Any] | None, combos: list[dict[str, Any]],
+def baseline_for(combo: dict[str, Any], baseline: dict[str, Any] | None, index: dict[tuple, int],
                  ids: list[str]) -> str | None:
     """The id of the accuracy baseline a combination is compared with: the baseline run in the combination's own
     execution and workload where the case has that cell (an eager twin against the eager twin of the baseline),
-    else the baseline itself. Never the other way round: a baseline that is a differential cell waits for its
-    eager oracle, so that oracle waiting for the baseline would stop both."""
+    else the baseline itself (`index`: each combination's position, by `_key`). Never the other way round: a
+    baseline that is a differential cell waits for its eager oracle, so that oracle waiting for the baseline would
+    stop both."""
     if baseline is None:
         return None
     same_mode = {**baseline, "execution": combo["execution"], "workload": combo["workload"]}
-    return ids[combos.index(same_mode)] if same_mode in combos else ids[combos.index(baseline)]
+    return ids[index[_key(same_mode)]] if _key(same_mode) in index else ids[index[_key(baseline)]]
+
+
+_SHARED_WITH_ORACLE = tuple(a for a in AXES if a not in ("execution", "workload"))
 
 
 def no_draft(combo: dict[str, Any]) -> dict[str, Any]:
@@ -195,30 +232,33 @@ def no_draft(combo: dict[str, Any]) -> dict[str, Any]:
 
 def draft_twins_missing(combos: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The no-draft twins of the draft combinations that `combos` lacks, each once, in order."""
+    seen = {_key(c) for c in combos}
     missing: list[dict[str, Any]] = []
     for twin in (no_draft(c) for c in combos if c["speculative"]):
-        if twin not in combos and twin not in missing:
+        if _key(twin) not in seen:
+            seen.add(_key(twin))
             missing.append(twin)
     return missing
 
 
-def plain_twins(index: int, combos: list[dict[str, Any]], ids: list[str], classes: list[tuple[str, ...]],
-                pool: dict[str, GpuClass]) -> tuple[tuple[str, str], ...]:
+def plain_twins(index: int, combos: list[dict[str, Any]], positions: dict[tuple, int], ids: list[str],
+                classes: list[tuple[str, ...]], pool: dict[str, GpuClass]) -> tuple[tuple[str, str], ...]:
     """(class, id) of a draft combination's plain twin on each of its classes: the same draft and parallel sizes,
     every other axis at its default, running eager and plain there (an explicit `eager` before `default`). None
     where the combination is its own plain twin or the case has no such cell (its acceptance is then only
-    recorded)."""
+    recorded). `positions`: each combination's position, by `_key` (a lookup per execution, not a scan)."""
     combo = combos[index]
     if not combo["speculative"]:
         return ()
     plain = {**AXIS_DEFAULTS, **{a: combo[a] for a in ("speculative", "tensor_parallel_size",
                                                         "pipeline_parallel_size")}}
+    candidates = [positions[k] for k in (_key({**plain, "execution": e}) for e in ("eager", "default"))
+                  if k in positions]
     out = []
     for gpu_name in classes[index]:
         device = pool[gpu_name].device
-        found = [j for j, c in enumerate(combos) if gpu_name in classes[j]
-                 and resolved_execution(c["execution"], device) == "eager" and {**c, "execution": "default"} == plain]
-        found.sort(key=lambda j: combos[j]["execution"] == "default")
+        found = [j for j in candidates
+                 if gpu_name in classes[j] and resolved_execution(combos[j]["execution"], device) == "eager"]
         if found and found[0] != index:
             out.append((gpu_name, ids[found[0]]))
     return tuple(out)
@@ -226,7 +266,22 @@ def plain_twins(index: int, combos: list[dict[str, Any]], ids: list[str], classe
 
 def _others(combo: dict[str, Any]) -> tuple:
     """A combination's axes other than execution and workload (what a cell and its oracle share)."""
-    return tuple(repr(combo[a]) for a in AXES if a not in ("execution", "workload"))
+    return _key(combo, _SHARED_WITH_ORACLE)
+
+
+def _running_as_oracle(combos: list[dict[str, Any]], runs_as: Callable[[dict], tuple[str, str]],
+                       want: tuple[str, str]) -> dict[tuple, int]:
+    """The case's cells that run as the oracle on a class, by their other axes (`_others`): the first with an
+    explicit execution, else the first with `default`. One pass: looking each cell's oracle up among all cells made
+    expanding grow with the square of the cells."""
+    found: dict[tuple, int] = {}
+    for j, combo in enumerate(combos):
+        if runs_as(combo) != want:
+            continue
+        seen = found.get(_others(combo))
+        if seen is None or combos[seen]["execution"] == "default" != combo["execution"]:
+            found[_others(combo)] = j
+    return found
 
 
 def differential_plan(case: Case, combos: list[dict[str, Any]], gpu_classes: tuple[str, ...],
@@ -242,27 +297,26 @@ def differential_plan(case: Case, combos: list[dict[str, Any]], gpu_classes: tup
     added: list[tuple[dict, set[str]]] = []
     oracles: dict[int, dict[str, int]] = {}
     references: dict[int, dict[str, set[str]]] = {}
+    twins: dict[tuple, int] = {}  # an added oracle's position in `added`, by `_key`
     for gpu_name in gpu_classes:
         device = pool[gpu_name].device
 
         def runs_as(combo: dict, device: str = device) -> tuple[str, str]:
             return resolved_execution(combo["execution"], device), combo["workload"]
 
+        as_oracle = _running_as_oracle(combos, runs_as, want)
         for i, combo in enumerate(combos):
             if runs_as(combo) == want:
                 continue
-            same = [j for j, o in enumerate(combos) if _others(o) == _others(combo) and runs_as(o) == want]
-            same.sort(key=lambda j: combos[j]["execution"] == "default")
-            if same:
-                oracle = same[0]
+            if _others(combo) in as_oracle:
+                oracle = as_oracle[_others(combo)]
             else:
                 twin = {**combo, "execution": want[0], "workload": want[1]}
-                index = next((k for k, (c, _) in enumerate(added) if c == twin), None)
-                if index is None:
+                if _key(twin) not in twins:
                     added.append((twin, set()))
-                    index = len(added) - 1
-                added[index][1].add(gpu_name)
-                oracle = len(combos) + index
+                    twins[_key(twin)] = len(added) - 1
+                added[twins[_key(twin)]][1].add(gpu_name)
+                oracle = len(combos) + twins[_key(twin)]
             oracles.setdefault(i, {})[gpu_name] = oracle
             workloads = references.setdefault(oracle, {}).setdefault(gpu_name, set())
             if combo["workload"] != "plain":

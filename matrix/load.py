@@ -2,12 +2,13 @@
 and the GPU pool (`_pool.yaml`). Files whose name starts with `_` are shared data, never cases; a case may pull
 shared blocks in with `include: [_file.yaml]` (the lm-evaluation-harness idea), its own keys winning.
 
-YAML is read with `yaml.safe_load` only: case files are data, nothing in them is executed.
+YAML is read with a SafeLoader only (`read_yaml`): case files are data, nothing in them is executed, and what they
+may say is bounded (size, UTF-8, no aliases; the cells they expand to, matrix/expand.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,16 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from kvmatrix.matrix.case import Case
-from kvmatrix.matrix.expand import combinations
-from kvmatrix.matrix.schema import CaseError, GpuClass, ModelEntry, Vocabulary, wrap_validation_error
+from kvmatrix.matrix.expand import MAX_CELLS, check_size, combinations
+from kvmatrix.matrix.schema import (
+    CaseError,
+    GpuClass,
+    ModelEntry,
+    Vocabulary,
+    case_engine_arg_problem,
+    case_env_problem,
+    wrap_validation_error,
+)
 
 # The default case set: cases/ of the checkout, package data of an installed kvmatrix (wherever it was installed).
 CASES_DIR = Path(str(resources.files("kvmatrix.cases")))
@@ -25,21 +34,77 @@ MODELS_FILE = "_models.yaml"
 POOL_FILE = "_pool.yaml"
 
 
+# Bounds on a data file: the shipped ones are at most a few KiB, and nothing in one is worth more.
+MAX_FILE_BYTES = 1 << 20
+
+
+class _DataLoader(yaml.SafeLoader):
+    """`yaml.safe_load` without what no data file needs and a hostile one abuses: aliases (`*name`: 600 bytes of
+    nested aliases expand to a 112 MB engine argument) and a key given twice (YAML keeps the last one silently:
+    a second `expect:` would drop the first's rules)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.MarkedYAMLError(None, None, "an alias (*name): data files repeat nothing by reference; "
+                                       "write the value out, or share a block with include:",
+                                       self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, Hashable) and key in seen:
+                raise yaml.MarkedYAMLError(None, None, f"key {key!r} appears twice in one mapping",
+                                           key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def shown(path: Path | str) -> str:
+    """A path as messages show it: a character that is not printable (a line break, bytes that are not UTF-8)
+    escaped, so that the message stays one line and can be printed."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(path))
+
+
 def read_yaml(path: Path) -> Any:
+    """A data file's YAML (nothing in it executed), or CaseError naming the file: unreadable, not a regular file,
+    over MAX_FILE_BYTES, not UTF-8, not YAML, nested past the parser's depth, or with aliases or a key twice."""
+    where = shown(path)
     try:
-        text = path.read_text()
+        if not Path(path).is_file():
+            raise CaseError(where, None, None, "not a regular file")
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
     except OSError as err:
-        raise CaseError(str(path), None, None, f"cannot read: {err.strerror}") from None
+        raise CaseError(where, None, None, f"cannot read: {err.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise CaseError(where, None, None, f"over {MAX_FILE_BYTES >> 10} KiB: no data file needs that much")
     try:
-        return yaml.safe_load(text)
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise CaseError(where, None, None, f"not UTF-8 text: byte 0x{data[err.start]:02x} on line {line}") from None
+    try:
+        return yaml.load(text, Loader=_DataLoader)  # noqa: S506 - _DataLoader is a SafeLoader
     except yaml.YAMLError as err:
-        raise CaseError(str(path), None, None, f"not valid YAML: {err}") from None
+        raise CaseError(where, None, None, f"not valid YAML: {_one_line(err)}") from None
+    except RecursionError:
+        raise CaseError(where, None, None, "not valid YAML: nested too deeply to read") from None
 
 
 def case_files(cases_dir: Path = CASES_DIR) -> list[Path]:
     if not Path(cases_dir).is_dir():
         raise CaseError(str(cases_dir), None, None, "no such folder of case files")
     return sorted(p for p in cases_dir.glob("*.yaml") if not p.name.startswith("_"))
+
+
+def _one_line(err: yaml.YAMLError) -> str:
+    """PyYAML's error as one line: what is wrong and where (its own message spans several, with a snippet)."""
+    if not isinstance(err, yaml.MarkedYAMLError):
+        return " ".join(str(err).split())
+    where = f" (line {err.problem_mark.line + 1}, column {err.problem_mark.column + 1})" if err.problem_mark else ""
+    return " ".join(filter(None, [err.context, err.problem])) + where
 
 
 def _with_includes(path: Path, data: dict, case: str, seen: tuple[Path, ...] = ()) -> dict:
@@ -68,8 +133,26 @@ def _with_includes(path: Path, data: dict, case: str, seen: tuple[Path, ...] = (
     return merged
 
 
-def load_case(path: Path, vocabulary: Vocabulary | None = None) -> Case:
+# A case's name is its file's: it is part of every cell id, record file name, report row and command line that
+# names a cell. So it is printable UTF-8 text without spaces (a line break split the report's rows, bytes that are
+# not UTF-8 could not be printed) and without what cell ids, report tables and selections give a meaning to.
+NOT_IN_A_CASE_NAME = frozenset("[]|*?")
+
+
+def case_name_problem(name: str) -> str | None:
+    """Why a case file's name cannot be a case's name; None where it can."""
+    if name.isprintable() and not any(c.isspace() or c in NOT_IN_A_CASE_NAME for c in name):
+        return None
+    return ("a case is named by its file, and a case name is printable UTF-8 text without spaces, line breaks or "
+            f"any of {' '.join(sorted(NOT_IN_A_CASE_NAME))}; rename the file")
+
+
+def load_case(path: Path, vocabulary: Vocabulary | None = None, max_cells: int | None = MAX_CELLS) -> Case:
+    """A case file, checked (the installed vLLM's names too, with `vocabulary`); CaseError naming file, case and
+    field. `max_cells`: the cells its matrix may expand to (None: any number), checked before anything expands it."""
     name = path.stem
+    if problem := case_name_problem(name):
+        raise CaseError(shown(path), None, None, problem)
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise CaseError(str(path), name, None, "a case file is a mapping of fields")
@@ -81,9 +164,23 @@ def load_case(path: Path, vocabulary: Vocabulary | None = None) -> Case:
         case = Case.model_validate(data)
     except ValidationError as err:
         raise wrap_validation_error(err, str(path), name) from None
+    except RecursionError:
+        raise CaseError(str(path), name, None, "nested too deeply to check") from None
+    _check_data_only(path, case)
+    check_size(case, str(path), max_cells)
     if vocabulary is not None:
         _check_vocabulary(path, case, vocabulary)
     return case
+
+
+def _check_data_only(path: Path, case: Case) -> None:
+    """A case's environment and engine arguments are data: nothing that loads code or files (schema.py says why)."""
+    for name, value in case.env.items():
+        if problem := case_env_problem(name, value):
+            raise CaseError(str(path), case.name, f"env.{name}", problem)
+    for name, value in case.engine_args.items():
+        if problem := case_engine_arg_problem(name, value):
+            raise CaseError(str(path), case.name, f"engine_args.{name}", problem)
 
 
 def _check_vocabulary(path: Path, case: Case, vocabulary: Vocabulary) -> None:

@@ -9,6 +9,8 @@ its axes (axes.py) and what it expects of its cells' records (expectations.py).
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -65,7 +67,87 @@ def wrap_validation_error(err: ValidationError, file: str, case: str | None) -> 
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # No infinite or NaN number: `timeout_s: .inf` would wait forever (and crash the run's timer), a NaN compares
+    # false with everything.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+# --- what a case file may set: data, never code or files ------------------------------------------------------
+# A case's `env:` and `engine_args` reach the cell process as they are, so a case file (a data file, perhaps a
+# stranger's) must not name a file, a folder, a library or a class there: any of those runs code in the cell (a
+# logging config names a handler class, LD_LIBRARY_PATH picks the libraries, trust_remote_code runs the model's own
+# Python, compilation_config's backend is a function to import). So a case sets only what is on these lists: vLLM's
+# switches of kernels, backends' implementations and numeric modes, and engine arguments of sizes, dtypes and
+# scheduling, each taking a word, a number or a flag. Models, tokenizers and how they load are the model registry's
+# (`_models.yaml`, the user's own); the KV cache, backend, draft and execution are the matrix's axes. Names of
+# several vLLM releases are listed; the installed vLLM's own names are checked too (Vocabulary). Adding a name: it
+# must load nothing.
+CASE_ENV_VARS = frozenset({
+    # attention and the KV cache
+    "VLLM_ATTENTION_BACKEND", "VLLM_FLASH_ATTN_VERSION", "VLLM_USE_TRTLLM_ATTENTION", "VLLM_KV_CACHE_LAYOUT",
+    "VLLM_MLA_DISABLE", "VLLM_DISABLE_FLASHINFER_PREFILL", "VLLM_USE_CUDNN_PREFILL",
+    "VLLM_USE_TRTLLM_RAGGED_DEEPSEEK_PREFILL", "VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE",
+    "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_ATTN_SPLIT_KV",
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN", "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB", "VLLM_ROCM_USE_AITER",
+    "VLLM_ROCM_USE_AITER_MHA", "VLLM_ROCM_USE_AITER_MLA",
+    # sampling
+    "VLLM_USE_FLASHINFER_SAMPLER",
+    # GEMM and MoE kernels
+    "VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM", "VLLM_USE_DEEP_GEMM_E8M0", "VLLM_DEEP_GEMM_WARMUP",
+    "VLLM_USE_FLASHINFER_MOE_FP8", "VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_FLASHINFER_MOE_BACKEND",
+    "VLLM_USE_TRITON_AWQ", "VLLM_MARLIN_USE_ATOMIC_ADD", "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER",
+    "VLLM_DISABLED_KERNELS", "VLLM_USE_FUSED_MOE_GROUPED_TOPK",
+    # compilation (the caches' folders are the harness's)
+    "VLLM_DISABLE_COMPILE_CACHE", "VLLM_USE_STANDALONE_COMPILE", "VLLM_USE_AOT_COMPILE",
+    "VLLM_ENABLE_INDUCTOR_MAX_AUTOTUNE", "VLLM_ENABLE_INDUCTOR_COORDINATE_DESCENT_TUNING", "VLLM_ENABLE_CUDAGRAPH_GC",
+    # numerics and the engine's runner
+    "VLLM_BATCH_INVARIANT", "VLLM_FLOAT32_MATMUL_PRECISION", "VLLM_COMPUTE_NANS_IN_LOGITS", "VLLM_USE_V1",
+    "VLLM_USE_V2_MODEL_RUNNER",
+})
+CASE_ENGINE_ARGS = frozenset({
+    "dtype", "seed", "max_model_len", "quantization", "block_size", "gpu_memory_utilization", "kv_cache_memory_bytes",
+    "num_gpu_blocks_override", "swap_space", "cpu_offload_gb", "calculate_kv_scales", "enable_prefix_caching",
+    "prefix_caching_hash_algo", "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs",
+    "long_prefill_token_threshold", "disable_sliding_window", "disable_cascade_attn",
+    "disable_hybrid_kv_cache_manager", "kv_sharing_fast_prefill", "enforce_eager", "cudagraph_capture_sizes",
+    "max_cudagraph_capture_size", "max_seq_len_to_capture", "async_scheduling", "scheduling_policy",
+    "max_logprobs", "logprobs_mode", "disable_log_stats", "mamba_cache_dtype", "mamba_ssm_cache_dtype",
+    "mamba_block_size", "mamba_cache_mode", "enable_expert_parallel", "moe_backend", "linear_backend",
+    "disable_custom_all_reduce", "optimization_level", "stream_interval",
+})
+# A value is a word, a number or a flag: no path separator, space or quote, and no dotted name (`os.system`, a
+# class to import).
+_PLAIN_TEXT = re.compile(r"[A-Za-z0-9_.,:+-]{0,256}")
+_DOTTED_NAME = re.compile(r"[A-Za-z_]\w*\.[A-Za-z_]")
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, bool | int) or (isinstance(value, float) and math.isfinite(value)):
+        return True
+    return isinstance(value, str) and bool(_PLAIN_TEXT.fullmatch(value)) and not _DOTTED_NAME.search(value)
+
+
+def case_env_problem(name: str, value: str) -> str | None:
+    """Why a case's `env:` may not set `name` to `value` (None: it may)."""
+    if name not in CASE_ENV_VARS:
+        return ("not one of vLLM's switches a case may set (matrix/schema.py CASE_ENV_VARS): a variable that names "
+                "a path, library, plugin, module or config loads code or files in the cell")
+    if not _plain(value):
+        return f"{value!r} is not a plain value (a word, a number or a flag; no path, space or dotted name)"
+    return None
+
+
+def case_engine_arg_problem(name: str, value: Any) -> str | None:
+    """Why a case's `engine_args` may not set `name` to `value` (None: it may): no model, tokenizer, remote code,
+    path, plugin, nested configuration or anything else that loads code or files, and only plain values."""
+    if name not in CASE_ENGINE_ARGS:
+        return ("not an engine argument a case may set (matrix/schema.py CASE_ENGINE_ARGS): the model registry "
+                "(_models.yaml) names models, tokenizers, remote code and how they load, the matrix's axes set the KV "
+                "cache, backend, draft and execution, and nothing in a case loads code or files")
+    if not all(_plain(item) for item in (value if isinstance(value, list) else [value])):
+        return (f"{value!r} is not a plain value: a case's engine arguments are words, finite numbers, flags or "
+                "lists of them (no path, dotted name or nested configuration)")
+    return None
 
 
 # --- model registry and GPU pool --------------------------------------------------------------------------

@@ -32,11 +32,39 @@ def test_a_record_without_a_verdict_is_refused(tmp_path):
         RunDir(tmp_path).write({"cell_id": "x", "gpu_class": "cpu", "verdict": "maybe"})
 
 
-def test_torn_or_foreign_files_are_not_records(tmp_path):
+@pytest.mark.parametrize(("content", "why"), [
+    ('{"cell_id": "torn[kv=fp8,skip=-,spec=-]", "verd', "not JSON"),  # torn mid-write by a disk, not by a rename
+    ("", "not JSON"),  # emptied
+    (b"\xff\xfe{}", "not JSON"),  # not UTF-8
+    ('{"something": 1}', "not a judged record"),  # not a record at all
+    ('{"cell_id": "torn[kv=fp8,skip=-,spec=-]", "verdict": "fail", "status": "sideways"}', "field 'status'"),
+    ('{"cell_id": "torn[kv=fp8,skip=-,spec=-]", "phase": "done", "status": "ok"}', "not a judged record"),  # a result
+])
+def test_an_unreadable_record_file_is_its_cells_error_never_absent(tmp_path, content, why):
+    """Before, a torn or emptied record vanished from every reader: a run with one FAIL read as all passes."""
     run = RunDir(tmp_path)
-    (tmp_path / "cpu--torn.json").write_text('{"cell_id": "torn", "verd')
-    (tmp_path / "cpu--other.json").write_text('{"something": 1}')
-    assert run.records() == [] and run.read("torn", "cpu") is None
+    run.write({"cell_id": "ok[kv=auto,skip=-,spec=-]", "gpu_class": "cpu", "verdict": "pass"})
+    path = run.record_path("torn[kv=fp8,skip=-,spec=-]", "cpu")
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    ok, torn = run.records()
+    assert ok["verdict"] == "pass"
+    assert (torn["cell_id"], torn["gpu_class"], torn["verdict"], torn["status"]) == (
+        "torn[kv=fp8,skip=-,spec=-]", "cpu", "error", "error")
+    assert why in torn["unreadable_record"] and path.name in torn["reason"]
+    assert run.read("torn[kv=fp8,skip=-,spec=-]", "cpu") is None  # a resume runs the cell again
+    with pytest.raises(ValueError, match="never written"):
+        run.write(torn)
+
+
+def test_long_cell_ids_get_file_names_a_file_system_takes(tmp_path):
+    """A 206-character case name made every file of its cells too long a name (OSError: the run stopped)."""
+    run = RunDir(tmp_path)
+    long_id, other = "a" * 206 + "[kv=auto,skip=-,spec=-]", "a" * 206 + "[kv=fp8,skip=-,spec=-]"
+    path = run.write({"cell_id": long_id, "gpu_class": "cpu-avx512", "verdict": "pass"})
+    assert len(path.name.encode()) <= 255 - len(".123456789.result.json")
+    assert run.read(long_id, "cpu-avx512")["cell_id"] == long_id  # found again by its id: a resume skips it
+    assert run.record_path(other, "cpu-avx512") != path  # ids alike up to the cut still differ
+    assert run.record_path("ok[kv=auto,skip=-,spec=-]", "cpu").name == "cpu--ok[kv=auto,skip=-,spec=-].json"
 
 
 def test_runs_folder_is_found_from_the_working_directory(tmp_path, monkeypatch):

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 from kvmatrix.harness.cli.commands import COMMANDS
-from kvmatrix.harness.cli.exit_codes import INTERRUPTED, USAGE
+from kvmatrix.harness.cli.exit_codes import INTERRUPTED, TERMINATED, USAGE
 from kvmatrix.harness.cli.selection import SelectionError
 from kvmatrix.harness.judge.waivers import WaiverError
 from kvmatrix.harness.record.model import RecordError
@@ -42,15 +44,36 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI runner's cancel, `kill`): unwinds as Ctrl-C does, so running cells and templates are ended and
+    the temporary folders removed."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()  # only there may a handler be set
+    on_term = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         return args.func(args)
     except USAGE_ERRORS as err:
         print(f"kvmatrix: {err}", file=sys.stderr)
         return USAGE
+    except OSError as err:  # a file the command writes or reads (a full disk, no permission): said, not a traceback
+        print(f"kvmatrix: {err.filename or ''}{': ' if err.filename else ''}{err.strerror or err}", file=sys.stderr)
+        return USAGE
+    except Terminated:
+        print("kvmatrix: terminated (SIGTERM); every finished cell's record is kept, and the same command (same "
+              "--run-id) goes on from there", file=sys.stderr)
+        return TERMINATED
     except KeyboardInterrupt:  # Ctrl-C, or SIGINT from a CI step's time limit: running cells were killed
         print("kvmatrix: interrupted; every finished cell's record is kept, and the same command (same --run-id) "
               "goes on from there", file=sys.stderr)
         return INTERRUPTED
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, on_term)

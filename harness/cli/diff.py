@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from kvmatrix.harness.cli.exit_codes import FAILED, OK, USAGE
+from kvmatrix.harness.cli.output import said_unreadable
 from kvmatrix.harness.nightly import history
 from kvmatrix.harness.nightly.diff import Diff, diff_records
 from kvmatrix.harness.record.files import RUNS_DIR
@@ -24,7 +25,8 @@ def add_arguments(dif: argparse.ArgumentParser) -> None:
     dif.add_argument("--html", help="write the run's HTML report, with the diff at the top, to this file")
     dif.add_argument("--runs-dir", default=str(RUNS_DIR), help="where run folders (and their logs) are")
     dif.add_argument("--fail-on", choices=["new", "never"], default="new",
-                     help="exit 1 when a cell newly fails (default), or never")
+                     help="exit 1 when a cell newly fails (default), or never (a record file that could not be "
+                          "read still exits 1)")
     dif.set_defaults(func=cmd_diff)
 
 
@@ -67,4 +69,6 @@ def cmd_diff(args: argparse.Namespace) -> int:
         out.write_text(html.render(history.records_of(db, run_id), f"kvmatrix {run_id}", log_prefix=logs,
                                    diff=comparisons, first_seen=seen, history=history.verdict_history(db, run_id)))
     new_failures = any(c.diff.new_failures for c in comparisons)
-    return FAILED if new_failures and args.fail_on == "new" else OK
+    # A record file that could not be read is no verdict at all: said, and a failure whatever --fail-on says.
+    lost = said_unreadable([r for gpu in classes for r in history.records_of(db, run_id, gpu)])
+    return FAILED if lost or (new_failures and args.fail_on == "new") else OK

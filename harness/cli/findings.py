@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvmatrix.harness.cli.exit_codes import OK
-from kvmatrix.harness.cli.output import records_in
+from kvmatrix.harness.cli.exit_codes import FAILED, OK
+from kvmatrix.harness.cli.output import records_in, said_unreadable
 from kvmatrix.harness.run.guards import cases_dir_for
 from kvmatrix.reports import findings_pages
 
@@ -21,4 +21,4 @@ def cmd_findings(args: argparse.Namespace) -> int:
     records = records_in(args.run_dirs)
     pages = findings_pages.write(records, Path(args.out), {Path(f).name: cases_dir_for(None, f) for f in args.run_dirs})
     print(f"{len(pages)} unexplained failures" + (f": pages and an index in {args.out}" if pages else ""))
-    return OK
+    return FAILED if said_unreadable(records) else OK

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvmatrix.harness.cli.exit_codes import OK
+from kvmatrix.harness.cli.exit_codes import FAILED, OK
+from kvmatrix.harness.cli.output import said_unreadable
 from kvmatrix.harness.nightly import history
+from kvmatrix.harness.record.files import RunDir
 
 
 def add_arguments(hist: argparse.ArgumentParser) -> None:
@@ -22,11 +24,16 @@ def add_arguments(hist: argparse.ArgumentParser) -> None:
 
 
 def cmd_history_import(args: argparse.Namespace) -> int:
+    """A record file that cannot be read is imported as its cell's error, said, and makes the exit status 1."""
     db = history.open_db(args.db)
+    lost = False
     for folder in args.run_dirs:
-        runs = history.import_run(db, Path(folder), args.vllm_commit)
+        run_dir = RunDir(Path(folder))
+        records = run_dir.records()
+        runs = history.import_records(db, records, run_dir.root.name, args.vllm_commit)
         print(f"{folder}: " + (", ".join(f"{run} @{gpu}" for run, gpu in runs) or "no records"))
-    return OK
+        lost = said_unreadable(records) or lost
+    return FAILED if lost else OK
 
 
 def cmd_history_runs(args: argparse.Namespace) -> int:

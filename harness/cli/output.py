@@ -4,10 +4,11 @@ JUnit), and the records of run folders that commands read."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
-from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.files import RunDir, unreadable
 from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.reports import html, junit, markdown
 from kvmatrix.reports.summary import fresh_rerun
@@ -45,3 +46,12 @@ def write_reports(run_dir: RunDir, records: list[JudgedRecord], title: str, head
 def records_in(folders: list[str]) -> list[JudgedRecord]:
     """Every record of these run folders, in folder order."""
     return [r for folder in folders for r in RunDir(Path(folder)).records()]
+
+
+def said_unreadable(records: list[JudgedRecord]) -> bool:
+    """Each record file that could not be read, said on stderr (the reports show it as an error too); whether there
+    was one: the command then exits non-zero, as a run with an error does."""
+    lost = unreadable(records)
+    for record in lost:
+        print(f"kvmatrix: {record['reason']}", file=sys.stderr)
+    return bool(lost)

@@ -7,8 +7,8 @@ import datetime
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kvmatrix.harness.cli.exit_codes import OK
-from kvmatrix.harness.cli.output import write_reports
+from kvmatrix.harness.cli.exit_codes import FAILED, OK
+from kvmatrix.harness.cli.output import said_unreadable, write_reports
 from kvmatrix.harness.cli.selection import add_selection_options, load_cells
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassify
@@ -37,22 +37,26 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
     by_id = {c.cell_id: c for c in cells}
     pool = load_pool(Path(args.cases_dir))
     waivers = session_waivers(Path(args.cases_dir), pool)
+    lost = False
     for folder in args.run_dirs:
         run_dir = RunDir(Path(folder))
         records = rejudge_run(run_dir, by_id, pool, waivers)
         paths = write_reports(run_dir, records, f"kvmatrix {run_dir.root.name}")
         print(paths["md"].read_text())
-    return OK
+        lost = said_unreadable(records) or lost
+    return FAILED if lost else OK
 
 
 def rejudge_run(run_dir: RunDir, cells: Mapping[str, Cell], pool: Mapping[str, GpuClass],
                 waivers: Sequence[Waiver], today: datetime.date | None = None) -> list[JudgedRecord]:
     """Every record of a run folder, those of a known cell and class that ran judged again and written back in
-    place (the others as stored). `today` decides which waivers have expired (default: the date now)."""
+    place (the others as stored, a file that could not be read as its error). `today` decides which waivers have
+    expired (default: the date now)."""
     records = []
     for record in run_dir.records():
         cell, gpu = cells.get(record["cell_id"]), record.get("gpu_class", "")
-        if cell is not None and gpu in pool and record.get("status") != "skipped":
+        if cell is not None and gpu in pool and record.get("status") != "skipped" and not record.get(
+                "unreadable_record"):
             reclassify(record, run_dir)
             judge_record(record, Task(cell, gpu, pool[gpu], record.get("emulated_from")), run_dir, waivers,
                          today=today)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvmatrix.harness.cli.exit_codes import OK
-from kvmatrix.harness.cli.output import records_in, write_reports
+from kvmatrix.harness.cli.exit_codes import FAILED, OK
+from kvmatrix.harness.cli.output import records_in, said_unreadable, write_reports
 from kvmatrix.harness.record.files import RunDir
 
 
@@ -24,4 +24,4 @@ def cmd_report(args: argparse.Namespace) -> int:
     run_dir.root.mkdir(parents=True, exist_ok=True)
     paths = write_reports(run_dir, records, args.title, compare_to=args.compare_to)
     print(paths["md"].read_text())
-    return OK
+    return FAILED if said_unreadable(records) else OK

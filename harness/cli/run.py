@@ -4,6 +4,8 @@ Ray cluster, then the known failures, the reports and the exit status."""
 from __future__ import annotations
 
 import argparse
+import math
+import sqlite3
 import sys
 import time
 from dataclasses import replace
@@ -20,7 +22,7 @@ from kvmatrix.harness.record.parts import FAILING_VERDICTS
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run import host_cpu
-from kvmatrix.harness.run.guards import cases_dir_for, check_free_disk, claim_run_folder
+from kvmatrix.harness.run.guards import cases_dir_for, check_free_disk, claim_run_folder, lock_run_folder
 from kvmatrix.harness.run.pool import LocalPool, OnRecord
 from kvmatrix.harness.run.session import Session, open_session
 from kvmatrix.harness.run.settings import CELL_COMMAND, WORKER_COMMAND
@@ -43,9 +45,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                           "the host's cores)")
     run.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="built models and compile/JIT caches")
     run.add_argument("--hub", action="store_true", help="use the registry's hub ids instead of tiny models")
-    run.add_argument("--timeout-scale", type=float, default=1.0)
+    run.add_argument("--timeout-scale", type=_positive, default=1.0)
     run.add_argument("--force", action="store_true", help="resume a results folder made with other case files")
-    run.add_argument("--min-free-gb", type=float, default=2.0, help="refuse to start with less free disk")
+    run.add_argument("--min-free-gb", type=_gib, default=2.0, help="refuse to start with less free disk")
     run.add_argument("--db", default=str(history.DEFAULT_DB),
                      help="history database whose last verdicts and timings order the cells: failed last time "
                           "first, then longest first")
@@ -76,6 +78,20 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.set_defaults(func=cmd_run)
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):  # a NaN or infinite timeout never ends a hung cell
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number above 0")
+    return value
+
+
+def _gib(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):  # NaN compares false: it would turn the disk check off
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB, 0 or more")
+    return value
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     started = host_cpu.reading()
     args.cases_dir = cases_dir_for(args.cases_dir, Path(args.runs_dir) / args.run_id if args.run_id else None)
@@ -88,7 +104,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                            cache_dir=Path(args.cache_dir), cases_dir=Path(args.cases_dir), use_hub=args.hub,
                            timeout_scale=args.timeout_scale, probe_only=args.probe_only, on_ray=bool(args.ray))
     check_free_disk(Path(args.runs_dir), args.min_free_gb)
-    claim_run_folder(session.run_dir.root, Path(args.cases_dir), args.force)
+    with lock_run_folder(session.run_dir.root):  # one run writes a run folder at a time
+        claim_run_folder(session.run_dir.root, Path(args.cases_dir), args.force)
+        return run_session(args, cells, invalid, every, session, started)
+
+
+def run_session(args: argparse.Namespace, cells: list[Cell], invalid: list[CaseError], every: list[Cell],
+                session: Session, started: host_cpu.Reading) -> int:
+    """The selected cells of a claimed run folder run, then the reports."""
     tasks = session.tasks(cells)
     if args.declared_only:
         tasks = promised(tasks, session.settings.vllm_version)
@@ -122,9 +145,13 @@ def run_here(args: argparse.Namespace, tasks: list[Task], session: Session, on_r
     there is one): a run's first failures show early and no long cell starts last."""
     expected, verdicts, backends = {}, {}, {}
     if Path(args.db).exists():
-        db = history.open_db(args.db)
-        expected, verdicts = history.last_timings(db, session.gpu_name), history.last_verdicts(db, session.gpu_name)
-        backends = history.last_backends(db, session.gpu_name)
+        try:
+            db = history.open_db(args.db)
+            expected, verdicts = history.last_timings(db, session.gpu_name), history.last_verdicts(db, session.gpu_name)
+            backends = history.last_backends(db, session.gpu_name)
+        except (sqlite3.Error, ValueError) as err:  # only the order depends on it: never stop a run
+            print(f"kvmatrix: the history {args.db} could not be read ({err}); cells start in the cases' order",
+                  file=sys.stderr)
     session.jobs = args.jobs or 0
     pool = LocalPool(session.slots, session.slot_env, expected, verdicts,
                      session.settings.gpus_here or 0, session.ranks_env, backends)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kvmatrix.harness.judge.waivers import cell_pattern
 from kvmatrix.harness.run.session import vllm_vocabulary
-from kvmatrix.matrix.expand import Cell, expand_case
+from kvmatrix.matrix.expand import MAX_CELLS, Cell, expand_case
 from kvmatrix.matrix.load import case_files, load_case, load_models, load_pool
 from kvmatrix.matrix.schema import CaseError
 
@@ -24,6 +24,9 @@ def add_selection_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", help="only cells whose id contains this, or this exact cell id; * and ? are "
                               "wildcards, [ and ] literal")
     p.add_argument("--cell", action="append", help="only this exact cell id; repeatable")
+    p.add_argument("--max-cells", type=int, default=MAX_CELLS,
+                   help=f"refuse case files that would take the matrix past this many cells (default {MAX_CELLS:,}; "
+                        "0: no cap)")
 
 
 def load_cells(args: argparse.Namespace, tolerant: bool = False, of_installed_vllm: bool = True
@@ -39,9 +42,11 @@ def load_cells(args: argparse.Namespace, tolerant: bool = False, of_installed_vl
     vocabulary = vllm_vocabulary(models) if of_installed_vllm else None
     cells: list[Cell] = []
     errors: list[CaseError] = []
+    cap = getattr(args, "max_cells", MAX_CELLS) or None
     for path in files:
+        left = None if cap is None else cap - len(cells)  # a case that would pass the cap is set aside unexpanded
         try:
-            cells.extend(expand_case(load_case(path, vocabulary), models, pool, str(path)))
+            cells.extend(expand_case(load_case(path, vocabulary, left), models, pool, str(path), left))
         except CaseError as err:
             if not tolerant:
                 raise

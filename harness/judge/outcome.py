@@ -29,9 +29,14 @@ def classify_outcome(returncode: int, timed_out: bool, timeout: float, result: C
     elif returncode < 0:
         name = signal.Signals(-returncode).name
         # SIGKILL/SIGTERM come from outside (OOM killer, an operator); other signals are the cell's own crash.
-        outcome["status"] = "killed" if -returncode in (signal.SIGKILL, signal.SIGTERM) else "crash"
+        killed = -returncode in (signal.SIGKILL, signal.SIGTERM)
+        outcome["status"] = "killed" if killed else "crash"
         outcome["signal"] = name
-        outcome["error_tail"] = f"{name} in phase {result.get('phase', 'start')}: {last_exception_line(log_tail)}"
+        # A kill has no message of its own: the log's last line (a warning of vLLM's start) would read as its
+        # cause. Only an exception the cell raised before is quoted.
+        said = last_exception_line(log_tail, last_line=not killed)
+        outcome["error_tail"] = f"{name} in phase {result.get('phase', 'start')}" + (
+            f": {said}" if said else ": killed from outside the cell (the OOM killer, an operator, a time limit)")
         outcome["signature"] = classify(text, result.get("vllm_version")) or f"signal_{name}"
     elif result.get("status") == "crash":
         message = exception.get("message") or ""

@@ -31,10 +31,11 @@ def classify(text: str, vllm_version: str | None) -> str | None:
     return None
 
 
-def last_exception_line(text: str) -> str:
-    """The last `SomeError: message` line of a traceback or log (else its last non-empty line), capped."""
+def last_exception_line(text: str, last_line: bool = True) -> str:
+    """The last `SomeError: message` line of a traceback or log (else, with `last_line`, its last non-empty
+    line), capped."""
     found = _EXCEPTION_LINE.findall(text or "")
     if found:
         return found[-1].strip()[:_LINE_CAP]
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()] if last_line else []
     return lines[-1][:_LINE_CAP] if lines else ""

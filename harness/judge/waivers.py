@@ -154,9 +154,14 @@ def _until(fields: dict[str, str], fail: Fail) -> datetime.date | None:
 
 def load_waivers(path: Path = WAIVERS_FILE, gpu_classes: Iterable[str] | None = None) -> list[Waiver]:
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as err:
         raise WaiverError(str(path), 0, f"cannot read: {err.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise WaiverError(str(path), data[:err.start].count(b"\n") + 1,
+                          f"not UTF-8 text: byte 0x{data[err.start]:02x}") from None
     return parse_waivers(text, str(path), gpu_classes)
 
 

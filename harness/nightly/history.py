@@ -10,7 +10,10 @@ among them each failure's crash fingerprint, so that a crash can be dated to the
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -59,17 +62,62 @@ _COLUMNS = ("run_id", "gpu_class", "cell_id", "case_name", "verdict", "reason", 
             "emulated_from", "vllm_version", "vllm_commit", "total_s", "finished_at", "log", "record", "fingerprint")
 
 
+class NotAHistory(sqlite3.DatabaseError):
+    """A file that SQLite reads but that holds no history of this harness's shape."""
+
+
 def open_db(path: Path | str = DEFAULT_DB) -> sqlite3.Connection:
+    """The history at `path` (a new one where there is none). One that is damaged (not SQLite, a corrupt page,
+    tables of another shape) is set aside, renamed with a `.corrupt-<time>` suffix, with a message on stderr, and a
+    new one starts: the history orders and compares runs, it never stops one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return _open(path)
+    except sqlite3.DatabaseError as err:
+        if not _damaged(err):  # "database is locked" and such: the history is sound
+            raise
+        aside = _set_aside(path)
+        print(f"kvmatrix: {path} is not a history database this harness can read ({err}); set aside as "
+              f"{aside.name}, a new one starts", file=sys.stderr)
+        return _open(path)
+
+
+def _open(path: Path) -> sqlite3.Connection:
     # Several CI jobs (or xdist workers) may import at once: wait for the lock rather than fail, and let readers
     # go on while one writes (WAL).
     db = sqlite3.connect(path, timeout=60)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.executescript(_SCHEMA)
-    _add_fingerprints(db)
-    db.execute("CREATE INDEX IF NOT EXISTS results_by_fingerprint ON results (fingerprint)")
+    try:
+        (check,) = db.execute("PRAGMA quick_check").fetchone()
+        if check != "ok":
+            raise NotAHistory(f"damaged: {check}")
+        missing = set(_COLUMNS) - {"fingerprint"} - _columns(db)  # fingerprints are added to older histories
+        if _columns(db) and missing:
+            raise NotAHistory(f"its results table lacks {sorted(missing)}")
+        db.execute("PRAGMA journal_mode=WAL")
+        db.executescript(_SCHEMA)
+        _add_fingerprints(db)
+        db.execute("CREATE INDEX IF NOT EXISTS results_by_fingerprint ON results (fingerprint)")
+    except BaseException:
+        db.close()
+        raise
     return db
+
+
+def _damaged(err: sqlite3.DatabaseError) -> bool:
+    """Whether an error opening a history says the file is not one (rather than busy, or out of disk)."""
+    return isinstance(err, NotAHistory) or getattr(err, "sqlite_errorcode", None) in (sqlite3.SQLITE_NOTADB,
+                                                                                   sqlite3.SQLITE_CORRUPT)
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename a damaged history (and its WAL files) out of the way; the new name."""
+    aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    for suffix in ("", "-wal", "-shm"):
+        part = Path(f"{path}{suffix}")
+        if part.exists():
+            part.rename(f"{aside}{suffix}")
+    return aside
 
 
 def _add_fingerprints(db: sqlite3.Connection) -> None:

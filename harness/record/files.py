@@ -5,20 +5,30 @@ Writes are atomic (a temporary file in the same folder, then `os.replace`), so a
 each record either whole or absent, and a rerun with the same run id skips exactly the finished cells. Tools
 outside the project read these files: `cell_id` (str) and `verdict` are always at the top level. A record file
 holds a JudgedRecord (harness/record/model.py), checked as it is written and read, and a cell's result file a
-CellOutput, checked as it is read: a malformed one raises RecordError naming the file and the field.
+CellOutput, checked as it is read: a malformed one raises RecordError naming the file and the field. A record file
+that cannot be read (torn by a disk, emptied, edited, of the wrong phase) is never dropped: `RunDir.records` shows it
+as an `error` of its cell (`unreadable_record`), and every command that reads runs counts it and exits non-zero.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
-from kvmatrix.harness.record.model import VERDICTS, CellOutput, JudgedRecord, check_cell_output, check_judged
+from kvmatrix.harness.record.model import (
+    VERDICTS,
+    CellOutput,
+    JudgedRecord,
+    RecordError,
+    check_cell_output,
+    check_judged,
+)
 
 # Relative: resolved against the working directory when used (RunDir makes its root absolute).
 RUNS_DIR = Path("reports") / "runs"
@@ -29,9 +39,18 @@ def run_mode(record: CellOutput) -> str:
     return record.get("mode") or "full"
 
 
+# A record's name, and the names beside it (`<stem>.<pid>.result.json` in work/), stay under the 255 bytes a file
+# name may have: a 206-character case name made one too long, and the cell could not be recorded.
+MAX_STEM_BYTES = 200
+
+
 def record_stem(cell_id: str, gpu_class: str) -> str:
-    """A file name that cannot leave the run folder: `/`, `\\` and `%` are escaped, so `..` stays in a name."""
-    return quote(f"{gpu_class}--{cell_id}", safe="[]=,+-_.@")
+    """A file name that cannot leave the run folder: `/`, `\\` and `%` are escaped, so `..` stays in a name; a
+    longer one than MAX_STEM_BYTES keeps its start and ends in a hash of the whole (the same every run)."""
+    stem = quote(f"{gpu_class}--{cell_id}", safe="[]=,+-_.@")  # ASCII: a character is a byte
+    if len(stem) <= MAX_STEM_BYTES:
+        return stem
+    return f"{stem[:MAX_STEM_BYTES - 17]}~{hashlib.sha256(stem.encode()).hexdigest()[:16]}"
 
 
 class RunDir:
@@ -48,6 +67,8 @@ class RunDir:
     def write(self, record: JudgedRecord) -> Path:
         if record.get("verdict") not in VERDICTS or not isinstance(record.get("cell_id"), str):
             raise ValueError(f"a record needs cell_id and a verdict in {VERDICTS}: {record.get('cell_id')!r}")
+        if record.get("unreadable_record"):  # written, it would pass for the cell's own and stop a resume running it
+            raise ValueError(f"the stand-in for an unreadable record file is never written: {record['cell_id']!r}")
         path = self.record_path(record["cell_id"], record["gpu_class"])
         write_json_atomic(path, check_judged(record, str(path)))
         return path
@@ -57,13 +78,14 @@ class RunDir:
         return read_json(self.record_path(cell_id, gpu_class))
 
     def records(self) -> list[JudgedRecord]:
+        """Every record of the folder; a file that cannot be read as one (torn, empty, not JSON, not a judged
+        record) is there as an `error` record saying so (`unreadable_record`): a reader never loses a cell."""
         out = []
         for path in sorted(self.root.glob("*.json")):
             if path.name == "run.json" or path.name.startswith("."):  # .tmp-*: a write not yet renamed
                 continue
-            rec = read_json(path)
-            if rec is not None:
-                out.append(rec)
+            record, why = read_record(path)
+            out.append(record if record is not None else unreadable_record(path, why or "absent"))
         return out
 
 
@@ -100,13 +122,41 @@ def read_result(path: Path | str) -> CellOutput:
     return check_cell_output(data, str(path)) if isinstance(data, dict) else {}
 
 
-def read_json(path: Path) -> JudgedRecord | None:
-    """The judged record in a file; None where there is none (absent, torn, not a record). A file that is a
-    record (a `cell_id` and a verdict) but holds a wrong field raises RecordError."""
+def read_record(path: Path) -> tuple[JudgedRecord | None, str | None]:
+    """(the judged record in a file, None) or (None, why it is not one: unreadable, torn or empty, not a judged
+    record, a field its phase does not have)."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    if not (isinstance(data, dict) and "cell_id" in data and data.get("verdict") in VERDICTS):
-        return None
-    return check_judged(data, str(path))
+        data = json.loads(Path(path).read_bytes())
+    except OSError as err:
+        return None, f"cannot be read: {err.strerror}"
+    except ValueError as err:  # torn or empty (json's own error), or not UTF-8 (a UnicodeDecodeError)
+        return None, f"not JSON ({err})"[:300]
+    if not (isinstance(data, dict) and isinstance(data.get("cell_id"), str) and data.get("verdict") in VERDICTS):
+        return None, "not a judged record (no cell_id or verdict)"
+    try:
+        return check_judged(data, Path(path).name), None
+    except RecordError as err:
+        return None, str(err)[:300]
+
+
+def read_json(path: Path) -> JudgedRecord | None:
+    """The judged record in a file; None where there is none that can be read (absent, torn, not a judged record):
+    a resumed run runs such a cell again, and RunDir.records shows it as an error meanwhile."""
+    return read_record(path)[0]
+
+
+def unreadable(records: list[JudgedRecord]) -> list[JudgedRecord]:
+    """The stand-ins for record files that could not be read (RunDir.records)."""
+    return [r for r in records if r.get("unreadable_record")]
+
+
+def unreadable_record(path: Path, why: str) -> JudgedRecord:
+    """What a reader shows for a record file it cannot read: an `error` of the cell the file name names (a name
+    shortened by record_stem keeps its start), never a record file of its own."""
+    gpu_class, _, cell_id = unquote(Path(path).stem).partition("--")
+    cell_id = cell_id or gpu_class
+    record = JudgedRecord(cell_id=cell_id, case=cell_id.split("[")[0], gpu_class=gpu_class if cell_id != gpu_class
+                          else "?", status="error", verdict="error", expectations=[], unreadable_record=why,
+                          reason=f"the record file {Path(path).name} cannot be read ({why}): what the cell did is "
+                                 "unknown; the same run id runs the cell again")
+    return check_judged(record, f"the stand-in for {Path(path).name}")

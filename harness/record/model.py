@@ -156,6 +156,8 @@ class JudgedRecord(OutcomeRecord, total=False):
     first_failure: str
     waived: Waived
     finished_at: str
+    # A record file a reader could not read (files.unreadable_record): why; such a record is never written.
+    unreadable_record: str
 
 
 def _fields(phase: Any) -> frozenset[str]:

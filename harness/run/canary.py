@@ -53,6 +53,11 @@ def canary_failure(task: Task, record: JudgedRecord) -> str | None:
     """Why the canary's record says the environment is broken; None when its engine started and generated."""
     if record.get("status") == "ok" and record.get("verdict") not in ("error", "skip"):
         return None
+    if record.get("status") == "error" and "log" not in record:
+        # No cell process started: the harness could not give it its model (a registry entry with no build, a
+        # local path that is not there) or write its files. That cell's error, said on its record, not the
+        # environment's: the run goes on.
+        return None
     what = record.get("error_tail") or record.get("reason") or record.get("status")
     return (f"environment broken: the canary cell {task.cell.cell_id} on {task.gpu_name}, the plainest "
             f"configuration of {task.cell.model!r}, did not run: {what}")

@@ -172,6 +172,15 @@ def skip_record(task: Task, reason: str, run_id: str) -> JudgedRecord:
     return check_judged(record, f"the skip record of {task.key}")
 
 
+def unwritable_record(task: Task, run_id: str, err: OSError, record: JudgedRecord | None = None) -> JudgedRecord:
+    """The cell's `error` where the harness could not write its files (a full disk, a name too long): shown in the
+    reports, never a record file; the same run id runs the cell again. `record`: what the cell did, if it ran."""
+    what = f" (it ran: {record['verdict']}{': ' + record['reason'] if record.get('reason') else ''})" if record else ""
+    reason = f"the harness could not write this cell's files: {err.strerror or err} ({err.filename}){what}"
+    return check_judged({**base_record(task, run_id), "status": "error", "verdict": "error", "reason": reason,
+                         "expectations": [], "tags": list(task.cell.case.tags)}, f"the record of {task.key}")
+
+
 def not_run_reason(task: Task, settings: RunSettings) -> str | None:
     """Why a task is a skip here (its case's rules for this class and vLLM, a hub-only model offline, an accuracy
     cell without lm-eval); None for a task that runs."""

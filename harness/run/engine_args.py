@@ -39,6 +39,9 @@ PROBE_ONLY_MAX_TOKENS = 2
 def model_source(entry: ModelEntry, built: dict[str, Path], name: str, use_hub: bool) -> dict[str, Any]:
     """`model` (and tokenizer) for an entry: its hub id with `use_hub`, else its tiny local build."""
     if use_hub and entry.hub_id:
+        if entry.hub_id.startswith(("/", "./", "../", "~")) and not Path(entry.hub_id).expanduser().exists():
+            raise KeyError(f"model {name!r}: its hub_id {entry.hub_id!r} (the model registry, _models.yaml) is a "
+                           "folder that does not exist")
         return {"model": entry.hub_id, **entry.hub_engine_args}
     if name not in built:
         raise KeyError(f"model {name!r} has no local build (tiny builder: {entry.tiny!r})")

@@ -3,16 +3,21 @@ files in one results folder, or a results folder on a disk about to fill up mid-
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import math
+import os
 import shutil
 from pathlib import Path
+from typing import IO
 
 from kvmatrix.harness.judge.waivers import WAIVERS_FILE
 from kvmatrix.harness.record.files import write_json_atomic
 from kvmatrix.matrix.load import CASES_DIR, MODELS_FILE, POOL_FILE, shared_file
 
 RUN_META = "run.json"
+LOCK_FILE = ".lock"  # held by the run writing the folder (lock_run_folder)
 
 
 class GuardError(RuntimeError):
@@ -27,15 +32,34 @@ def cases_fingerprint(cases_dir: Path) -> str:
                 if not (folder / name).exists()]
     digest = hashlib.sha256()
     for path in sorted(folder.glob("*.yaml")) + sorted(folder.glob("*.txt")) + borrowed:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(os.fsencode(path.name) + b"\0" + path.read_bytes() + b"\0")  # any name, UTF-8 or not
     return digest.hexdigest()[:16]
+
+
+def lock_run_folder(root: Path) -> IO[str]:
+    """Hold a results folder for this run: a second run with the same run id would run every cell again beside
+    the first. The lock (flock on `.lock`) goes with the process, however it ends; keep the returned file open."""
+    root.mkdir(parents=True, exist_ok=True)
+    lock = (root / LOCK_FILE).open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise GuardError(f"{root} is in use by another kvmatrix run (pid {holder}); wait for it to end, or use "
+                         "another --run-id") from None
+    lock.truncate(0)
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock
 
 
 def claim_run_folder(root: Path, cases_dir: Path, force: bool = False) -> None:
     """Mark a results folder as this case set's (its fingerprint, and the folder, for the commands that read the
-    run later), or refuse a folder made with other case files."""
+    run later), or refuse a folder made with other case files (or whose run.json cannot be read, unless `force`)."""
     fingerprint = cases_fingerprint(cases_dir)
-    meta = _run_meta(root)
+    meta = _run_meta(root, force)
     if meta and meta.get("cases_fingerprint") != fingerprint and not force:
         raise GuardError(
             f"{root} holds records judged under other case files (fingerprint {meta.get('cases_fingerprint')}, "
@@ -59,15 +83,27 @@ def cases_dir_for(given: str | Path | None, run_dir: Path | str | None = None) -
     return recorded_cases_dir(Path(run_dir)) if run_dir else CASES_DIR
 
 
-def _run_meta(root: Path) -> dict | None:
+def _run_meta(root: Path, unreadable_as_none: bool = False) -> dict | None:
+    """A run folder's run.json; None where it has none (a new folder, one from before run.json). One that cannot
+    be read raises GuardError: taking it for none would resume the run with the built-in cases."""
+    path = Path(root) / RUN_META
     try:
-        meta = json.loads((Path(root) / RUN_META).read_text())
-    except (OSError, ValueError):
+        meta = json.loads(path.read_bytes())
+    except FileNotFoundError:
         return None
-    return meta if isinstance(meta, dict) else None
+    except (OSError, ValueError) as err:
+        meta = f"{err}"
+    if isinstance(meta, dict) and isinstance(meta.get("cases_dir"), str | None):
+        return meta
+    if unreadable_as_none:
+        return None
+    raise GuardError(f"{path} cannot be read ({str(meta)[:100]}): it says which case files the run was made with. "
+                     "Restore it, or resume with --cases-dir naming them and --force")
 
 
 def check_free_disk(path: Path, min_free_gb: float) -> None:
+    if not (math.isfinite(min_free_gb) and min_free_gb >= 0):  # NaN compares false: it would turn the check off
+        raise GuardError(f"--min-free-gb takes a number of GiB, 0 or more, not {min_free_gb}")
     probe = Path(path)
     while not probe.exists():
         probe = probe.parent

@@ -18,7 +18,7 @@ from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.accuracy_plan import baseline_gates, baselines_first
 from kvmatrix.harness.run.canary import EnvironmentBroken, canary_failure, pick_canary
 from kvmatrix.harness.run.cell_env import run_mark
-from kvmatrix.harness.run.cell_run import expected_not_to_pass, judged_record, not_run_reason
+from kvmatrix.harness.run.cell_run import expected_not_to_pass, judged_record, not_run_reason, unwritable_record
 from kvmatrix.harness.run.confirmations import Confirmations, confirmation_gates
 from kvmatrix.harness.run.gpu_check import pinned_gpus
 from kvmatrix.harness.run.gpu_memory import gpu_baselines
@@ -29,7 +29,7 @@ from kvmatrix.harness.run.process import CellProcesses
 from kvmatrix.harness.run.process_start import Exec, ProcessStart
 from kvmatrix.harness.run.schedule import order_tasks
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.run.template import Templates
+from kvmatrix.harness.run.template import Templates, remove_stale_socket_folders
 
 OnRecord = Callable[[JudgedRecord, int, int, bool], None]
 
@@ -133,7 +133,10 @@ class _LocalRun:
         _run_on_whole_gpus(wide, pool.devices, self.one_wide, self.processes)
 
     def keep(self, task: Task, record: JudgedRecord) -> None:
-        self.settings.run_dir.write(record)
+        try:
+            self.settings.run_dir.write(record)
+        except OSError as err:  # a full disk: the run goes on; the reports show the cell, a resume runs it again
+            record = unwritable_record(task, self.settings.run_dir.root.name, err, record)
         with self.lock:
             self.records[task.key] = record
             if self.on_record:
@@ -143,7 +146,10 @@ class _LocalRun:
         """A one-GPU cell (or a CPU one) in a free slot, preferring a slot whose warm worker suits its case."""
         if self.processes.stopping or self.broken:
             return
-        record = self._in_slot(task)
+        try:
+            record = self._in_slot(task)
+        except OSError as err:  # the cell's files (spec, log) could not be written: this cell's error, not the run's
+            record = unwritable_record(task, self.settings.run_dir.root.name, err)
         if self.processes.stopping:
             return
         if self.canary is not None and task.key == self.canary.key and (why := canary_failure(task, record)):
@@ -174,7 +180,10 @@ class _LocalRun:
         ranks_env = self.pool.ranks_env
         env = ranks_env(gpus) if ranks_env else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
         # A fresh process each: the ranks are the engine's own processes, nothing a slot's worker could keep.
-        record = judged_record(task, self.settings, self.processes, env)
+        try:
+            record = judged_record(task, self.settings, self.processes, env)
+        except OSError as err:
+            record = unwritable_record(task, self.settings.run_dir.root.name, err)
         if not self.processes.stopping:
             self.keep(task, record)
 
@@ -212,7 +221,9 @@ def slot_launcher(settings: RunSettings, start: ProcessStart) -> Launcher:
 
 def process_start(settings: RunSettings) -> ProcessStart:
     """How the run's cell processes and workers start: forked from a template, or each running its command. Cells
-    with caches of their own would each need a template of their own (the cache folders are fixed at import)."""
+    with caches of their own would each need a template of their own (the cache folders are fixed at import). Every
+    run first removes the templates' socket folders that runners killed earlier left behind."""
+    remove_stale_socket_folders()
     if settings.fork_from_template and not settings.fresh_caches:
         return Templates(settings.template_command, settings.run_dir.root / "logs" / "templates")
     return Exec()

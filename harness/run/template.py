@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -36,6 +37,30 @@ from kvmatrix.harness.vllm_compat import AFTER_IMPORT_ENV
 
 READY_TIMEOUT_S = 600.0  # the imports: ~30 s on a 2-core CPU, more on a busy one
 PID_TIMEOUT_S = 30.0  # a fork's answer
+
+
+# A template's socket lives in a folder of the temporary folder named by the runner's pid: a runner killed by
+# SIGKILL cannot remove it, so each run removes those of runners that are gone.
+SOCKET_FOLDER_PREFIX = "kvmatrix-template-"
+_OWNER = re.compile(re.escape(SOCKET_FOLDER_PREFIX) + r"(\d+)-")
+
+
+def remove_stale_socket_folders() -> None:
+    """Remove the socket folders that runners no longer running left in the temporary folder."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{SOCKET_FOLDER_PREFIX}*"):
+        owner = _OWNER.match(folder.name)
+        if owner and not _alive(int(owner.group(1))):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def template_key(share_key: ShareKey) -> ShareKey:
@@ -189,7 +214,7 @@ class Templates:
 
     def _start(self, key: ShareKey, env: dict[str, str]) -> _Template | None:
         # AF_UNIX paths are capped at 107 bytes, which a run folder's path can pass: the socket gets a short one.
-        folder = Path(tempfile.mkdtemp(prefix="kvmatrix-template-"))
+        folder = Path(tempfile.mkdtemp(prefix=f"{SOCKET_FOLDER_PREFIX}{os.getpid()}-"))
         emulation = {"capability": list(key.capability) or None, "cpu_isa": key.cpu_isa}
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"template-{len(self._templates)}-{os.getpid()}.log"
