@@ -1,5 +1,5 @@
 """What a minimal reproducer needs to know of a cell, as data: the model's config (and, where weights matter, the
-shapes of its tensors), the engine arguments that are the cell's own, the prompts as token ids, and the one
+shapes it has), the engine arguments that are the cell's own, the prompts as token ids, and the one
 observation the script asserts on:
 
 - `runs`: the engine starts and generates, or refuses at start in words the case accepts (the exception is the
@@ -8,14 +8,15 @@ observation the script asserts on:
 - `tokens`: the greedy tokens against the same configuration run eager, the divergence a near tie or none.
 
 Weights are vLLM's dummy ones (`load_format="dummy"`: config.json alone) unless the observation depends on them
-(`tokens`, or a loader bug): then a seeded random checkpoint of the tiny builder's tensor shapes is written. The
+(`tokens`, or a loader bug): then transformers draws a seeded random checkpoint of the architecture, and the tiny
+checkpoint's scalars (its KV scales) are added by value. The
 script (harness/repro/script.py) holds every value here as a Python literal checked to read back as itself."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,49 +38,64 @@ NOT_THE_CELLS_OWN = ("model", "tokenizer", "seed")
 MODEL, DRAFT = "@MODEL@", "@DRAFT@"  # where the script's own model folders go
 
 
-def shape_patterns(shapes: dict[str, list[int]]) -> list[list]:
-    """Tensor shapes in few entries: [name pattern with {} for each number, shape, [start, stop] per number],
-    one entry wherever the numbered names form a whole product of ranges (every layer, every expert)."""
-    groups: dict[tuple[str, tuple[int, ...]], list[tuple[int, ...]]] = {}
-    for name, shape in sorted(shapes.items()):
-        numbers = tuple(int(n) for n in re.findall(r"(?<=\.)\d+(?=\.)", name))
-        pattern = re.sub(r"(?<=\.)\d+(?=\.)", "{}", name)
-        groups.setdefault((pattern, tuple(shape)), []).append(numbers)
-    out = []
-    for (pattern, shape), indices in groups.items():
-        ranges = [[min(axis), max(axis) + 1] for axis in zip(*indices, strict=True)]
-        if sorted(indices) == list(itertools.product(*(range(*r) for r in ranges))):
-            out.append([pattern, list(shape), ranges])
-        else:  # a ragged set (some layers only): one entry per tensor
-            out += [[pattern, list(shape), [[n, n + 1] for n in numbers]] for numbers in indices]
-    return out
+# Kept even where transformers' default is the same: what vLLM reads from the file itself.
+CONFIG_KEPT = ("architectures", "model_type", "torch_dtype", "quantization_config")
+
+
+def trimmed(config: dict[str, Any]) -> dict[str, Any]:
+    """config.json without the keys whose value is transformers' default for the architecture (it fills them in
+    again when vLLM loads the config); all of it for a model type transformers does not know."""
+    try:
+        from transformers import AutoConfig
+
+        defaults = AutoConfig.for_model(config["model_type"]).to_dict()
+    except (ImportError, KeyError, ValueError):
+        return config
+    return {k: v for k, v in config.items() if k in CONFIG_KEPT or k not in defaults or defaults[k] != v}
 
 
 def checkpoint_data(folder: Path, weights: bool) -> dict[str, Any]:
-    """config.json, and with `weights` the shapes of its bf16 tensors, the FP8 ones (quantized per output channel
-    as compressed-tensors writes them) and the scalars (a kv_cache_scheme's scales) by value."""
-    out: dict[str, Any] = {"config": json.loads((folder / "config.json").read_text())}
-    path = folder / "model.safetensors"
+    """config.json, and with `weights` the checkpoint's scalars by value (a kv_cache_scheme's scales): the script
+    draws the rest with transformers. An FP8-weight checkpoint is left to `--full`, which writes it exactly."""
+    out: dict[str, Any] = {"config": trimmed(json.loads((folder / "config.json").read_text()))}
     if not weights:
         return out
+    path = folder / "model.safetensors"
     if not path.exists():
         raise ReproError(f"{folder.name} is config only: its weights are dummy, nothing to write")
     from safetensors import safe_open
 
-    shapes, fp8, scalars = {}, [], {}
+    scalars = {}
     with safe_open(str(path), "pt") as stored:
         for name in stored.keys():
             tensor = stored.get_slice(name)
-            shape, dtype = list(tensor.get_shape()), tensor.get_dtype()
-            if not shape:
+            if tensor.get_dtype() == "F8_E4M3":
+                raise ReproError(f"{folder.name} has FP8 weights: `kvmatrix repro --full` writes them exactly")
+            if not tensor.get_shape():
                 scalars[name] = float(stored.get_tensor(name).item())
-            elif name.endswith("weight_scale"):
-                continue  # written again from its FP8 weight
-            else:
-                shapes[name] = shape
-                if dtype == "F8_E4M3":
-                    fp8.append(name)
-    return {**out, "shapes": shape_patterns(shapes), "fp8": sorted(fp8), "scalars": scalars}
+    return {**out, "scalars": scalar_patterns(scalars)}
+
+
+def scalar_patterns(scalars: dict[str, float]) -> list[list]:
+    """Scalars in few entries: [name with {} for its one number, value, [start, stop]] wherever consecutive
+    numbers share a value (every layer's k_scale); a name without a number stands alone."""
+    out: list[list] = []
+    for name, value in sorted(scalars.items(), key=lambda item: _numbered(item[0])):
+        pattern, number = _numbered(name)
+        last = out[-1] if out else None
+        if last and number is not None and last[:2] == [pattern, value] and last[2][1] == number:
+            last[2][1] += 1
+        else:
+            out.append([pattern, value, [number, number + 1] if number is not None else [0, 1]])
+    return out
+
+
+def _numbered(name: str) -> tuple[str, int | None]:
+    """(the name with its one number as {}, the number); names with several numbers or none stay whole."""
+    numbers = re.findall(r"(?<=\.)\d+(?=\.)", name)
+    if len(numbers) != 1:
+        return name.replace("{", "{{").replace("}", "}}"), None
+    return re.sub(r"(?<=\.)\d+(?=\.)", "{}", name.replace("{", "{{").replace("}", "}}")), int(numbers[0])
 
 
 def prompt_ids(folder: Path, prompts: list[str]) -> list[list[int]]:
@@ -152,47 +168,65 @@ def observation_of(record: JudgedRecord | None, has_layer_checks: bool, has_orac
     return "tokens" if has_oracle else "layers" if has_layer_checks else "runs"
 
 
-def minimal_spec(task: Task, models: dict[str, ModelEntry], cache_dir: Path, version: str | None,
-                 observe: str | None = None, weights: bool | None = None, record: JudgedRecord | None = None
-                 ) -> dict[str, Any]:
-    """Everything the script holds as data, for `task` (a cell on a class), observing `observe` (default: what the
-    record failed on, else the cell's strongest check); `weights` (default: only for `tokens`)."""
-    cell, gpu = task.cell, task.gpu
+@dataclass(frozen=True)
+class Models:
+    """The cell's checkpoints as the script writes them: the target's folder, a draft's (None: no draft, or an MTP
+    draft that is the target's own checkpoint), and the layers both bring (the target's first)."""
+    target: Path
+    draft: Path | None
+    draft_is_target: bool
+    target_layers: int
+    layers: int
+
+
+def models_of(task: Task, models: dict[str, ModelEntry], cache_dir: Path) -> tuple[Models, dict[str, Path]]:
+    """The built checkpoints of the cell's models, and the folders its engine arguments name (placeholders the
+    script fills in)."""
+    cell = task.cell
     built = build_models([task], models, cache_dir)
     missing = [n for n in models_needed(cell) if n not in built]
     if missing:
         raise ReproError(f"{cell.cell_id}: {missing[0]} has no tiny build that a script can write (trained or hub "
                          "only)")
     target, draft = cell.model, cell.axes["speculative"]
-    draft_is_target = bool(draft) and built[draft] == built[target]
-    local = {target: Path(MODEL)} | ({draft: Path(MODEL if draft_is_target else DRAFT)} if draft else {})
-    args = engine_args_for(cell, gpu, models, local, vllm_version=version)
-    context = cell.context(task.gpu_name, gpu, version, emulated=False)
+    entry = models[draft].draft if draft else None
+    same = draft is not None and built[draft] == built[target]
     config = checkpoint_data(built[target], False)["config"]
-    draft_data = checkpoint_data(built[draft], False) if draft and not draft_is_target else None
-    method = models[draft].draft.method if draft and models[draft].draft else None
-    target_layers = int(config["num_hidden_layers"])
-    checks = layer_checks(cell, context, target_layers, target_layers + _draft_layers(draft_data, method, config))
+    own = [draft] if draft is not None and not same else []
+    extra = (int(config.get("num_nextn_predict_layers", 1)) if entry and entry.method == "mtp"
+             else sum(int(checkpoint_data(built[n], False)["config"]["num_hidden_layers"]) for n in own))
+    layers = int(config["num_hidden_layers"])
+    local = {target: Path(MODEL)} | ({draft: Path(MODEL if same else DRAFT)} if draft else {})
+    return Models(built[target], built[own[0]] if own else None, same, layers, layers + extra), local
+
+
+def minimal_spec(task: Task, models: dict[str, ModelEntry], cache_dir: Path, version: str | None,
+                 observe: str | None = None, weights: bool | None = None, record: JudgedRecord | None = None,
+                 emulate: bool = True) -> dict[str, Any]:
+    """Everything the script holds as data, for `task` (a cell on a class), observing `observe` (default: what the
+    record failed on, else the cell's strongest check); `weights` (default: only for `tokens`); `emulate`: make
+    vLLM decide as on the class (False where the script runs on a machine of that class)."""
+    cell, gpu = task.cell, task.gpu
+    built, local = models_of(task, models, cache_dir)
+    context = cell.context(task.gpu_name, gpu, version, emulated=False)
+    checks = layer_checks(cell, context, built.target_layers, built.layers)
     oracle = oracle_args(task, models, local, version, weights)
-    observe = observe or observation_of(record, bool(checks), oracle is not None)
-    if observe not in OBSERVATIONS:
-        raise ReproError(f"observation {observe!r}: use one of {', '.join(OBSERVATIONS)}")
-    if observe == "tokens" and oracle is None:
-        raise ReproError(f"{cell.cell_id} has no oracle on {task.gpu_name} to compare its tokens with")
-    if observe == "layers" and not checks:
-        raise ReproError(f"{cell.cell_id}: no layer rule of its case applies on {task.gpu_name}")
+    observe = _checked_observation(observe or observation_of(record, bool(checks), oracle is not None), task,
+                                   bool(checks), oracle is not None)
     weights = observe == "tokens" if weights is None else weights
+    if weights and built.draft is not None:
+        raise ReproError(f"{cell.cell_id}: a draft's weights are not written by minimal scripts; try --full")
     patterns, required = refusals(cell, context, version)
     spec: dict[str, Any] = {
         "cell": cell.cell_id, "gpu_class": task.gpu_name, "observe": observe, "weights": weights,
-        "env": {**vllm_compat.IN_PROCESS_ENGINE_ENV, **cell.case.env}, "emulate": emulation(gpu),
-        "model": checkpoint_data(built[target], weights), "draft": None,
-        "engine_args": own_engine_args(args, draft_is_target, weights),
-        "prompts": prompt_ids(built[target], list(cell.case.generate.prompts)),
+        "env": {**vllm_compat.IN_PROCESS_ENGINE_ENV, **cell.case.env}, "emulate": emulation(gpu) if emulate else {},
+        "model": checkpoint_data(built.target, weights),
+        "draft": checkpoint_data(built.draft, False) if built.draft else None,
+        "engine_args": own_engine_args(engine_args_for(cell, gpu, models, local, vllm_version=version),
+                                       built.draft_is_target, weights),
+        "prompts": prompt_ids(built.target, list(cell.case.generate.prompts)),
         "max_tokens": cell.case.generate.max_tokens, "refusals": patterns, "refusal_required": required,
     }
-    if draft and not draft_is_target:
-        spec["draft"] = checkpoint_data(built[draft], weights)
     if observe == "layers":
         spec["checks"] = checks
     if observe == "tokens":
@@ -200,11 +234,14 @@ def minimal_spec(task: Task, models: dict[str, ModelEntry], cache_dir: Path, ver
     return spec
 
 
-def _draft_layers(draft_config: dict | None, method: str | None, target_config: dict) -> int:
-    """Attention layers a draft adds, numbered after the target's: an MTP draft's are the checkpoint's MTP layers."""
-    if method == "mtp":
-        return int(target_config.get("num_nextn_predict_layers", 1))
-    return int(draft_config["config"]["num_hidden_layers"]) if draft_config else 0
+def _checked_observation(observe: str, task: Task, has_checks: bool, has_oracle: bool) -> str:
+    if observe not in OBSERVATIONS:
+        raise ReproError(f"observation {observe!r}: use one of {', '.join(OBSERVATIONS)}")
+    if observe == "tokens" and not has_oracle:
+        raise ReproError(f"{task.cell.cell_id} has no oracle on {task.gpu_name} to compare its tokens with")
+    if observe == "layers" and not has_checks:
+        raise ReproError(f"{task.cell.cell_id}: no layer rule of its case applies on {task.gpu_name}")
+    return observe
 
 
 def oracle_args(task: Task, models: dict[str, ModelEntry], local: dict[str, Path], version: str | None,
