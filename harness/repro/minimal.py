@@ -175,6 +175,7 @@ class Models:
     target: Path
     draft: Path | None
     draft_is_target: bool
+    draft_method: str | None
     target_layers: int
     layers: int
 
@@ -197,7 +198,8 @@ def models_of(task: Task, models: dict[str, ModelEntry], cache_dir: Path) -> tup
              else sum(int(checkpoint_data(built[n], False)["config"]["num_hidden_layers"]) for n in own))
     layers = int(config["num_hidden_layers"])
     local = {target: Path(MODEL)} | ({draft: Path(MODEL if same else DRAFT)} if draft else {})
-    return Models(built[target], built[own[0]] if own else None, same, layers, layers + extra), local
+    method = entry.method if entry else None
+    return Models(built[target], built[own[0]] if own else None, same, method, layers, layers + extra), local
 
 
 def minimal_spec(task: Task, models: dict[str, ModelEntry], cache_dir: Path, version: str | None,
@@ -214,8 +216,9 @@ def minimal_spec(task: Task, models: dict[str, ModelEntry], cache_dir: Path, ver
     observe = _checked_observation(observe or observation_of(record, bool(checks), oracle is not None), task,
                                    bool(checks), oracle is not None)
     weights = observe == "tokens" if weights is None else weights
-    if weights and built.draft is not None:
-        raise ReproError(f"{cell.cell_id}: a draft's weights are not written by minimal scripts; try --full")
+    if built.draft is not None and (weights or built.draft_method in vllm_compat.DRAFT_METHODS_NEEDING_WEIGHTS):
+        raise ReproError(f"{cell.cell_id}: its draft needs real weights ({built.draft_method} drafts set themselves "
+                         "up from them), which minimal scripts do not write: `kvmatrix repro --full` does")
     patterns, required = refusals(cell, context, version)
     spec: dict[str, Any] = {
         "cell": cell.cell_id, "gpu_class": task.gpu_name, "observe": observe, "weights": weights,
