@@ -147,7 +147,8 @@ def test_waiver_advice_from_both_runs():
         "deepseek-mla[*]  gpu=H200  reports/findings/README.md#a\n"
         "glm-mla[*]  gpu=H200  vllm=0.33.*  reports/findings/README.md#b\n"
         "llama-skip[*]  gpu=H200  reports/findings/README.md#c\n", "w.txt", pool)
-    cell, glm, skip = "deepseek-mla[kv=fp8,skip=0,spec=-]", "glm-mla[kv=fp8,skip=0,spec=-]", "llama-skip[kv=fp8,skip=-,spec=-]"
+    cell, glm = "deepseek-mla[kv=fp8,skip=0,spec=-]", "glm-mla[kv=fp8,skip=0,spec=-]"
+    skip = "llama-skip[kv=fp8,skip=-,spec=-]"
     old = [_record(cell, "fail", "0.33.0", "no_common_block_size"), _record(glm, "fail", "0.33.0", "x"),
            _record(skip, "pass", "0.33.0")]
     waivers = [open_ended, old_only, unused]
@@ -156,10 +157,12 @@ def test_waiver_advice_from_both_runs():
                _record(skip, "pass", "0.34.0")]
     assert advise(open_ended, old, failing, "0.33.0", "0.34.0", waivers).action == "keep"
     bound = advise(open_ended, old, passing, "0.33.0", "0.34.0", waivers)
-    assert (bound.action, bound.line) == ("bound", "deepseek-mla[*]  gpu=H200  vllm=<0.34  reports/findings/README.md#a")
+    assert bound.action == "bound"
+    assert bound.line == "deepseek-mla[*]  gpu=H200  vllm=<0.34  reports/findings/README.md#a"
     assert advise(old_only, old, passing, "0.33.0", "0.34.0", waivers).action == "keep"
     wide = advise(old_only, old, failing, "0.33.0", "0.34.0", waivers)
-    assert (wide.action, wide.line) == ("widen", "glm-mla[*]  gpu=H200  vllm=>=0.33,<0.35  reports/findings/README.md#b")
+    assert wide.action == "widen"
+    assert wide.line == "glm-mla[*]  gpu=H200  vllm=>=0.33,<0.35  reports/findings/README.md#b"
     other = [_record(glm, "fail", "0.34.0", "another_crash")]
     assert advise(old_only, old, other, "0.33.0", "0.34.0", waivers).action == "keep"  # a new failure, not this one
     assert advise(unused, old, passing, "0.33.0", "0.34.0", waivers).action == "remove"

@@ -129,7 +129,7 @@ def recheck_findings(found: Qualification, args: argparse.Namespace, out: Path) 
     found.checks = recheck(found.findings, classes, found.new.env, out / "findings", Path(args.cache_dir),
                            args.jobs or 1, timeout_s=args.script_timeout, native=classes[0])
     status = out / "findings" / "status.json"
-    write_status(found.known + found.checks, status)
+    write_status(found.known + found.checks, found.findings, status)
     board = out / "findings" / "board.md"
     board.write_text("")
     write_board(found.findings, read_status(status), board)

@@ -29,7 +29,7 @@ def cmd_recheck(args: argparse.Namespace) -> int:
             classes = [c for c in here if not args.gpu or c in args.gpu]
             checks += recheck(findings, classes, env, Path(args.out), Path(args.cache_dir), args.jobs, args.finding,
                               args.timeout, native=here[0])
-            write_status(checks, Path(args.status))
+            write_status(checks, findings, Path(args.status))
     except (CaseError, EnvBuildError, ValueError) as err:
         print(f"kvmatrix recheck: {err}", file=sys.stderr)
         return USAGE

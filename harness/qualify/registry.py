@@ -101,9 +101,12 @@ def read_status(path: Path = STATUS_FILE) -> list[Check]:
         raise CaseError(str(path), None, "checks", f"not a list of checks: {err}") from None
 
 
-def write_status(checks: list[Check], path: Path = STATUS_FILE) -> None:
-    """The checks, one per (finding, cell, class, package, version): a later run of the same script replaces it."""
-    latest = {(c.finding, c.cell, c.gpu, c.package, c.version): c for c in checks}
+def write_status(checks: list[Check], findings: list[Finding], path: Path = STATUS_FILE) -> None:
+    """The checks of the findings' current scripts, one per (finding, cell, class, package, version): a later run
+    of the same script replaces it; a script the registry no longer names is dropped with its runs."""
+    scripts = {(f.id, s.cell, s.gpu) for f in findings for s in f.scripts}
+    latest = {(c.finding, c.cell, c.gpu, c.package, c.version): c for c in checks
+              if (c.finding, c.cell, c.gpu) in scripts}
     ordered = sorted(latest.values(), key=lambda c: (c.finding, c.package, _order(c.version), c.gpu, c.cell))
     write_json_atomic(Path(path), {"checks": [asdict(c) for c in ordered]})
 

@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.repro import issue, script
-from kvmatrix.harness.repro.generate import ReproError, render, script_spec
+from kvmatrix.harness.repro.generate import NeedsFullScript, ReproError, render, script_spec
 from kvmatrix.harness.repro.minimal import OBSERVATIONS, minimal_spec
 from kvmatrix.harness.run.guards import cases_dir_for
 from kvmatrix.harness.run.session import this_device
@@ -52,7 +53,7 @@ def gpu_class_of(args: argparse.Namespace, cell_id: str, pool: dict) -> str:
     return local
 
 
-def record_of(args: argparse.Namespace, cell_id: str, gpu_name: str):
+def record_of(args: argparse.Namespace, cell_id: str, gpu_name: str) -> JudgedRecord | None:
     """The cell's record in --run on that class, if there is one: what it failed on decides the observation."""
     return RunDir(Path(args.run)).read(cell_id, gpu_name) if args.run else None
 
@@ -65,30 +66,38 @@ def cmd_repro(args: argparse.Namespace) -> int:
         if gpu_name not in pool:
             raise ReproError(f"GPU class {gpu_name!r} is not in the pool; known: {', '.join(pool)}")
         task = Task(cell, gpu_name, pool[gpu_name])
-        if args.full or args.hub:
-            spec = script_spec(task, models, Path(args.cache_dir), args.hub, installed_vllm_version())
-        else:
-            record = record_of(args, cell.cell_id, gpu_name)
-            native = class_of(this_device(), pool)  # a script for this machine's own class need not emulate it
-            spec = minimal_spec(task, models, Path(args.cache_dir), installed_vllm_version(), args.observe,
-                                args.weights, record, emulate=gpu_name != native)
+        record = record_of(args, cell.cell_id, gpu_name)
+        native = class_of(this_device(), pool)  # a script for this machine's own class need not emulate it
+        text, draft = write(task, models, args, record, native, cases_dir)
     except ReproError as err:
         print(f"kvmatrix: {err}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if args.full or args.hub:
-        command = "kvmatrix repro " + shlex.join([cell.cell_id, *cases_option(cases_dir), "--gpu", gpu_name,
-                                                   *(["--hub"] if args.hub else []), "--full", "--out", out.name])
-        out.write_text(render(spec, command))
-    else:
-        text = script.render(spec)
-        out.write_text(text)
-        draft = out.with_suffix(".issue.md")
-        draft.write_text(issue.render(spec, text, script.expected_text(spec), record, link=args.finding))
-        print(f"wrote {draft}: an issue draft in the shape of vLLM's bug report")
+    out.write_text(text)
+    if draft is not None:
+        out.with_suffix(".issue.md").write_text(draft)
+        print(f"wrote {out.with_suffix('.issue.md')}: an issue draft in the shape of vLLM's bug report")
     print(f"wrote {out}: run it with `python {out}` (exit status 0: the expectation holds)")
     return 0
+
+
+def write(task: Task, models: dict, args: argparse.Namespace, record: JudgedRecord | None, native: str | None,
+          cases_dir: Path) -> tuple[str, str | None]:
+    """(the script, its issue draft): the minimal one, else (asked for, or a cell it cannot show) the full one."""
+    if not (args.full or args.hub):
+        try:
+            spec = minimal_spec(task, models, Path(args.cache_dir), installed_vllm_version(), args.observe,
+                                args.weights, record, emulate=task.gpu_name != native)
+            text = script.render(spec)
+            return text, issue.render(spec, text, script.expected_text(spec), record, link=args.finding)
+        except NeedsFullScript as err:
+            print(f"kvmatrix: {err}: writing the full script", file=sys.stderr)
+    spec = script_spec(task, models, Path(args.cache_dir), args.hub, installed_vllm_version())
+    hub = ["--hub"] if args.hub else []
+    command = "kvmatrix repro " + shlex.join([task.cell.cell_id, *cases_option(cases_dir), "--gpu", task.gpu_name,
+                                               *hub, "--full", "--out", Path(args.out).name])
+    return render(spec, command), None
 
 
 def add_arguments(rep: argparse.ArgumentParser) -> None:

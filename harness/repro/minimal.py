@@ -23,7 +23,7 @@ from typing import Any
 from kvmatrix.harness import vllm_compat
 from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.repro.generate import ReproError, emulation
+from kvmatrix.harness.repro.generate import NeedsFullScript, ReproError, emulation
 from kvmatrix.harness.run.engine_args import engine_args_for, models_needed
 from kvmatrix.harness.run.model_builds import build_models
 from kvmatrix.matrix.conditions import when_matches
@@ -70,7 +70,7 @@ def checkpoint_data(folder: Path, weights: bool) -> dict[str, Any]:
         for name in stored.keys():
             tensor = stored.get_slice(name)
             if tensor.get_dtype() == "F8_E4M3":
-                raise ReproError(f"{folder.name} has FP8 weights: `kvmatrix repro --full` writes them exactly")
+                raise NeedsFullScript(f"{folder.name} has FP8 weights: the full script writes them exactly")
             if not tensor.get_shape():
                 scalars[name] = float(stored.get_tensor(name).item())
     return {**out, "scalars": scalar_patterns(scalars)}
@@ -217,8 +217,8 @@ def minimal_spec(task: Task, models: dict[str, ModelEntry], cache_dir: Path, ver
                                    bool(checks), oracle is not None)
     weights = observe == "tokens" if weights is None else weights
     if built.draft is not None and (weights or built.draft_method in vllm_compat.DRAFT_METHODS_NEEDING_WEIGHTS):
-        raise ReproError(f"{cell.cell_id}: its draft needs real weights ({built.draft_method} drafts set themselves "
-                         "up from them), which minimal scripts do not write: `kvmatrix repro --full` does")
+        raise NeedsFullScript(f"{cell.cell_id}: its draft needs real weights ({built.draft_method} drafts set "
+                              "themselves up from them), which minimal scripts do not write")
     patterns, required = refusals(cell, context, version)
     spec: dict[str, Any] = {
         "cell": cell.cell_id, "gpu_class": task.gpu_name, "observe": observe, "weights": weights,
