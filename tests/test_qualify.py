@@ -172,3 +172,24 @@ def test_waiver_lines_keep_their_expiry():
     waiver = Waiver("x[*]", "https://example.org/1", ("H200",), datetime.date(2027, 1, 31), "w", 1, ">=0.26")
     assert advise(waiver, [_record("x[a]", "fail", "0.33.0")], [_record("x[a]", "pass", "0.34.0")], "0.33.0",
                   "0.34.0").line == "x[*]  gpu=H200  vllm=>=0.26,<0.34  https://example.org/1  until=2027-01-31"
+
+
+# What benchmarks/qualify_on_gpu.sh brings back from the H200 (qualify.tar.xz), kept as a fixture once it has run.
+QUALIFIED = FIXTURES / "runs" / "h200-qualify-vllm-0.34.0.tar.xz"
+THIRD = FIXTURES / "runs" / "h200-graphs-vllm-0.33.0-2026-12-03-third.tar.xz"
+
+
+@pytest.mark.skipif(not QUALIFIED.exists(), reason=f"{QUALIFIED.name}: the H200 qualification of 0.34.0 not kept yet")
+def test_the_h200_qualification_of_0_34_0_is_what_its_records_say(tmp_path):
+    """The new run's records (new-run/) against the third session's 0.33.0 run, judged again here, give the
+    changes the report made on the H200 said (qualify/qualification.json)."""
+    with tarfile.open(QUALIFIED) as archive:
+        archive.extractall(tmp_path, filter="data")
+    done = qualify("--old-run", f"{THIRD}:kvruns/h200-vllm0.33.0-graphs", "--new-run", str(tmp_path / "new-run"),
+                   "--gpu", "H200", "--no-findings", "--out", str(tmp_path / "again"))
+    reported = json.loads((tmp_path / "qualify" / "qualification.json").read_text())
+    again = json.loads((tmp_path / "again" / "qualification.json").read_text())
+    assert again["fails"] == [f for f in reported["fails"] if "new failure" in f]
+    assert done.returncode == (1 if again["fails"] else 0), done.stderr
+    assert [(s["name"], [(c["cell"], c["move"]) for c in s["changes"]]) for s in again["sections"]] == [
+        (s["name"], [(c["cell"], c["move"]) for c in s["changes"]]) for s in reported["sections"]]

@@ -44,7 +44,7 @@ def add_arguments(q: argparse.ArgumentParser) -> None:
     q.add_argument("--new-run", metavar="DIR", help="reuse this run of the new release (e.g. one just made)")
     q.add_argument("--gpu", help="the class to run and compare (default: this machine's; stored runs: all)")
     q.add_argument("--emulate", action="store_true", help="emulate --gpu's decisions on this machine's GPU")
-    q.add_argument("--jobs", type=int, help="cells at once in each run, scripts at once for the findings")
+    q.add_argument("--jobs", type=int, help="cells at once in each run (and scripts at once, without --script-jobs)")
     q.add_argument("-k", help="only these cells (as `kvmatrix run -k`), in the runs and the comparison")
     q.add_argument("--run-arg", action="append", default=[], metavar="ARG",
                    help="passed to `kvmatrix run` as it is (repeatable), e.g. --run-arg=--probe-only")
@@ -56,6 +56,7 @@ def add_arguments(q: argparse.ArgumentParser) -> None:
     q.add_argument("--no-findings", action="store_true", help="do not run the findings' scripts")
     q.add_argument("--findings-status", default=str(STATUS_FILE),
                    help="what the findings' scripts did before (read; the updated copy goes to OUT/findings/)")
+    q.add_argument("--script-jobs", type=int, help="findings' scripts at once (default: --jobs, else 1)")
     q.add_argument("--script-timeout", type=float, default=SCRIPT_TIMEOUT_S, help="seconds per finding's script")
     q.add_argument("--fail-on", choices=["new", "never"], default="new",
                    help="exit 1 where a cell newly fails or a finding is back (default), or never")
@@ -127,7 +128,7 @@ def recheck_findings(found: Qualification, args: argparse.Namespace, out: Path) 
     found.findings, found.known = load_registry(), read_status(Path(args.findings_status))
     classes = runnable_classes(Path(args.cases_dir))
     found.checks = recheck(found.findings, classes, found.new.env, out / "findings", Path(args.cache_dir),
-                           args.jobs or 1, timeout_s=args.script_timeout, native=classes[0])
+                           args.script_jobs or args.jobs or 1, timeout_s=args.script_timeout, native=classes[0])
     status = out / "findings" / "status.json"
     write_status(found.known + found.checks, found.findings, status)
     board = out / "findings" / "board.md"
