@@ -27,9 +27,10 @@ REPO = Path(__file__).resolve().parent.parent
 FAILING = ("fail", "xfail", "error")
 
 
-def failing_cells() -> dict[tuple[str, str], str]:
-    """(cell id, class) -> the cases folder (relative to the checkout) its case lives in."""
-    found: dict[tuple[str, str], str] = {}
+def failing_cells() -> dict[tuple[str, str], dict]:
+    """(cell id, class) -> how to write its script: the cases folder (relative to the checkout) its case lives in,
+    and its record (what it failed on decides what the script observes, as `kvmatrix repro --run` does)."""
+    found: dict[tuple[str, str], dict] = {}
 
     def add(text: bytes | str) -> None:
         try:
@@ -38,7 +39,8 @@ def failing_cells() -> dict[tuple[str, str], str]:
             return
         if isinstance(record, dict) and record.get("verdict") in FAILING and record.get("gpu_class"):
             cell = record["cell_id"]
-            found.setdefault((cell, record["gpu_class"]), "cases/surface" if cell.startswith("surface-") else "cases")
+            cases = "cases/surface" if cell.startswith("surface-") else "cases"
+            found.setdefault((cell, record["gpu_class"]), {"cases": cases, "record": record})
 
     for archive in sorted(glob.glob(str(REPO / "tests/fixtures/runs/*.tar.xz"))):
         with tarfile.open(archive) as opened:
@@ -50,14 +52,16 @@ def failing_cells() -> dict[tuple[str, str], str]:
     return found
 
 
-def findings_scripts() -> dict[tuple[str, str], str]:
+def findings_scripts() -> dict[tuple[str, str], dict]:
+    """(cell id, class) -> how the registry has its script written (cases folder, observation, weights)."""
     import yaml
 
     entries = yaml.safe_load((REPO / "reports/findings/registry.yaml").read_text())
-    return {(s["cell"], s["gpu"]): s.get("cases_dir", "cases") for e in entries for s in e.get("scripts", [])}
+    return {(s["cell"], s["gpu"]): {"cases": s.get("cases_dir", "cases"), "observe": s["observe"],
+                                    "weights": s.get("weights")} for e in entries for s in e.get("scripts", [])}
 
 
-def arm(checkout: Path, pairs: list[list[str]], cache: Path) -> dict[str, dict]:
+def arm(checkout: Path, pairs: list[dict], cache: Path) -> dict[str, dict]:
     """Run this file in `checkout`'s kvmatrix: each pair's script length (or why there is none)."""
     done = subprocess.run([sys.executable, __file__, "--measure", str(checkout), "--cache-dir", str(cache)],
                           input=json.dumps(pairs), capture_output=True, text=True,
@@ -67,7 +71,7 @@ def arm(checkout: Path, pairs: list[list[str]], cache: Path) -> dict[str, dict]:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def measure(checkout: Path, pairs: list[list[str]], cache: Path) -> dict[str, dict]:
+def measure(checkout: Path, pairs: list[dict], cache: Path) -> dict[str, dict]:
     """In the arm's process: each script as that checkout's `kvmatrix repro` writes it."""
     import contextlib
     import io
@@ -76,24 +80,26 @@ def measure(checkout: Path, pairs: list[list[str]], cache: Path) -> dict[str, di
     from kvmatrix.harness.repro import command
 
     out = {}
-    for cell_id, gpu, cases in pairs:
+    for pair in pairs:
+        cell_id, gpu = pair["cell"], pair["gpu"]
         native = "cpu-amx" if gpu.startswith("cpu") else "H200"
         try:
-            cell, models, pool = command.find_cell(checkout / cases, cell_id)
+            cell, models, pool = command.find_cell(checkout / pair["cases"], cell_id)
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                text = script_text(command, Task(cell, gpu, pool[gpu]), models, cache, native, checkout / cases)
-            out[f"{cell_id}@{gpu}"] = {"lines": len(text.splitlines()), "bytes": len(text.encode())}
+                text = script_text(command, Task(cell, gpu, pool[gpu]), models, cache, native, pair, checkout)
+            out[pair["key"]] = {"lines": len(text.splitlines()), "bytes": len(text.encode())}
         except Exception as err:  # noqa: BLE001 - a cell an arm cannot write is counted apart, with its reason
-            out[f"{cell_id}@{gpu}"] = {"error": f"{type(err).__name__}: {str(err)[:160]}"}
+            out[pair["key"]] = {"error": f"{type(err).__name__}: {str(err)[:160]}"}
     return out
 
 
-def script_text(command, task, models, cache: Path, native: str, cases_dir: Path) -> str:
-    """The script `kvmatrix repro` writes: its `write` (head) or, at a base before it, the full script."""
+def script_text(command, task, models, cache: Path, native: str, pair: dict, checkout: Path) -> str:
+    """The script `kvmatrix repro` writes: its `write` (head; `--run`'s record, or the registry's observation) or,
+    at a base before it, the full script."""
     if hasattr(command, "write"):
-        args = argparse.Namespace(full=False, hub=False, cache_dir=str(cache), observe=None, weights=None,
-                                  finding=None, out="repro.py")
-        return command.write(task, models, args, None, native, cases_dir)[0]
+        args = argparse.Namespace(full=False, hub=False, cache_dir=str(cache), observe=pair.get("observe"),
+                                  weights=pair.get("weights"), finding=None, out="repro.py")
+        return command.write(task, models, args, pair.get("record"), native, checkout / pair["cases"])[0]
     from kvmatrix.harness.repro.generate import render, script_spec
     from kvmatrix.harness.vllm_compat import installed_vllm_version
 
@@ -121,9 +127,9 @@ def main() -> None:
         print(json.dumps(measure(Path(args.measure), json.loads(sys.stdin.read()), Path(args.cache_dir))))
         return
     findings, failing = findings_scripts(), failing_cells()
-    pairs = [[cell, gpu, cases] for (cell, gpu), cases in {**failing, **findings}.items()]
-    sets = {"findings entries": [f"{c}@{g}" for c, g in findings], "failing fixture cells": [f"{c}@{g}" for c, g in
-                                                                                              failing]}
+    sets = {"findings entries": findings, "failing fixture cells": failing}
+    pairs = [{"key": f"{title}: {cell}@{gpu}", "cell": cell, "gpu": gpu, **how}
+             for title, chosen in sets.items() for (cell, gpu), how in chosen.items()]
     with tempfile.TemporaryDirectory() as scratch:
         arms = {}
         for name, commit in (("base", args.base), ("head", args.head)):
@@ -136,7 +142,8 @@ def main() -> None:
                 arms[f"{name} {commit}"] = arm(tree, pairs, Path(args.cache_dir))
             finally:
                 subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
-    for title, keys in sets.items():
+    for title, chosen in sets.items():
+        keys = [f"{title}: {cell}@{gpu}" for cell, gpu in chosen]
         print(f"{title} ({len(keys)}):")
         for name, results in arms.items():
             print(f"  {name:28} {summary(results, keys)}")

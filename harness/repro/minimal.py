@@ -215,7 +215,8 @@ def minimal_spec(task: Task, models: dict[str, ModelEntry], cache_dir: Path, ver
     oracle = oracle_args(task, models, local, version, weights)
     observe = _checked_observation(observe or observation_of(record, bool(checks), oracle is not None), task,
                                    bool(checks), oracle is not None)
-    weights = observe == "tokens" if weights is None else weights
+    if weights is None:  # a config-only model runs on dummy weights in its cells too
+        weights = observe == "tokens" and (built.target / "model.safetensors").exists()
     if built.draft is not None and (weights or built.draft_method in vllm_compat.DRAFT_METHODS_NEEDING_WEIGHTS):
         raise NeedsFullScript(f"{cell.cell_id}: its draft needs real weights ({built.draft_method} drafts set "
                               "themselves up from them), which minimal scripts do not write")
