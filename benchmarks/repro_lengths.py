@@ -111,8 +111,9 @@ def summary(results: dict[str, dict], keys: list[str]) -> str:
     sizes = [results[k]["bytes"] for k in keys if "bytes" in results[k]]
     if not lines:
         return "no script written"
-    return (f"{len(lines):3} scripts, lines median {statistics.median(lines):6.0f} largest {max(lines):5}, "
-            f"bytes median {statistics.median(sizes):7.0f} largest {max(sizes):6}; "
+    long = sum(1 for n in lines if n > 120)
+    return (f"{len(lines):3} scripts, lines median {statistics.median(lines):6.0f} largest {max(lines):5} "
+            f"({long} over 120), bytes median {statistics.median(sizes):7.0f} largest {max(sizes):6}; "
             f"{len(keys) - len(lines)} not written")
 
 

