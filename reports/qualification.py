@@ -14,14 +14,14 @@ _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent /
 
 
 def verdict(data: dict[str, Any]) -> str:
-    return f"FAIL: {'; '.join(data['fails'])}" if data["fails"] else "PASS: no new failure, no finding back"
+    return f"FAIL: {'; '.join(data['fails'])}" if data["fails"] else "PASS: no new failure or error, no finding back"
 
 
 def summary(data: dict[str, Any]) -> str:
     """One paragraph: what was compared and what moved."""
     old, new = data["old"]["ref"], data["new"]["ref"]
     counts = {s["name"]: len(s["changes"]) for s in data["sections"]}
-    moved = [f"{counts['new_failures']} new failures", f"{counts['fixed']} fixed",
+    moved = [f"{counts['new_failures']} new failures", f"{counts['new_errors']} new errors", f"{counts['fixed']} fixed",
              f"{counts['changed']} with another resolved state", f"{counts['verdict_changed']} other verdict changes"]
     findings = [f"{sum(1 for f in data['findings'] if f['movement'] == m)} {m}" for m in
                 ("fixed", "still there", "back", "shows", "no verdict")

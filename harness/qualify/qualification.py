@@ -19,8 +19,10 @@ from kvmatrix.harness.qualify.sides import Side
 from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.reports.diff_md import detail, move
 
-# The diff's kinds, as the report lists them: verdict changes first (each bisected), then state.
-SECTIONS = (("new_failures", "New failures"), ("fixed", "Fixed"), ("verdict_changed", "Other verdict changes"),
+# The diff's kinds, as the report lists them: verdict changes first (each bisected), then state. A new `error` is
+# listed apart from a new `fail`: the cell could not be observed (the environment, the harness), vLLM is not judged.
+SECTIONS = (("new_failures", "New failures"), ("new_errors", "New errors: cells the new run could not observe"),
+            ("fixed", "Fixed"), ("verdict_changed", "Other verdict changes"),
             ("changed", "Resolved state changed, same verdict"))
 BISECTED = ("new_failures", "fixed", "verdict_changed")
 
@@ -60,9 +62,17 @@ class Qualification:
                                       "said": c.said} for c in mine]})
         return rows
 
+    def section(self, name: str) -> list[Change]:
+        if name in ("new_failures", "new_errors"):
+            wanted = "error" if name == "new_errors" else "fail"
+            return [c for c in self.diff.new_failures if (c.after == "error") == (wanted == "error")]
+        return list(getattr(self.diff, name))
+
     def failing_reasons(self) -> list[str]:
-        """Why CI should fail: cells that fail now and did not, findings that were right and show again."""
-        out = [f"{len(self.diff.new_failures)} new failure(s)"] if self.diff.new_failures else []
+        """Why CI should fail: cells that fail (or cannot be observed) now and did not, findings that were right
+        and show again."""
+        out = [f"{len(self.section(n))} {n.replace('_', ' ')[:-1]}(s)" for n in ("new_failures", "new_errors")
+               if self.section(n)]
         back = [r["finding"] for r in self.finding_rows() if r["movement"] == "back"]
         return out + ([f"finding(s) back on {self.new.ref}: {', '.join(back)}"] if back else [])
 
@@ -78,7 +88,7 @@ class Qualification:
             "unchanged": self.diff.unchanged, "still_failing": len(self.diff.still_failing),
             "appeared": [_change(c) for c in self.diff.appeared],
             "not_in_run": len(self.diff.not_in_run),
-            "sections": [{"name": name, "title": title, "changes": [self._row(c) for c in getattr(self.diff, name)]}
+            "sections": [{"name": name, "title": title, "changes": [self._row(c) for c in self.section(name)]}
                          for name, title in SECTIONS],
             "findings": self.finding_rows(),
             "waivers": [{"where": a.waiver.where, "pattern": a.waiver.pattern, "action": a.action, "line": a.line,
