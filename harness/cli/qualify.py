@@ -131,9 +131,7 @@ def recheck_findings(found: Qualification, args: argparse.Namespace, out: Path) 
                            args.script_jobs or args.jobs or 1, timeout_s=args.script_timeout, native=classes[0])
     status = out / "findings" / "status.json"
     write_status(found.known + found.checks, found.findings, status)
-    board = out / "findings" / "board.md"
-    board.write_text("")
-    write_board(found.findings, read_status(status), board)
+    write_board(found.findings, read_status(status), out / "findings" / "board.md")
 
 
 def write_report(data: dict, out: Path) -> None:

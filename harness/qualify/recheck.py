@@ -153,5 +153,6 @@ def recheck(findings: list[Finding], classes: list[str], env: GivenEnv, folder: 
 def write_board(findings: list[Finding], checks: list[Check], readme: Path) -> str:
     """The board into README's marked section (the rest of the page is kept); returns the board."""
     board = findings_pages.board(board_rows(findings, checks))
-    readme.write_text(findings_pages.with_board(readme.read_text(), board))
+    page = readme.read_text() if readme.exists() else "# Findings\n"
+    readme.write_text(findings_pages.with_board(page, board))
     return board

@@ -1,5 +1,5 @@
 """What a minimal reproducer needs to know of a cell, as data: the model's config (and, where weights matter, the
-shapes it has), the engine arguments that are the cell's own, the prompts as token ids, and the one
+checkpoint's scalars), the engine arguments that are the cell's own, the prompts as token ids, and the one
 observation the script asserts on:
 
 - `runs`: the engine starts and generates, or refuses at start in words the case accepts (the exception is the
@@ -192,8 +192,7 @@ def models_of(task: Task, models: dict[str, ModelEntry], cache_dir: Path) -> tup
     built = build_models([task], models, cache_dir)
     missing = [n for n in models_needed(cell) if n not in built]
     if missing:
-        raise ReproError(f"{cell.cell_id}: {missing[0]} has no tiny build that a script can write (trained or hub "
-                         "only)")
+        raise ReproError(f"{cell.cell_id}: {missing[0]} has no tiny build that a script can write (hub only)")
     target, draft = cell.model, cell.axes["speculative"]
     entry = models[draft].draft if draft else None
     same = draft is not None and built[draft] == built[target]
