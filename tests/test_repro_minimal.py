@@ -137,10 +137,16 @@ def cpu_scripts() -> list:
 
 
 def runnable_here() -> list[str]:
-    from kvmatrix.harness.audit import runnable_classes
-    from kvmatrix.matrix.load import CASES_DIR
+    """This machine's CPU class and the lower x86 levels it emulates."""
+    from kvmatrix.matrix.load import load_pool
+    from kvmatrix.matrix.schema import X86_CPU_LEVELS
 
-    return runnable_classes(CASES_DIR) if CPU_CLASS else []
+    pool = load_pool()
+    mine = pool[CPU_CLASS].cpu_isa if CPU_CLASS in pool else None
+    if mine not in X86_CPU_LEVELS:
+        return [CPU_CLASS] if CPU_CLASS else []
+    return [name for name, gpu in pool.items() if gpu.device == "cpu" and gpu.cpu_isa in X86_CPU_LEVELS
+            and X86_CPU_LEVELS.index(gpu.cpu_isa) <= X86_CPU_LEVELS.index(mine)]
 
 
 @pytest.mark.parametrize(("finding", "chosen", "outcome"), cpu_scripts())
