@@ -116,6 +116,18 @@ def test_sides_from_environments_and_stored_runs(tmp_path):
         resolve_sides(envs, NEW, None, new="0.30.0")
 
 
+def test_an_environment_of_several_folders_is_a_pythonpath(tmp_path):
+    """A staged release whose package reaches sys.path through a .pth file (cutlass): both folders go first on the
+    step's PYTHONPATH, in order."""
+    from kvmatrix.harness.bisect.given import given_env
+
+    staged, extra = tmp_path / "vllm-0.34.0", tmp_path / "vllm-0.34.0" / "dsl_packages"
+    extra.mkdir(parents=True)
+    env = given_env("0.34.0", f"{staged}{os.pathsep}{extra}")
+    assert env.command == (sys.executable,) and env.path_first == (str(staged), str(extra))
+    assert given_env("0.34.0", f"{staged}{os.pathsep}{tmp_path / 'missing'}").command == ()  # not all folders
+
+
 def test_a_run_folder_inside_an_archive_is_unpacked_once(tmp_path):
     folder = stored_run(f"{GRAPHS}:h200-vllm0.33.0-graphs-warm", tmp_path)
     assert folder.is_dir() and len(list(folder.glob("H200--*.json"))) == 75
