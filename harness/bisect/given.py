@@ -1,7 +1,9 @@
 """Environments given, not built: vLLM installs that already sit on the machine (releases staged side by side,
 a shared folder of nightlies, container images per release), for `kvmatrix bisect --env REF=PATH` and
 `--envs-glob`. Each PATH is one of:
-- a folder to put first on PYTHONPATH (a `pip install --target` folder, a staged release): this interpreter runs;
+- a folder to put first on PYTHONPATH (a `pip install --target` folder, a staged release), or several as PYTHONPATH
+  lists them (`/tmp/vllm-0.34.0:/tmp/vllm-0.34.0/nvidia_cutlass_dsl/dsl_packages`: a staged package whose `.pth`
+  file Python reads only in site directories): this interpreter runs;
 - a Python interpreter (a venv's `bin/python`): it runs the step with its own packages;
 - a command prefix that ends in an interpreter (`docker run --rm -v $PWD:$PWD -w $PWD vllm:0.26 python3`).
 A missing or broken environment is never judged: its step is skipped (git bisect's exit 125).
@@ -51,6 +53,9 @@ def given_env(ref: str, spec: str) -> GivenEnv:
     path = Path(spec).expanduser()
     if path.is_dir():
         return GivenEnv(ref, spec, (sys.executable,), (str(path.resolve()),))
+    folders = [Path(part).expanduser() for part in spec.split(os.pathsep)]
+    if len(folders) > 1 and all(folder.is_dir() for folder in folders):
+        return GivenEnv(ref, spec, (sys.executable,), tuple(str(folder.resolve()) for folder in folders))
     if path.is_file() and os.access(path, os.X_OK):
         return GivenEnv(ref, spec, (str(path),))
     if " " in spec.strip():

@@ -38,4 +38,9 @@ COMMANDS: dict[str, CommandInfo] = {
                          "list every FAIL / ERROR of run folders that no case or waiver explains"),
     "repro": CommandInfo("kvmatrix.harness.repro.command",
                          "write a standalone Python script (vLLM and torch only) reproducing a cell"),
+    "qualify": CommandInfo("kvmatrix.harness.cli.qualify",
+                           "a new vLLM release against the last: the matrix on both, changes bisected, findings "
+                           "re-checked, waivers to remove or bound"),
+    "recheck": CommandInfo("kvmatrix.harness.cli.recheck",
+                           "run every finding's standalone script on a vLLM and write the findings status board"),
 }

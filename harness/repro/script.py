@@ -1,0 +1,256 @@
+"""A minimal reproducer's text (`kvmatrix repro`): fixed code around data. Every value that comes from a case, a
+record or a model (the cell id, texts, engine arguments, prompts) is written as a Python literal that is read back
+and compared before the script is written, never pasted into code: a cell id that holds code stays a string.
+
+The script writes the model into a temporary folder (config.json; where weights matter, random ones transformers
+draws for the architecture with the checkpoint's scalars added), starts `vllm.LLM` with the cell's own engine
+arguments, makes the one observation its spec names (harness/repro/minimal.py), and ends in one assert, so that its
+exit status is the verdict: 0 where vLLM does what is expected, 1 with an AssertionError where the finding shows."""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from kvmatrix.harness.repro.generate import ReproError
+
+WIDTH = 116
+
+HEADER = """#!/usr/bin/env python3
+# Written by `kvmatrix repro`: vLLM and torch only, every value below data. Exit status 0: vLLM does what EXPECTED
+# says; an AssertionError: it does not, and the message says what it saw."""
+
+CPU_EMULATION = """import torch.cpu  # noqa: E402
+for probe in CPU_PROBES_OFF:  # GPU_CLASS's CPU lacks these instruction sets: vLLM asks torch whether they exist
+    setattr(torch.cpu, probe, lambda: False)"""
+
+CUDA_EMULATION = """import vllm.platforms.cuda as cuda  # noqa: E402
+from vllm.platforms.interface import DeviceCapability  # noqa: E402
+for cls in [c for c in vars(cuda).values() if isinstance(c, type) and c.__module__ == cuda.__name__]:
+    if "get_device_capability" in vars(cls):  # vLLM decides as on GPU_CLASS; kernels run on the real card
+        cls.get_device_capability = classmethod(lambda cls, device_id=0: DeviceCapability(*CAPABILITY))"""
+
+CONFIG_ONLY = """\
+model = tempfile.mkdtemp()  # config.json alone: vLLM draws the weights (load_format dummy)
+with open(os.path.join(model, "config.json"), "w") as f:
+    json.dump(CONFIG, f)"""
+
+WRITE_MODEL = '''def write_model(config):
+    """A model folder of config.json alone (vLLM draws the weights: load_format dummy)."""
+    folder = tempfile.mkdtemp()
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    return folder'''
+
+# Random weights of the architecture, drawn by transformers with a spread (1/sqrt(hidden)) that leaves the logits no
+# near ties everywhere; a quantization config is left out of what transformers builds and kept in config.json.
+WEIGHT_IMPORTS = """import torch  # noqa: E402
+import transformers  # noqa: E402"""
+PLAIN_CONFIG = """plain = dict(CONFIG, initializer_range=CONFIG["hidden_size"] ** -0.5)"""
+QUANTIZED_CONFIG = """\
+plain = {k: v for k, v in CONFIG.items() if k != "quantization_config"}  # transformers would quantize
+plain["initializer_range"] = CONFIG["hidden_size"] ** -0.5"""
+WEIGHTS = """\
+torch.manual_seed(0)
+hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**plain), dtype=torch.bfloat16)
+model = tempfile.mkdtemp()"""
+SAVE_PLAIN = "hf.save_pretrained(model)"
+SAVE_WITH_SCALARS = """\
+scalars = {p.format(i): torch.tensor(v) for p, v, (first, end) in SCALARS for i in range(first, end)}
+hf.save_pretrained(model, state_dict=hf.state_dict() | scalars)  # the checkpoint's own scalars (its KV scales)"""
+OWN_CONFIG = """\
+with open(os.path.join(model, "config.json"), "w") as f:  # the checkpoint's own, its quantization included
+    json.dump(CONFIG, f)"""
+
+RESOLVED_LAYERS = '''def resolved_layers(worker):
+    """Inside the engine: each attention layer's KV-cache dtype and its KV spec's dtype and page size."""
+    runner = getattr(worker, "model_runner", None) or worker.worker.model_runner
+    specs = {}
+    for group in runner.kv_cache_config.kv_cache_groups:
+        per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)
+        specs |= {n: per_layer[n] if isinstance(per_layer, dict) else group.kv_cache_spec for n in group.layer_names}
+    layers = {}
+    for name, module in runner.vllm_config.compilation_config.static_forward_context.items():
+        if hasattr(module, "kv_cache_dtype"):
+            spec = specs.get(name)
+            layers[int(re.search(r"\\.(\\d+)\\.", name).group(1))] = {
+                "kv_cache_dtype": str(module.kv_cache_dtype), "page_size_bytes": getattr(spec, "page_size_bytes", None),
+                "spec_dtype": str(getattr(spec, "dtype", None)).removeprefix("torch.")}
+    return layers'''
+
+START = """try:
+    llm = vllm.LLM(model=model, **ENGINE_ARGS)"""
+
+READ_LAYERS = """    layers = llm.collective_rpc(resolved_layers)[0]
+    print("layers:", layers)"""
+
+GENERATE = """\
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], vllm.SamplingParams(**SAMPLING))
+    print("greedy token ids:", [list(o.outputs[0].token_ids) for o in outputs])
+except Exception as err:  # noqa: BLE001 - the exception is what this script observes
+    error = f"{type(err).__name__}: {err}"
+print("observed:", error or "no exception")"""
+
+REFUSED = """\
+refused = error is not None and any(re.search(p, error, re.IGNORECASE) for p in REFUSALS)"""
+
+ASSERT_CLEAN_RUN = """\
+assert error is None, f"expected {EXPECTED}; observed: {error}"
+print("OK:", EXPECTED)"""
+
+ASSERT_RUNS = """\
+observed = error or "it started, and no refusal"
+assert refused or (error is None and not REFUSAL_REQUIRED), f"expected {EXPECTED}; observed: {observed}"
+print("OK:", EXPECTED)"""
+
+ASSERT_LAYERS = """wrong = [f"layer {i}: {c['field']} {layers[i][c['field']]!r}" for c in CHECKS for i in c["layers"]
+         if layers and (i not in layers or layers[i][c["field"]] not in c["wanted"])]
+assert refused or (layers and not wrong and not REFUSAL_REQUIRED), f"expected {EXPECTED}; observed: {wrong or error}"
+print("OK:", EXPECTED)"""
+
+GREEDY = '''def greedy(args):
+    """Each sequence's greedy tokens, each with the top logprobs where it was chosen (an engine at a time)."""
+    gc.collect()  # the engine of the call before, if any, torn down first
+    cleanup_dist_env_and_memory()
+    outputs = vllm.LLM(model=model, **args).generate([{"prompt_token_ids": p} for p in PROMPTS],
+                                                     vllm.SamplingParams(**SAMPLING))
+    return [[(t, {k: v.logprob for k, v in p.items()}) for t, p in zip(c.token_ids, c.logprobs)]
+            for c in (o.outputs[0] for o in outputs)]'''
+
+COMPARE_TOKENS = """far = []
+for s, (mine, theirs) in enumerate(zip(greedy(ENGINE_ARGS), greedy(ORACLE_ENGINE_ARGS))):
+    at = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a[0] != b[0]), None)
+    if at is not None:  # a near tie: either run's choice within TIE_TOLERANCE of the other's (else of its last top-k)
+        (a, a_lp), (b, b_lp) = mine[at], theirs[at]
+        gap = min(a_lp[a] - a_lp.get(b, min(a_lp.values())), b_lp[b] - b_lp.get(a, min(b_lp.values())))
+        print(f"sequence {s}: first divergent token {at}: eager {b}, this run {a}, tie gap {gap:.3f}")
+        far += [s] if gap > TIE_TOLERANCE else []
+assert not far, f"expected {EXPECTED}; sequences {far} diverge with no near tie (tie gap > {TIE_TOLERANCE})"
+print("OK:", EXPECTED)"""
+
+
+def literal(value: Any, indent: int = 0) -> str:
+    """`value` as Python source that reads back as `value` (strings, numbers, None, booleans, lists, dicts), dict
+    items packed into lines of WIDTH; anything else, or a text that would not read back, is refused."""
+    text = _packed(value, indent)
+    try:
+        same = ast.literal_eval(text) == value
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        same = False
+    if not same:
+        raise ReproError(f"cannot write {value!r:.200} as data into a script")
+    return text
+
+
+def _packed(value: Any, indent: int) -> str:
+    flat = repr(value)
+    if not isinstance(value, (dict, list)) or indent + len(flat) <= WIDTH:
+        return flat
+    opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
+    items = ([f"{k!r}: {_packed(v, indent + len(repr(k)) + 3)}" for k, v in value.items()] if isinstance(value, dict)
+             else [_packed(v, indent + 1) for v in value])
+    lines, line = [], ""
+    for item in items:
+        if line and (indent + 1 + len(line) + len(item) + 2 > WIDTH or "\n" in item):
+            lines.append(line)
+            line = ""
+        line += ("" if not line else " ") + item + ","
+    lines.append(line.rstrip(","))
+    return opening + ("\n" + " " * (indent + 1)).join(lines) + closing
+
+
+def expected_text(spec: dict[str, Any]) -> str:
+    """What the assert holds vLLM to, in words."""
+    refusal = "refuses at start in words the case accepts" if spec["refusals"] else ""
+    if spec["refusal_required"]:
+        return f"vLLM {refusal}"
+    what = {"runs": "the engine starts and generates",
+            "layers": "; ".join(f"layers {c['layers']} resolve {c['field']} in {c['wanted']}"
+                                for c in spec.get("checks") or []),
+            "tokens": "the greedy tokens equal the eager oracle's, or part at a near tie"}[spec["observe"]]
+    return what + (f", or {refusal}" if refusal else "")
+
+
+def render(spec: dict[str, Any]) -> str:
+    """The whole script for a minimal spec (harness/repro/minimal.py minimal_spec): the data, the imports (vLLM's
+    after its environment is set), the model folder, the observation and its assert; functions set off by two
+    blank lines."""
+    kind = spec["observe"]
+    head = [HEADER + "\n" + _imports(spec), "\n".join(_data(spec)), "\n".join(_preamble(spec))]
+    functions = [WRITE_MODEL] if spec.get("draft") else []
+    functions += {"layers": [RESOLVED_LAYERS], "tokens": [GREEDY]}.get(kind, [])
+    main = [_model(spec)]
+    if kind == "tokens":
+        main.append(COMPARE_TOKENS)
+    elif kind == "layers":
+        main += ["error = layers = None", START, READ_LAYERS, GENERATE, REFUSED, ASSERT_LAYERS]
+    else:
+        main += ["error = None", START, GENERATE, *([REFUSED, ASSERT_RUNS] if spec["refusals"] else [ASSERT_CLEAN_RUN])]
+    return "\n\n".join(head) + "\n\n\n" + "".join(f + "\n\n\n" for f in functions) + "\n".join(main) + "\n"
+
+
+def _imports(spec: dict[str, Any]) -> str:
+    uses_re = spec["observe"] == "layers" or (spec["observe"] == "runs" and bool(spec["refusals"]))
+    names = ["json", "os", "tempfile", *(["re"] if uses_re else []), *(["gc"] if spec["observe"] == "tokens" else [])]
+    return "\n".join(f"import {name}" for name in sorted(names))
+
+
+def _data(spec: dict[str, Any]) -> list[str]:
+    values: dict[str, Any] = {"CELL": spec["cell"], "GPU_CLASS": spec["gpu_class"], "EXPECTED": expected_text(spec),
+                              "ENV": spec["env"]}
+    emulate = spec["emulate"]
+    if emulate.get("cpu_isa_probes_off"):
+        values["CPU_PROBES_OFF"] = emulate["cpu_isa_probes_off"]
+    if emulate.get("compute_capability"):
+        values["CAPABILITY"] = emulate["compute_capability"]
+    values["CONFIG"] = spec["model"]["config"]
+    if spec.get("draft"):
+        values["DRAFT_CONFIG"] = spec["draft"]["config"]
+    if spec["model"].get("scalars"):
+        values["SCALARS"] = spec["model"]["scalars"]
+    values |= {"ENGINE_ARGS": spec["engine_args"], "PROMPTS": spec["prompts"]}
+    values["SAMPLING"] = _sampling(spec)
+    if spec["observe"] == "tokens":
+        oracle = spec["oracle"]
+        values |= {"ORACLE_ENGINE_ARGS": oracle["engine_args"], "TIE_TOLERANCE": oracle["tie_tolerance"]}
+    elif spec["refusals"] or spec["observe"] == "layers":
+        values |= {"REFUSALS": spec["refusals"], "REFUSAL_REQUIRED": spec["refusal_required"]}
+    if spec["observe"] == "layers":
+        values["CHECKS"] = spec["checks"]
+    return [f"{name} = {literal(value, len(name) + 3)}" for name, value in values.items()]
+
+
+def _sampling(spec: dict[str, Any]) -> dict[str, Any]:
+    """Greedy decoding of the cell's length, token ids in and out (no tokenizer); top logprobs for a comparison."""
+    out = {"temperature": 0.0, "max_tokens": spec["max_tokens"], "ignore_eos": True, "detokenize": False}
+    return out | ({"logprobs": spec["oracle"]["top_logprobs"]} if spec["observe"] == "tokens" else {})
+
+
+def _preamble(spec: dict[str, Any]) -> list[str]:
+    lines = ["os.environ.update(ENV)  # before vLLM is imported: it reads its environment once"]
+    if spec["emulate"].get("cpu_isa_probes_off"):
+        lines.append(CPU_EMULATION)
+    lines.append("import vllm  # noqa: E402")
+    if spec["emulate"].get("compute_capability"):
+        lines.append(CUDA_EMULATION)
+    if spec["weights"]:
+        lines.append(WEIGHT_IMPORTS)
+    if spec["observe"] == "tokens":
+        lines.append("from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: E402")
+    return lines
+
+
+def _model(spec: dict[str, Any]) -> str:
+    """The statements that write the model folder(s) and point the engine arguments at them."""
+    if spec["weights"]:
+        has_scalars, quantized = bool(spec["model"].get("scalars")), "quantization_config" in spec["model"]["config"]
+        save = SAVE_WITH_SCALARS if has_scalars else SAVE_PLAIN
+        lines = [QUANTIZED_CONFIG if quantized else PLAIN_CONFIG, WEIGHTS, save, *([OWN_CONFIG] if quantized else [])]
+    else:
+        lines = ["model = write_model(CONFIG)"] if spec.get("draft") else [CONFIG_ONLY]
+    draft = (spec["engine_args"].get("speculative_config") or {}).get("model")
+    if draft is not None:  # the draft's folder: the target's own (an MTP layer) or its own config
+        source = "model" if draft == "@MODEL@" else "write_model(DRAFT_CONFIG)"
+        args = ["ENGINE_ARGS"] + (["ORACLE_ENGINE_ARGS"] if spec["observe"] == "tokens" else [])
+        lines += [f'{name}["speculative_config"]["model"] = {source}' for name in args]
+    return "\n".join(lines)

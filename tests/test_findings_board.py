@@ -1,0 +1,106 @@
+"""The findings status board: reports/findings/registry.yaml (each entry's scripts and the releases the sessions
+saw) and status.json (what the scripts did, measured by `kvmatrix recheck`) make the board at the top of
+reports/findings/README.md, which must be what they say; the first bad and first fixed release follow the releases
+in order; a mistake in the registry names the file, the entry and the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvmatrix.harness.qualify.registry import (
+    REGISTRY_FILE,
+    STATUS_FILE,
+    Check,
+    board_rows,
+    first_bad_and_fixed,
+    load_registry,
+    read_status,
+    seen_on,
+    write_status,
+)
+from kvmatrix.matrix.schema import CaseError
+from kvmatrix.reports.findings_pages import BOARD_END, BOARD_START, board, with_board
+
+README = REGISTRY_FILE.parent / "README.md"
+
+
+def test_the_committed_board_is_what_the_registry_and_the_status_say():
+    """`kvmatrix recheck --board-only` would write the README's board as it is."""
+    expected = board(board_rows(load_registry(), read_status()))
+    text = README.read_text()
+    assert text.split(BOARD_START, 1)[1].split(BOARD_END, 1)[0].strip() == expected.strip()
+
+
+def test_every_entry_of_the_page_is_on_the_board_and_every_script_names_a_cell():
+    from kvmatrix.harness.repro.command import find_cell
+    from kvmatrix.matrix.load import CASES_DIR
+
+    findings = load_registry()
+    headings = {line[3:] for line in README.read_text().splitlines() if line.startswith("## ")}
+    assert {f.id for f in findings} <= headings
+    for finding in findings:
+        assert finding.scripts or finding.no_script, finding.id
+        for script in finding.scripts:
+            cases = REGISTRY_FILE.parents[2] / script.cases_dir if script.cases_dir else CASES_DIR
+            cell, _, pool = find_cell(cases, script.cell)
+            assert script.gpu in cell.gpu_classes, (finding.id, script.gpu)
+
+
+@pytest.mark.parametrize(("seen", "first_bad", "first_fixed"), [
+    ({"0.22.0": "good", "0.24.0": "good", "0.26.0": "bad", "0.33.0": "bad"}, "0.26.0 (0.24.0 good)", "-"),
+    ({"0.26.0": "bad", "0.30.0": "bad", "0.31.0": "good", "0.33.0": "good"}, "≤0.26.0", "0.31.0 (0.30.0 bad)"),
+    ({"0.33.0": "good"}, "-", "-"),
+    ({}, "-", "-"),
+])
+def test_first_bad_and_first_fixed(seen, first_bad, first_fixed):
+    assert first_bad_and_fixed(seen) == (first_bad, first_fixed)
+
+
+def check(finding: str, version: str, outcome: str, gpu: str = "H200") -> Check:
+    return Check(finding, "deepseek-mla[kv=fp8,skip=0,spec=-,exec=eager]", gpu, "vllm", version, outcome,
+                 1 if outcome == "bad" else 0, 30.0, 42, "said", "2026-12-05")
+
+
+def test_a_script_run_on_a_new_release_moves_the_row(tmp_path):
+    """A 0.34.0 run of the block-size finding's script: still fixed, its row says so with the run; the same
+    script failing makes 0.34.0 bad again and the first fixed release disappears."""
+    findings = {f.id: f for f in load_registry()}
+    entry = findings["h200-mla-fp8-skip-no-common-block-size"]
+    assert seen_on(entry, [check(entry.id, "0.34.0", "good")], "vllm")["0.34.0"] == "good"
+    (row,) = board_rows([entry], [check(entry.id, "0.34.0", "good")])
+    assert row["gpu"] == "0.34.0: fixed / right (script H200 exit 0, 2026-12-05)"
+    assert row["first_fixed"] == "vllm 0.31.0 (0.30.0 bad)" and row["script"] == "H200: 42 lines, exit 0"
+    (back,) = board_rows([entry], [check(entry.id, "0.34.0", "bad")])
+    assert back["gpu"].startswith("0.34.0: **reproduces**") and back["first_fixed"] == "-"
+    status = tmp_path / "status.json"
+    write_status([check(entry.id, "0.34.0", "bad"), check(entry.id, "0.34.0", "good"),
+                  check("gone", "0.34.0", "bad")], [entry], status)
+    assert [c.outcome for c in read_status(status)] == ["good"]  # the later run of one script wins; gone is dropped
+
+
+def test_the_board_replaces_only_its_section():
+    page = f"# Findings\n\nintro\n\n{BOARD_START}\nold\n{BOARD_END}\n\n## entry\ntext\n"
+    assert with_board(page, "new\n") == f"# Findings\n\nintro\n\n{BOARD_START}\nnew\n{BOARD_END}\n\n## entry\ntext\n"
+    assert BOARD_START in with_board("# Findings\nbody\n", "new\n")
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ('- {id: a, bug: "yes", platform: moon, cells: x}', "platform"),
+    ('- {id: a, bug: "yes", platform: gpu, cells: x, seen: {vllm: {"not a version": bad}}}', "not a version"),
+    ('- {id: a, bug: "yes", platform: gpu, cells: x, scripts: [{cell: c, gpu: H200, observe: smell}]}',
+     "scripts.0.observe"),
+])
+def test_a_registry_mistake_names_the_file_the_entry_and_the_field(tmp_path, text, field):
+    path = tmp_path / "registry.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(CaseError) as raised:
+        load_registry(path)
+    assert str(path) in str(raised.value) and "'a'" in str(raised.value) and field in str(raised.value)
+
+
+def test_the_status_file_is_every_script_run_of_the_registry():
+    findings = {f.id: {(s.cell, s.gpu) for s in f.scripts} for f in load_registry()}
+    checks = json.loads(STATUS_FILE.read_text())["checks"]
+    assert checks and all((c["cell"], c["gpu"]) in findings[c["finding"]] for c in checks)
