@@ -51,6 +51,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvmatrix: {err}", file=sys.stderr)
         return USAGE
     except KeyboardInterrupt:  # Ctrl-C, or SIGINT from a CI step's time limit: running cells were killed
-        print("kvmatrix: interrupted; every finished cell's record is kept, and the same command (same --run-id) "
-              "goes on from there", file=sys.stderr)
+        print("kvmatrix: interrupted; every finished cell's record is kept: `kvmatrix run --resume` (the latest run, "
+              "or --resume RUN_ID) goes on from there", file=sys.stderr)
         return INTERRUPTED

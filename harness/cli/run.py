@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvmatrix.harness.cli.exit_codes import FAILED, OK
-from kvmatrix.harness.cli.output import progress_printer, write_reports
+from kvmatrix.harness.cli.output import progress_printer, write_findings, write_reports
 from kvmatrix.harness.cli.selection import add_selection_options, load_cells
 from kvmatrix.harness.judge.waivers import WAIVERS_FILE, WaiverProblem, apply_waivers, cell_keys
 from kvmatrix.harness.nightly import history
@@ -22,6 +22,7 @@ from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run import host_cpu
 from kvmatrix.harness.run.guards import cases_dir_for, check_free_disk, claim_run_folder
 from kvmatrix.harness.run.pool import LocalPool, OnRecord
+from kvmatrix.harness.run.run_ids import LATEST, resumed_run_id
 from kvmatrix.harness.run.session import Session, open_session
 from kvmatrix.harness.run.settings import CELL_COMMAND, WORKER_COMMAND
 from kvmatrix.harness.surface.promises import promised, refusals
@@ -29,14 +30,18 @@ from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.load import shared_file
 from kvmatrix.matrix.machine import PoolError
 from kvmatrix.matrix.schema import CaseError
-from kvmatrix.reports import findings_pages
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
     add_selection_options(run)
     run.add_argument("--gpu", help="GPU class to run as (default: this machine's)")
     run.add_argument("--emulate", action="store_true", help="emulate --gpu's decisions on this machine's GPU")
-    run.add_argument("--run-id", help="results folder name; the same id resumes (default: date-class-version)")
+    folder = run.add_mutually_exclusive_group()
+    folder.add_argument("--run-id", help="results folder name under --runs-dir; an existing one is resumed "
+                                         "(default: a new folder, <date>-<time>-<class>-vllm<version>)")
+    folder.add_argument("--resume", nargs="?", const=LATEST, metavar="RUN_ID",
+                        help="go on with an earlier run: its finished cells are kept, the others run (RUN_ID, or "
+                             "`latest`, the default: the run started or resumed last)")
     run.add_argument("--runs-dir", default=str(RUNS_DIR))
     run.add_argument("--jobs", type=int, default=0,
                      help="cells at once (default: GPUs x the class's slots_per_device, within their memory and "
@@ -78,6 +83,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     started = host_cpu.reading()
+    if args.resume:
+        args.run_id = resumed_run_id(args.resume, Path(args.runs_dir))
     args.cases_dir = cases_dir_for(args.cases_dir, Path(args.runs_dir) / args.run_id if args.run_id else None)
     cells, invalid, every = load_cells(args, tolerant=True)
     for err in invalid:
@@ -158,8 +165,7 @@ def finish_run(args: argparse.Namespace, records: list[JudgedRecord], invalid: l
     print(f"reports: {paths['md']} {paths['html']} {paths['junit']}  ({time.monotonic() - started.at:.0f} s total)")
     if not args.ray:  # a Ray pool's cells ran on other hosts
         print(host_cpu.summary(started, host_cpu.reading(), records))
-    pages = findings_pages.write(records, session.run_dir.root / "findings",
-                                 {session.run_dir.root.name: Path(args.cases_dir)})
+    pages = write_findings(session.run_dir.root, records, {session.run_dir.root.name: Path(args.cases_dir).resolve()})
     if pages:
         print(f"{len(pages)} unexplained failures: a findings page for each in {pages[0].parent}")
     failed = any(r["verdict"] in FAILING_VERDICTS for r in records) or any(p.is_error for p in problems)
