@@ -18,6 +18,7 @@ from kvmatrix.matrix.axes import (
 )
 from kvmatrix.matrix.case import Case
 from kvmatrix.matrix.conditions import gpu_matches, matches, when_matches
+from kvmatrix.matrix.messages import did_you_mean, one_of
 from kvmatrix.matrix.schema import CaseError, GpuClass, ModelEntry
 
 
@@ -115,11 +116,15 @@ def expand_case(
 ) -> list[Cell]:
     source = source or f"cases/{case.name}.yaml"
     if case.model not in models:
-        raise CaseError(source, case.name, "model", f"{case.model!r} is not in the model registry")
+        raise CaseError(source, case.name, "model", f"{case.model!r} is not in the model registry"
+                        f"{did_you_mean(case.model, models)}; the registry: {one_of(models)} (`kvmatrix models` "
+                        f"describes each)")
     for i, draft in enumerate(case.matrix.speculative + [c.speculative for c in case.matrix.include]):
         if draft is not None and (draft not in models or models[draft].draft is None):
             field_name = "matrix.speculative" if i < len(case.matrix.speculative) else "matrix.include"
-            raise CaseError(source, case.name, field_name, f"{draft!r} is not a draft model in the registry")
+            drafts = [name for name, entry in models.items() if entry.draft is not None]
+            raise CaseError(source, case.name, field_name, f"{draft!r} is not a draft model in the registry"
+                            f"{did_you_mean(draft, drafts)}; drafts: {one_of(drafts)}")
     gpu_classes = classes_for(case, pool)
     if not gpu_classes:
         raise CaseError(source, case.name, "gpus", f"matches no GPU class of the pool ({sorted(pool)})")

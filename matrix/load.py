@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from kvmatrix.matrix.case import Case
 from kvmatrix.matrix.expand import combinations
+from kvmatrix.matrix.messages import did_you_mean, unknown_name
 from kvmatrix.matrix.schema import CaseError, GpuClass, ModelEntry, Vocabulary, wrap_validation_error
 
 # The default case set: cases/ of the checkout, package data of an installed kvmatrix (wherever it was installed).
@@ -95,18 +96,21 @@ def _check_vocabulary(path: Path, case: Case, vocabulary: Vocabulary) -> None:
     ]
     for field, dtype in named:
         if vocabulary.kv_cache_dtypes and dtype not in vocabulary.kv_cache_dtypes:
-            raise CaseError(str(path), case.name, field, f"unknown kv_cache_dtype {dtype!r} for the installed vLLM")
+            raise CaseError(str(path), case.name, field, unknown_name("kv_cache_dtype", dtype,
+                                                                      vocabulary.kv_cache_dtypes)
+                            + " (the installed vLLM's CacheDType)")
     _check_signature_names(path, case, vocabulary)
     _check_skip_layers(path, case, vocabulary)
     for name in case.env:
         if name not in vocabulary.env_vars:
             raise CaseError(str(path), case.name, f"env.{name}",
-                            "not an environment variable the installed vLLM reads (vllm.envs); case files may "
-                            "set only those")
+                            f"not an environment variable the installed vLLM reads (vllm.envs)"
+                            f"{did_you_mean(name, vocabulary.env_vars)}; case files may set only those")
     for name in case.engine_args:
         if vocabulary.engine_args and name not in vocabulary.engine_args:
             raise CaseError(str(path), case.name, f"engine_args.{name}",
-                            "not an engine argument of the installed vLLM (vllm.engine.arg_utils.EngineArgs)")
+                            f"not an engine argument of the installed vLLM (vllm.engine.arg_utils.EngineArgs)"
+                            f"{did_you_mean(name, vocabulary.engine_args)}")
 
 
 def _check_signature_names(path: Path, case: Case, vocabulary: Vocabulary) -> None:
@@ -118,10 +122,9 @@ def _check_signature_names(path: Path, case: Case, vocabulary: Vocabulary) -> No
         for kind, expected in (("crash", rule.crash), ("refuse", rule.refuse)):
             for name in getattr(expected, "names", []):
                 if name not in vocabulary.signatures:
-                    known = ", ".join(sorted(vocabulary.signatures))
                     raise CaseError(str(path), case.name, f"expect.{i}.{kind}.signature",
-                                    f"unknown failure signature {name!r}; known: {known} "
-                                    f"(harness/vllm_compat/signatures.py)")
+                                    unknown_name("failure signature", name, vocabulary.signatures, limit=200)
+                                    + " (harness/vllm_compat/signatures.py)")
 
 
 def _check_skip_layers(path: Path, case: Case, vocabulary: Vocabulary) -> None:

@@ -13,6 +13,7 @@ import sys
 from kvmatrix.harness.cli.commands import COMMANDS
 from kvmatrix.harness.cli.exit_codes import INTERRUPTED, USAGE
 from kvmatrix.harness.cli.selection import SelectionError
+from kvmatrix.harness.cli.version import VersionAction
 from kvmatrix.harness.judge.waivers import WaiverError
 from kvmatrix.harness.record.model import RecordError
 from kvmatrix.harness.run.canary import EnvironmentBroken
@@ -33,6 +34,7 @@ USAGE_ERRORS = (CaseError, SelectionError, PoolError, GuardError, WaiverError, R
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """Every command listed with its summary; only the one `argv` names gets its arguments (its module imported)."""
     parser = argparse.ArgumentParser(prog="kvmatrix", description=DESCRIPTION)
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, info in COMMANDS.items():
