@@ -45,6 +45,7 @@ from kvmatrix.harness.record.parts import (  # noqa: F401  (the parts are part o
     Emulation,
     ExceptionInfo,
     GpuMemoryCheck,
+    KnownFailureNote,
     KvGroup,
     Layer,
     Mode,
@@ -147,6 +148,7 @@ class JudgedRecord(OutcomeRecord, total=False):
     flaky: bool
     first_failure: str
     waived: Waived
+    known_failure: KnownFailureNote
     finished_at: str
 
 
