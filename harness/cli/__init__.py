@@ -15,6 +15,7 @@ from kvmatrix.harness.cli.exit_codes import INTERRUPTED, USAGE
 from kvmatrix.harness.cli.selection import SelectionError
 from kvmatrix.harness.cli.version import VersionAction
 from kvmatrix.harness.judge.waivers import WaiverError
+from kvmatrix.harness.nightly.pipelines import PipelineError
 from kvmatrix.harness.record.model import RecordError
 from kvmatrix.harness.run.canary import EnvironmentBroken
 from kvmatrix.harness.run.guards import GuardError
@@ -28,7 +29,8 @@ DESCRIPTION = ("Runs vLLM over a matrix of KV-cache configurations (case files: 
                "--cases-dir DIR` and `kvmatrix run --cases-dir DIR`; without --cases-dir the built-in cases run.")
 
 # What a command raises when it cannot do what was asked: said in one line, exit USAGE.
-USAGE_ERRORS = (CaseError, SelectionError, PoolError, GuardError, WaiverError, RecordError, EnvironmentBroken)
+USAGE_ERRORS = (CaseError, SelectionError, PoolError, GuardError, WaiverError, RecordError, EnvironmentBroken,
+                PipelineError)
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
