@@ -5,6 +5,7 @@ JUnit) with their findings pages, and the records of run folders that commands r
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kvmatrix.harness.record.files import RunDir
@@ -13,7 +14,7 @@ from kvmatrix.reports import findings_pages, html, junit, markdown
 from kvmatrix.reports.summary import fresh_rerun
 
 
-def progress_printer(started: float):
+def progress_printer(started: float, say: Callable[[str], None] = lambda line: print(line, flush=True)):
     def show(record: JudgedRecord, done: int, total: int, resumed: bool) -> None:
         took = (record.get("timings") or {}).get("total_s")
         took_text = "resumed" if resumed else (f"{took:.1f} s" if took is not None else "not run")
@@ -24,8 +25,8 @@ def progress_printer(started: float):
             note += f"  [{fresh_rerun(record)}]"
         if record.get("fresh_first") and not resumed:
             note += "  [fresh process first]"
-        print(f"[{done:>3}/{total} {time.monotonic() - started:7.1f} s] {record['verdict'].upper():5} "
-              f"{record['cell_id']} @{record.get('gpu_class')} ({took_text}){note}", flush=True)
+        say(f"[{done:>3}/{total} {time.monotonic() - started:7.1f} s] {record['verdict'].upper():5} "
+            f"{record['cell_id']} @{record.get('gpu_class')} ({took_text}){note}")
     return show
 
 
