@@ -5,8 +5,9 @@ explains is that known failure, not an unexplained FAIL: `xfail`, with its link,
 into the case to expect it. Never hidden: an xfail is reported as one, and a failure nothing here explains stays a
 FAIL.
 
-A built-in crash rule explains a user's cell where the cell runs the same model (the same registry entry), the
-rule's `when:` holds for the cell, and the cell crashed with the rule's signature (or a member of its family). A
+A built-in crash rule explains a user's cell where the cell runs the same model (the same registry entry) in a
+configuration (axes) one of the rule's case's cells has, the rule's `when:` holds for the cell, and the cell crashed
+with the rule's signature (or a member of its family). A
 built-in waiver explains it where it would waive the cell were it a built-in case's of the same model (the same
 axes, on a class and vLLM release the waiver names).
 The built-in cases judge their own cells themselves: this is for cases from elsewhere."""
@@ -23,6 +24,7 @@ import yaml
 
 from kvmatrix.harness.judge.waivers import WAIVERS_FILE, Waiver, load_waivers
 from kvmatrix.harness.record.model import JudgedRecord, KnownFailureNote
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.vllm_compat import signature_matches
 from kvmatrix.matrix.axes import AXES, AXIS_DEFAULTS
@@ -33,7 +35,7 @@ from kvmatrix.matrix.load import CASES_DIR, load_cases, load_models, load_pool
 from kvmatrix.matrix.schema import ModelEntry
 
 # The project's own findings, shipped with kvmatrix: a link `reports/findings/README.md#name` is read there.
-FINDINGS = Path(__file__).resolve().parents[2] / "reports" / "findings" / "README.md"
+FINDINGS = PACKAGE_ROOT / "reports" / "findings" / "README.md"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.matrix.axes import AXIS_DEFAULTS
 from kvmatrix.matrix.conditions import when_matches
 
-
 # How to mend what the canary meets, said with it: the broken environments whose fix is known.
 FIXES = {
     "library_built_for_other_torch": (
