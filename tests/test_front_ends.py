@@ -153,3 +153,13 @@ def test_xdist_workers_write_one_run_folder_reported_once(matrix_with_waiver, tm
     (run,) = runs_in(root / RUNS_DIR)
     assert len(RunDir(run).records()) == 5
     assert "5 cells: 1 fail, 2 xfail, 1 pass, 1 skip" in (run / "matrix.md").read_text()
+
+
+def test_a_broken_case_file_is_a_collection_error_naming_it_and_runs_nothing(matrix_with_waiver, tmp_path,
+                                                                             monkeypatch, capsys):
+    write_case(matrix_with_waiver, "typo", {"model": "lama"})
+    code, outcomes = run_pytest_front_end(matrix_with_waiver, tmp_path, monkeypatch)
+    assert code == pytest.ExitCode.INTERRUPTED and not outcomes  # pytest stops at collection errors
+    out = capsys.readouterr().out
+    assert "field 'model': 'lama' is not in the model registry (did you mean 'llama'?)" in out
+    assert not (tmp_path / RUNS_DIR).exists() or not any(RunDir(r).records() for r in (tmp_path / RUNS_DIR).iterdir())

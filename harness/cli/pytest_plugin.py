@@ -92,10 +92,9 @@ class KvmatrixRun:
     pool before the items report, and finished (waivers, reports, findings) at the session's end."""
 
     def __init__(self, config: pytest.Config):
+        from kvmatrix.harness.cli import USAGE_ERRORS
         from kvmatrix.harness.cli.run import prepare_run
         from kvmatrix.harness.run import host_cpu
-        from kvmatrix.harness.run.guards import GuardError
-        from kvmatrix.matrix.schema import CaseError
 
         self.config, self.say = config, terminal_line(config)
         self.started = host_cpu.reading()
@@ -104,7 +103,7 @@ class KvmatrixRun:
             # Invalid case files are collection errors of their own; a listing makes no run folder.
             self.prepared: PreparedRun = prepare_run(self.args, say=lambda line: None,
                                                      claim=not config.option.collectonly)
-        except (GuardError, CaseError) as err:
+        except USAGE_ERRORS as err:  # what `kvmatrix run` says in one line, exit 2
             raise pytest.UsageError(str(err)) from None
         self.records: dict[str, JudgedRecord] = {}
         self.ran: list[JudgedRecord] = []
@@ -124,8 +123,13 @@ class KvmatrixRun:
         workers = getattr(self.config, "workerinput", {}).get("workercount")
         if workers and not self.args.jobs:  # xdist: the machine's slots shared among its workers
             self.args.jobs = max(1, session.slots // int(workers))
+        from kvmatrix.harness.run.canary import EnvironmentBroken
+
         self.say(first_line(self.args, session, len(tasks)))
-        self.ran = run_here(self.args, tasks, session, progress_printer(self.started.at, self.say))
+        try:
+            self.ran = run_here(self.args, tasks, session, progress_printer(self.started.at, self.say))
+        except EnvironmentBroken as err:  # the canary: nothing recorded, one line, as `kvmatrix run` says it
+            pytest.exit(f"kvmatrix: {err}", returncode=pytest.ExitCode.USAGE_ERROR)
         self.records = {record_stem(r["cell_id"], r["gpu_class"]): r for r in self.ran}
 
     def finish(self) -> int:
@@ -204,7 +208,9 @@ def pytest_runtestloop(session: pytest.Session):
     """The selected cells run before their items report, all at once on this machine's slots (warm workers), as
     `kvmatrix run` runs them."""
     cells = [item for item in session.items if isinstance(item, CellItem)]
-    if cells and not session.config.option.collectonly:
+    # pytest itself stops after collection errors (unless --continue-on-collection-errors): run nothing then.
+    stops = session.testsfailed and not session.config.option.continue_on_collection_errors
+    if cells and not session.config.option.collectonly and not stops:
         _run(session.config).run([item.task for item in cells])
     return (yield)
 
