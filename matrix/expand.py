@@ -21,6 +21,7 @@ from kvmatrix.matrix.axes import (
 )
 from kvmatrix.matrix.case import Case
 from kvmatrix.matrix.conditions import gpu_matches, matches, when_matches
+from kvmatrix.matrix.messages import did_you_mean, one_of
 from kvmatrix.matrix.schema import CaseError, GpuClass, ModelEntry
 
 
@@ -95,7 +96,9 @@ def _check_drafts(case: Case, models: dict[str, ModelEntry], source: str) -> Non
     for i, draft in enumerate(case.matrix.speculative + [c.speculative for c in case.matrix.include]):
         if draft is not None and (draft not in models or models[draft].draft is None):
             field_name = "matrix.speculative" if i < len(case.matrix.speculative) else "matrix.include"
-            raise CaseError(source, case.name, field_name, f"{draft!r} is not a draft model in the registry")
+            drafts = [name for name, entry in models.items() if entry.draft is not None]
+            raise CaseError(source, case.name, field_name, f"{draft!r} is not a draft model in the registry"
+                            f"{did_you_mean(draft, drafts)}; drafts: {one_of(drafts)}")
     for i, inc in enumerate(case.matrix.include):
         if not inc.speculative and any(getattr(inc, a) for a in DRAFT_AXES):
             raise CaseError(source, case.name, f"matrix.include.{i}", "sets a draft option without a draft "
@@ -174,7 +177,9 @@ def expand_case(
     source = source or f"cases/{case.name}.yaml"
     check_size(case, source, max_cells)
     if case.model not in models:
-        raise CaseError(source, case.name, "model", f"{case.model!r} is not in the model registry")
+        raise CaseError(source, case.name, "model", f"{case.model!r} is not in the model registry"
+                        f"{did_you_mean(case.model, models)}; the registry: {one_of(models)} (`kvmatrix models` "
+                        f"describes each)")
     _check_drafts(case, models, source)
     gpu_classes = classes_for(case, pool)
     if not gpu_classes:

@@ -12,11 +12,15 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from kvmatrix.matrix.axes import AXES, EXECUTION_VALUES, ORACLE, WORKLOAD_VALUES
 from kvmatrix.matrix.conditions import check_condition_value
+from kvmatrix.matrix.messages import did_you_mean, one_of
 from kvmatrix.matrix.schema import Strict
 
 # What a layer / KV group / attention builder record holds that an expectation may name.
 LAYER_FIELDS = {"kv_cache_dtype", "backend", "spec_dtype", "page_size_bytes", "group", "role", "k_scale", "v_scale"}
 GROUP_FIELDS = {"dtype", "block_size", "page_size_bytes", "kv_quant_mode", "cache_dtype_str", "spec_type"}
+# Fields a record holds as names (dtypes, backends): a number there could never match (`spec_dtype: 16`).
+NAME_FIELDS = {"kv_cache_dtype", "backend", "spec_dtype", "role", "dtype", "kv_quant_mode", "cache_dtype_str",
+               "spec_type"}
 SELECTOR_WORDS = {"all", "target", "draft", "skipped", "not_skipped"}
 WHEN_KEYS = set(AXES) | {"model", "gpu", "vllm_version", "emulated"}
 
@@ -24,7 +28,8 @@ WHEN_KEYS = set(AXES) | {"model", "gpu", "vllm_version", "emulated"}
 def _check_selector(value: Any) -> Any:
     if isinstance(value, str):
         if value not in SELECTOR_WORDS:
-            raise ValueError(f"unknown selector {value!r}; use one of {sorted(SELECTOR_WORDS)} or layer indices")
+            raise ValueError(f"unknown selector {value!r}{did_you_mean(value, SELECTOR_WORDS)}; use one of "
+                             f"{sorted(SELECTOR_WORDS)} or layer indices")
     elif isinstance(value, list):
         if not value or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
             raise ValueError("a selector list holds layer indices (ints)")
@@ -36,7 +41,7 @@ def _check_selector(value: Any) -> Any:
 def _check_when(value: dict[str, Any]) -> dict[str, Any]:
     for key, cond in value.items():
         if key not in WHEN_KEYS:
-            raise ValueError(f"unknown key {key!r} in when; use {sorted(WHEN_KEYS)}")
+            raise ValueError(f"unknown key {key!r} in when{did_you_mean(key, WHEN_KEYS)}; valid: {one_of(WHEN_KEYS)}")
         if key == "gpu" and isinstance(cond, dict):
             for sub in cond.values():
                 if problem := check_condition_value(sub):
@@ -84,6 +89,15 @@ class RecordCheck(Strict):
     def check_select(cls, value: Any) -> Any:
         return _check_selector(value)
 
+    @model_validator(mode="after")
+    def _names_are_names(self) -> RecordCheck:
+        for field, value in self.wanted().items():
+            values = value if isinstance(value, list) else [value]
+            if field in NAME_FIELDS and any(not isinstance(v, str) for v in values):
+                raise ValueError(f"{field} is a name as records spell it (e.g. bfloat16, float8_e4m3fn), not "
+                                 f"{value!r}: no record could match")
+        return self
+
     def wanted(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
 
@@ -124,12 +138,18 @@ class Expectation(Strict):
         for name, fields in (("layers", LAYER_FIELDS), ("groups", GROUP_FIELDS)):
             check = getattr(self, name)
             if check is not None:
-                unknown = set(check.wanted()) - fields
-                if unknown:
-                    raise ValueError(f"{name}: unknown field(s) {sorted(unknown)}; known: {sorted(fields)}")
+                _check_record_fields(name, check.wanted(), fields)
         if self.crash is not None and self.refuse is not None:
             raise ValueError("an expectation is a known crash or an expected refusal, not both")
         return self
+
+
+def _check_record_fields(name: str, wanted: dict[str, Any], fields: set[str]) -> None:
+    """A layers / groups check names fields the record holds, and a name field (a dtype, a backend) by name."""
+    unknown = sorted(set(wanted) - fields)
+    if unknown:
+        raise ValueError(f"{name}: unknown field(s) {unknown}{did_you_mean(unknown[0], fields)}; known: "
+                         f"{sorted(fields)}")
 
 
 class SkipRule(Strict):

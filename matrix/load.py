@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from kvmatrix.matrix.case import Case
 from kvmatrix.matrix.expand import MAX_CELLS, check_size, combinations
+from kvmatrix.matrix.messages import did_you_mean, unknown_name
 from kvmatrix.matrix.schema import (
     CaseError,
     GpuClass,
@@ -195,7 +196,9 @@ def _check_vocabulary(path: Path, case: Case, vocabulary: Vocabulary) -> None:
               for i, c in enumerate(case.matrix.include) if c.draft_kv_cache_dtype]
     for field, dtype in named:
         if vocabulary.kv_cache_dtypes and dtype not in vocabulary.kv_cache_dtypes:
-            raise CaseError(str(path), case.name, field, f"unknown kv_cache_dtype {dtype!r} for the installed vLLM")
+            raise CaseError(str(path), case.name, field, unknown_name("kv_cache_dtype", dtype,
+                                                                      vocabulary.kv_cache_dtypes)
+                            + " (the installed vLLM's CacheDType)")
     _check_signature_names(path, case, vocabulary)
     _check_skip_layers(path, case, vocabulary)
     for name in case.speculative_config:
@@ -206,12 +209,13 @@ def _check_vocabulary(path: Path, case: Case, vocabulary: Vocabulary) -> None:
     for name in case.env:
         if name not in vocabulary.env_vars:
             raise CaseError(str(path), case.name, f"env.{name}",
-                            "not an environment variable the installed vLLM reads (vllm.envs); case files may "
-                            "set only those")
+                            f"not an environment variable the installed vLLM reads (vllm.envs)"
+                            f"{did_you_mean(name, vocabulary.env_vars)}; case files may set only those")
     for name in case.engine_args:
         if vocabulary.engine_args and name not in vocabulary.engine_args:
             raise CaseError(str(path), case.name, f"engine_args.{name}",
-                            "not an engine argument of the installed vLLM (vllm.engine.arg_utils.EngineArgs)")
+                            f"not an engine argument of the installed vLLM (vllm.engine.arg_utils.EngineArgs)"
+                            f"{did_you_mean(name, vocabulary.engine_args)}")
 
 
 def _check_signature_names(path: Path, case: Case, vocabulary: Vocabulary) -> None:
@@ -223,10 +227,9 @@ def _check_signature_names(path: Path, case: Case, vocabulary: Vocabulary) -> No
         for kind, expected in (("crash", rule.crash), ("refuse", rule.refuse)):
             for name in getattr(expected, "names", []):
                 if name not in vocabulary.signatures:
-                    known = ", ".join(sorted(vocabulary.signatures))
                     raise CaseError(str(path), case.name, f"expect.{i}.{kind}.signature",
-                                    f"unknown failure signature {name!r}; known: {known} "
-                                    f"(harness/vllm_compat/signatures.py)")
+                                    unknown_name("failure signature", name, vocabulary.signatures, limit=200)
+                                    + " (harness/vllm_compat/signatures.py)")
 
 
 def _check_skip_layers(path: Path, case: Case, vocabulary: Vocabulary) -> None:

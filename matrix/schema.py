@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from kvmatrix.matrix.messages import readable_problems
+
 
 @dataclass(frozen=True)
 class Vocabulary:
@@ -57,9 +59,21 @@ def validation_problems(err: ValidationError) -> list[tuple[str, str]]:
             for e in err.errors()]
 
 
+def _schema_models() -> dict[str, type[BaseModel]]:
+    """Every model of the data files' schemas, by class name (how pydantic names a union's model members)."""
+    found: dict[str, type[BaseModel]] = {}
+    todo: list[type[BaseModel]] = [Strict]
+    while todo:
+        cls = todo.pop()
+        found[cls.__name__] = cls
+        todo += cls.__subclasses__()
+    return found
+
+
 def wrap_validation_error(err: ValidationError, file: str, case: str | None) -> CaseError:
-    """The first pydantic error as a CaseError; the rest follow in the message so none is hidden."""
-    problems = validation_problems(err)
+    """The first pydantic error as a CaseError, worded for a person (matrix/messages.py: the field as the file spells
+    it, the valid names where one is unknown); the rest follow in the message so none is hidden."""
+    problems = readable_problems(err, _schema_models())
     field, message = problems[0]
     if len(problems) > 1:
         message += "; also: " + "; ".join(f"field '{f}': {m}" for f, m in problems[1:])

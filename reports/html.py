@@ -26,6 +26,16 @@ _ENV = jinja2.Environment(
 )
 
 
+# The legend: what each square's colour says (the verdicts, worst first as VERDICTS lists them).
+LEGEND = {
+    "fail": "vLLM did not do what the case expects, and no case rule or known failure explains it: look here",
+    "error": "the cell could not be judged (a broken environment, a harness fault), never counted as a vLLM failure",
+    "xfail": "a known vLLM failure: the case or a waiver expects it, with its link",
+    "pass": "vLLM did what the case expects (or refused clearly where the case allows it)",
+    "skip": "not run on this class (a skip rule, a platform's clear refusal, not emulable here)",
+}
+
+
 def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "", log_prefix: str = "",
            diff: list[Comparison] | None = None, first_seen: dict[str, str] | None = None,
            history: History | None = None) -> str:
@@ -35,7 +45,8 @@ def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "
     shown = [facts_text(r) for r in records]  # once per record: the list and the details panel show them
     got = Counter(r["verdict"] for r in records)
     return _ENV.get_template("matrix.html.j2").render(
-        title=title, header=header, gpus=gpus, rows=_list_rows(records, shown, gpus, log_prefix, first_seen),
+        title=title, header=header, gpus=gpus, legend=[(v, LEGEND[v]) for v in VERDICTS if v in LEGEND],
+        rows=_list_rows(records, shown, gpus, log_prefix, first_seen),
         n_cells=len(records), counts={v: got[v] for v in VERDICTS if got[v]}, verdicts=VERDICTS,
         diff=_diff_view(diff or []), leaks=leaks(records), reruns=fresh_reruns(records),
         grids=[g.view(records, history) for g in grids(records, gpus)],

@@ -1,8 +1,8 @@
 """What the HTML report's details panel shows for a clicked square, as the small JSON embedded in the page: per
 record only what the panel shows (per-layer state, KV groups, builders' query dtypes, expectations, the error's
-tail, links to the log and the findings page). Layer, group and builder tables that several records share (the
-same configuration on several classes, or in several runs of a case) are stored once, so a 10,000-cell page
-stays small."""
+tail, links to the log and the findings page, a known vLLM failure's link and the rule to copy). Layer, group and
+builder tables that several records share (the same configuration on several classes, or in several runs of a case)
+are stored once, so a 10,000-cell page stays small."""
 
 from __future__ import annotations
 
@@ -88,6 +88,8 @@ def _entry(record: JudgedRecord, shared: _Shared, run_prefix: str, finding: bool
         entry["log"] = f"{run_prefix}{record['log']}"
     if finding:
         entry["finding"] = f"{run_prefix}findings/{quote(page_name(record))}"
+    if note := record.get("known_failure"):
+        entry["known"] = {k: note.get(k) for k in ("link", "page", "source", "rule") if note.get(k)}
     return {k: v for k, v in entry.items() if v not in (None, "", [])}
 
 

@@ -7,6 +7,7 @@ the square's details, shown when it is clicked, are in reports/html_details.py."
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from kvmatrix.harness.judge.fingerprint import failure_name
@@ -27,9 +28,28 @@ def axis_text(value) -> str:
     return "-" if value in (None, "") else str(value)
 
 
+# What a failed check's detail (harness/judge/verdict.py) says went wrong, in a word for its square.
+_FAILED_CHECK = ((re.compile(r"^(?:rank \d+ )?\S+: (\w+) (?:is )?\S"), r"\1"),
+                 (re.compile(r"no (\w+) recorded"), r"no \1"), (re.compile(r"^page size "), "page ratio"),
+                 (re.compile(r"^forced attention backend"), "backend"), (re.compile(r"accuracy|drop"), "accuracy"),
+                 (re.compile(r"^timed out"), "timeout"), (re.compile(r"^flaky"), "flaky"),
+                 (re.compile(r"^expected .* got no crash|did not happen"), "ran"))
+
+
+def failed_check(record: JudgedRecord) -> str | None:
+    """A failure without a crash in a word: the field its first unmet check found wrong (`kv_cache_dtype`,
+    `no q_data_type_prefill`, `page ratio`), else what its reason names (a timeout, a flaky pass, accuracy)."""
+    texts = [e.get("detail") or "" for e in record.get("expectations") or [] if not e.get("ok")]
+    for text in [*texts, record.get("reason") or ""]:
+        for pattern, word in _FAILED_CHECK:
+            if found := pattern.search(text):
+                return found.expand(word)
+    return None
+
+
 def mark(record: JudgedRecord) -> str:
-    """One word for a square: the failure's name; else the resolved KV dtype where it is not the requested one;
-    else the verdict. A crash with no signature shows its fingerprint."""
+    """One word for a square: the failure's name (a crash's signature, a failed check's field); else the resolved
+    KV dtype where it is not the requested one; else the verdict. A crash with no signature shows its fingerprint."""
     verdict = record["verdict"]
     if verdict == "skip":
         return "skip"
@@ -44,6 +64,8 @@ def mark(record: JudgedRecord) -> str:
                        if la.get("role", "target") == "target" and (dtype := la.get("kv_cache_dtype"))})
     if requested not in (None, "auto") and resolved and requested not in resolved:
         return "kv " + "/".join(resolved)
+    if verdict in ("fail", "xfail") and (check := failed_check(record)):
+        return check
     return "LEAK" if record.get("leak") else verdict
 
 

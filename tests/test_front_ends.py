@@ -1,11 +1,11 @@
-"""`pytest cases/` and `kvmatrix run` give a cell the same verdict: the same fake cells (tests/fake_cell.py, the
-real cell protocol) through both front ends, with a case's expected crash, a skip rule and a waiver of
-cases/_waivers.txt, each into its own results folder; and the pytest front end refuses a results folder made
-with other case files, as `kvmatrix run` does."""
+"""`pytest` (the kvmatrix plugin) and `kvmatrix run` give a cell the same verdict: the same fake cells
+(tests/fake_cell.py, the real cell protocol) through both front ends, with a case's expected crash, a skip rule and a
+waiver of the folder's _waivers.txt, each into its own results folder, through the same pool (warm workers) and
+with the same reports; the plugin refuses a results folder made with other case files, as `kvmatrix run` does, and
+`pytest cases/` in this checkout still collects the built-in cases."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from dataclasses import replace
@@ -21,23 +21,16 @@ from tests.conftest import CPU_CLASS, KNOWN_LINK, write_case
 REPO = Path(__file__).resolve().parent.parent
 FAKE_CELL = (sys.executable, str(REPO / "tests" / "fake_cell.py"))
 FAKE_WORKER = (sys.executable, str(REPO / "tests" / "fake_worker.py"))
+PLUGIN = "kvmatrix.harness.cli.pytest_plugin"  # its entry point's name too: `-p` never registers it twice
 # pytest's outcome for each verdict (fail and error both fail the item).
 OUTCOME = {"pass": "passed", "skip": "skipped", "xfail": "xfailed", "fail": "failed", "error": "failed"}
-
-
-def front_end_module():
-    """The repository's pytest front end (conftest.py at the root), as a module of its own."""
-    spec = importlib.util.spec_from_file_location("kvmatrix_front_end", REPO / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def fake_sessions(open_session, cases_dir: Path, tmp_path: Path):
     """`open_session` with fake cells, no model build and the test's runs and cache folders."""
 
     def fake(*args, **kwargs):
-        if "runs_dir" not in kwargs:  # the pytest front end names no folders: the test's
+        if "runs_dir" not in kwargs:
             kwargs.update(runs_dir=tmp_path / RUNS_DIR, cache_dir=tmp_path / "cache")
         session = open_session(*args, **kwargs)
         # Fake cells in fresh processes and in warm workers alike: real vLLM here would judge by this CPU's kind.
@@ -50,12 +43,11 @@ def fake_sessions(open_session, cases_dir: Path, tmp_path: Path):
 
 def run_pytest_front_end(cases_dir: Path, tmp_path: Path, monkeypatch, *args: str, name_cases_dir: bool = True
                          ) -> tuple[int, dict[str, str]]:
-    """`pytest cases/` over `cases_dir` in this process: (exit code, cell id → pytest outcome). Without
-    `name_cases_dir`, the front end finds the folder itself (the one its --run-id was made with)."""
-    front_end = front_end_module()
+    """`pytest --kvmatrix-cases` over `cases_dir` in this process: (exit code, cell id → pytest outcome). Without
+    `name_cases_dir`, the plugin finds the folder itself (the one its --kvmatrix-run-id was made with)."""
     if name_cases_dir:
-        args = ("--cases-dir", str(cases_dir), *args)
-    monkeypatch.setattr(front_end, "open_session", fake_sessions(front_end.open_session, cases_dir, tmp_path))
+        args = ("--kvmatrix-cases", str(cases_dir), *args)
+    monkeypatch.setattr(cli_run, "open_session", fake_sessions(cli_run.open_session, cases_dir, tmp_path))
     outcomes: dict[str, str] = {}
 
     class Outcomes:
@@ -64,8 +56,9 @@ def run_pytest_front_end(cases_dir: Path, tmp_path: Path, monkeypatch, *args: st
             if report.when == "call" or report.outcome != "passed":
                 outcomes[cell_id] = "xfailed" if hasattr(report, "wasxfail") else report.outcome
 
-    code = pytest.main([str(cases_dir), "-p", "no:cacheprovider", "-p", "no:randomly", "-c", os.devnull,
-                        "--rootdir", str(tmp_path), "-q", *args], plugins=[front_end, Outcomes()])
+    code = pytest.main([str(cases_dir), "-p", PLUGIN, "-p", "no:cacheprovider", "-p", "no:randomly", "-c", os.devnull,
+                        "--rootdir", str(tmp_path), "-q", "--kvmatrix-runs-dir", str(tmp_path / RUNS_DIR),
+                        "--kvmatrix-cache-dir", str(tmp_path / "cache"), *args], plugins=[Outcomes()])
     return int(code), outcomes
 
 
@@ -80,7 +73,7 @@ def test_pytest_and_kvmatrix_run_give_the_same_verdicts(matrix_with_waiver, tmp_
                       "crash[kv=auto,skip=-,spec=-]": "xfail", "crash[kv=bfloat16,skip=-,spec=-]": "xfail",
                       "crash[kv=fp8,skip=-,spec=-]": "fail"}
 
-    code, by_pytest = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--run-id", "pytest")
+    code, by_pytest = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--kvmatrix-run-id", "pytest")
     assert code == pytest.ExitCode.TESTS_FAILED
     assert by_pytest == {cell: OUTCOME[verdict] for cell, verdict in by_cli.items()}
     stored = {r["cell_id"]: r for r in RunDir(tmp_path / RUNS_DIR / "pytest").records()}
@@ -90,12 +83,13 @@ def test_pytest_and_kvmatrix_run_give_the_same_verdicts(matrix_with_waiver, tmp_
 
 def test_pytest_front_end_refuses_a_folder_of_other_cases(matrix_with_waiver, tmp_path, monkeypatch):
     cases_dir = matrix_with_waiver
-    code, _ = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--run-id", "shared", "-k", "ok")
+    code, _ = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--kvmatrix-run-id", "shared", "-k", "ok")
     assert code == pytest.ExitCode.OK
     write_case(cases_dir, "ok", {"model": "llama", "gpus": [CPU_CLASS], "matrix": {"kv_cache_dtype": ["auto"]}})
-    code, outcomes = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--run-id", "shared", "-k", "ok")
+    code, outcomes = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--kvmatrix-run-id", "shared", "-k", "ok")
     assert code == pytest.ExitCode.INTERRUPTED and not outcomes  # refused at collection, nothing ran
-    code, _ = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--run-id", "shared", "-k", "ok", "--force")
+    code, _ = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--kvmatrix-run-id", "shared", "-k", "ok",
+                                   "--kvmatrix-force")
     assert code == pytest.ExitCode.OK
 
 
@@ -120,7 +114,52 @@ def test_pytest_front_end_resumes_a_run_with_the_cases_it_was_made_with(matrix_w
     cli.main(["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / RUNS_DIR), "--run-id", "mine",
               "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", CPU_CLASS,
               "--case", "ok"])
-    code, outcomes = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--run-id", "mine", "-k", "ok",
+    code, outcomes = run_pytest_front_end(cases_dir, tmp_path, monkeypatch, "--kvmatrix-run-id", "mine", "-k", "ok",
                                           name_cases_dir=False)
     assert code == pytest.ExitCode.OK
     assert outcomes == {"ok[kv=auto,skip=-,spec=-]": "passed", "ok[kv=fp8,skip=-,spec=-]": "skipped"}
+
+
+XDIST_CONFTEST = '''
+from pathlib import Path
+
+from tests.test_front_ends import fake_sessions
+from kvmatrix.harness.cli import run as cli_run
+
+
+def pytest_configure(config):
+    cli_run.open_session = fake_sessions(cli_run.open_session, Path({cases!r}), Path({tmp!r}))
+'''
+
+
+def test_xdist_workers_write_one_run_folder_reported_once(matrix_with_waiver, tmp_path):
+    """`-n 2`: the controller picks the run folder, each worker runs its share of the cells there (the machine's
+    slots shared among them), and the reports cover every cell."""
+    import subprocess
+
+    from kvmatrix.harness.run.run_ids import runs_in
+
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "conftest.py").write_text(XDIST_CONFTEST.format(cases=str(matrix_with_waiver), tmp=str(root)))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-p", PLUGIN, "-p", "no:randomly",
+                           "-p", "no:cacheprovider", "--rootdir", str(root), "-c", os.devnull, "--confcutdir",
+                           str(root), "--kvmatrix-cases", str(matrix_with_waiver),
+                           "--kvmatrix-runs-dir", str(root / RUNS_DIR), "--kvmatrix-cache-dir", str(root / "cache"),
+                           "-q", str(root), str(matrix_with_waiver)],
+                          cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert "1 failed, 1 passed, 1 skipped, 2 xfailed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    (run,) = runs_in(root / RUNS_DIR)
+    assert len(RunDir(run).records()) == 5
+    assert "5 cells: 1 fail, 2 xfail, 1 pass, 1 skip" in (run / "matrix.md").read_text()
+
+
+def test_a_broken_case_file_is_a_collection_error_naming_it_and_runs_nothing(matrix_with_waiver, tmp_path,
+                                                                             monkeypatch, capsys):
+    write_case(matrix_with_waiver, "typo", {"model": "lama"})
+    code, outcomes = run_pytest_front_end(matrix_with_waiver, tmp_path, monkeypatch)
+    assert code == pytest.ExitCode.INTERRUPTED and not outcomes  # pytest stops at collection errors
+    out = capsys.readouterr().out
+    assert "field 'model': 'lama' is not in the model registry (did you mean 'llama'?)" in out
+    assert not (tmp_path / RUNS_DIR).exists() or not any(RunDir(r).records() for r in (tmp_path / RUNS_DIR).iterdir())

@@ -136,4 +136,14 @@ def test_rejudge_takes_cases_generated_for_another_release(unpacked, tmp_path):
                            str(unpacked / "logs" / "surf33-cases"), str(folder)],
                           capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr
-    assert "57 cells: 16 fail, 41 pass" in done.stdout
+    # Two of the 16 failures are vLLM bugs kvmatrix's waivers know on the H200 (the same model and configuration in
+    # fp8-every-backend): from a folder outside the built-in cases they are those known failures, with their links.
+    assert "57 cells: 14 fail, 2 xfail, 41 pass" in done.stdout
+    assert "known vLLM failure (reports/findings/README.md#fp8-e5m2-flashinfer-q-dtype-mismatch" in done.stdout
+    assert "known vLLM failure (reports/findings/README.md#triton-attn-fp8-e5m2-assert-in-forward" in done.stdout
+    # Known, and still a broken promise: the surface's count is as before.
+    cases = unpacked / "logs" / "surf33-cases"
+    pool, _, _ = shipped_matrix()
+    cells = {c.cell_id: c for c in expand_all(load_cases(case_files(cases)), load_models(cases), pool)}
+    (row,) = promise_table(RunDir(folder).records(), cells, pool)
+    assert row[:5] == ["H200", 57, 41, 11, 5]

@@ -84,3 +84,37 @@ def test_pr_workflow_runs_make_pr_on_demand_with_the_nightly_history():
     assert "inputs" not in " ".join(runs)  # inputs reach scripts through the environment only
     restore = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/cache/restore"))
     assert restore["with"]["restore-keys"] == pipelines.HISTORY_CACHE
+
+
+def test_a_users_repository_gets_ci_that_installs_kvmatrix_and_runs_its_cases(tmp_path, monkeypatch, capsys):
+    """Outside kvmatrix's checkout (a repository of one's own cases): the files land in that repository, each class
+    installs kvmatrix into a venv that sees the machine's vLLM and runs `kvmatrix run --cases-dir <its folder>`, and
+    the merge job installs kvmatrix, never the user's repository (`pip install -e .`)."""
+    repo = tmp_path / "repo"
+    (repo / "mine").mkdir(parents=True)
+    write_case(repo / "mine", "mla", {"model": "deepseek-mla", "gpus": ["H200", "cpu-amx"]})
+    monkeypatch.chdir(repo)
+    spec = "kvmatrix @ https://example.org/kvmatrix-0.1.0-py3-none-any.whl"
+    assert main(["pipeline", "--cases-dir", "mine", "--install", spec]) == 0
+    assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*.yml")) == [
+        ".buildkite/pipeline.yml", ".github/workflows/kvmatrix.yml"]  # PR mode runs kvmatrix's own cases only
+    buildkite = yaml.safe_load((repo / ".buildkite" / "pipeline.yml").read_text())
+    *runs, merge = buildkite["steps"]
+    assert [s["agents"]["queue"] for s in runs] == ["gpu-cpu-amx", "gpu-H200"]
+    for step, gpu in zip(runs, ["cpu-amx", "H200"], strict=True):
+        assert step["command"] == ("python3 -m venv --system-site-packages .venv-kvmatrix && .venv-kvmatrix/bin/pip "
+                                   f"install -q '{spec}' && .venv-kvmatrix/bin/kvmatrix run --cases-dir mine --gpu "
+                                   f"{gpu} --run-id $${{RUN_ID}}")
+    assert f".venv-merge/bin/pip install -q '{spec}'" in merge["command"][1]
+    workflow = (repo / ".github" / "workflows" / "kvmatrix.yml").read_text()
+    assert "make " not in workflow and "pip install -q -e ." not in workflow
+    assert "kvmatrix run --cases-dir mine --gpu ${{ matrix.gpu }}" in workflow
+    assert main(["pipeline", "--cases-dir", "mine", "--install", spec, "--check"]) == 0
+    assert main(["pipeline", "--cases-dir", "mine", "--check"]) == 1  # another kvmatrix to install: stale
+    assert "run `kvmatrix pipeline --cases-dir mine`" in capsys.readouterr().err
+
+    assert main(["pipeline", "--cases-dir", str(tmp_path / "elsewhere")]) == 2
+    (tmp_path / "elsewhere").mkdir()
+    write_case(tmp_path / "elsewhere", "a", {"model": "llama"})
+    assert main(["pipeline", "--cases-dir", str(tmp_path / "elsewhere")]) == 2
+    assert "is not inside" in capsys.readouterr().err

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
+from markupsafe import escape
+
 from kvmatrix.reports import html, junit, markdown
 from kvmatrix.reports.html_details import details_json
 from kvmatrix.reports.html_grid import grids, mark
@@ -96,3 +98,30 @@ def test_junit_counts_and_kinds():
     kinds = {c.get("name"): [e.tag for e in c if e.tag != "system-out"] for c in cpu}
     assert kinds == {"ct-llama[kv=auto,skip=-,spec=-]": [], "ct-llama[kv=bfloat16,skip=-,spec=-]": ["failure"],
                      "deepseek-mla[kv=fp8,skip=0,spec=-]": ["skipped"]}
+
+
+def test_a_failed_check_names_its_field_in_the_square_as_a_crash_names_its_signature():
+    """A real failure that did not crash says what went wrong in its square, as an expected failure does."""
+    wrong_page = {**RECORDS[2], "verdict": "fail", "signature": None, "fingerprint": None, "crash": None,
+                  "expectations": [{"rule": "{'page_size_ratio': ...}", "ok": False,
+                                    "detail": "page size skipped layers 36864 / not_skipped layers 36864 = 1, "
+                                              "expected 2"}]}
+    wrong_scale = {**wrong_page, "expectations": [{"rule": "{'layers': ...}", "ok": False,
+                                                   "detail": "model.layers.0.self_attn.attn: k_scale is 1.0, "
+                                                             "expected 0.5"}]}
+    no_query = {**wrong_page, "expectations": [{"rule": "{'builders': ...}", "ok": False,
+                                                "detail": "FLASHINFER builder (group 0): no q_data_type_prefill "
+                                                          "recorded"}]}
+    assert [mark(r) for r in (wrong_page, wrong_scale, no_query)] == ["page ratio", "k_scale",
+                                                                      "no q_data_type_prefill"]
+
+
+def test_html_has_a_colour_legend_and_harness_details_below_the_matrix():
+    rerun = {**RECORDS[1], "warm_attempt": {"verdict": "fail", "reason": "x", "signature": None},
+             "worker": {"pid": 1, "cells_before": 2}}
+    page = html.render([RECORDS[0], rerun, *RECORDS[2:]], "t")
+    legend = page[page.index('<dl id="legend"'):page.index("</dl>")]
+    for shown in ("pass", "fail", "xfail", "error", "skip"):
+        assert f'<dt class="sq {shown}">{shown}</dt><dd>{escape(html.LEGEND[shown])}</dd>' in legend
+    assert "<h2>Run again" not in page and '<details id="reruns"><summary>Cells run again in a fresh process' in page
+    assert page.index('id="grids"') < page.index('id="reruns"')

@@ -21,7 +21,7 @@ def error_of(path, **kw) -> CaseError:
 @pytest.mark.parametrize(
     ("data", "field", "words"),
     [
-        ({"model": "llama", "colour": "red"}, "colour", "Extra inputs are not permitted"),
+        ({"model": "llama", "colour": "red"}, "colour", "unknown field 'colour'; fields here: name, description"),
         ({"model": "llama", "timeout_s": "fast"}, "timeout_s", "valid number"),
         ({"model": "llama", "matrix": {"kv_cache_dtype": "fp8"}}, "matrix.kv_cache_dtype", "valid list"),
         ({"model": "llama", "matrix": {"kv_cache_dtype_skip_layers": [[0]]}},
@@ -35,7 +35,7 @@ def error_of(path, **kw) -> CaseError:
         ({"model": "llama", "expect": [{"when": {"gpu": {"compute_capability": ">=nine"}}, "crash": False}]},
          "expect.0.when", "invalid range"),
         ({"model": "llama", "matrix": {"include": [{"kv_cache_dtype": "fp8", "speed": 1}]}},
-         "matrix.include.0.speed", "Extra inputs"),
+         "matrix.include.0.speed", "unknown field 'speed'"),
     ],
 )
 def test_bad_fields_are_named(cases_dir, data, field, words):
@@ -125,7 +125,7 @@ def test_a_registry_entry_naming_its_layer_count_is_refused_naming_the_field(cas
     (cases_dir / "_models.yaml").write_text("llama: {tiny: llama, num_layers: 4}\n")
     with pytest.raises(CaseError) as info:
         load_models(cases_dir)
-    assert info.value.field == "llama.num_layers" and "Extra inputs are not permitted" in str(info.value)
+    assert info.value.field == "llama.num_layers" and "unknown field 'num_layers'" in str(info.value)
 
 
 def test_what_vllm_would_silently_ignore_is_a_case_error(cases_dir):
@@ -156,3 +156,53 @@ def test_what_vllm_would_silently_ignore_is_a_case_error(cases_dir):
     with_no_draft = {**fine, "matrix": {**fine["matrix"], "speculative": [None, "llama-dflash"]}}
     err = error_of(write_case(cases_dir, "nodraft", with_no_draft), vocabulary=vocabulary)
     assert "layer 4 is not a layer of 'llama'" in err.message
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "words"),
+    [
+        # A typo of a field: the field as written, the one meant, the valid ones.
+        ({"model": "llama", "expct": [{"crash": False}]}, "expct",
+         "unknown field 'expct' (did you mean 'expect'?); fields here: name, description, tags, model"),
+        # A union's member names (literal[False], CrashExpected) never reach the message, and of its alternatives
+        # only the one the input was meant as (a mapping: the crash rule) is reported.
+        ({"model": "llama", "expect": [{"crash": {"signatur": "x"}}]}, "expect.0.crash.signature",
+         "required, but missing; also: field 'expect.0.crash.signatur': unknown field 'signatur' (did you mean "
+         "'signature'?); fields here: signature, link, reason"),
+        ({"model": "llama", "expect": [{"crash": True}]}, "expect.0.crash",
+         "expected false or a mapping of signature, link, reason, not True"),
+        ({"model": "llama", "differential": {"orcle": {}}}, "differential.orcle", "did you mean 'oracle'?"),
+        ({"model": "llama", "matrix": {"execution": ["eagr"]}}, "matrix.execution.0",
+         "'eagr' is not one of default, eager, compiled"),
+        ({"model": "llama", "expect": [{"when": {"kv_dtype": "fp8"}, "crash": False}]}, "expect.0.when",
+         "unknown key 'kv_dtype' in when (did you mean 'kv_cache_dtype'?)"),
+        ({"model": "llama", "expect": [{"layers": {"kv_dtype": "fp8"}}]}, "expect.0",
+         "(did you mean 'kv_cache_dtype'?)"),
+        # A number where a record holds a name (a dtype) could never match: refused at load, not after vLLM ran.
+        ({"model": "llama", "expect": [{"layers": {"spec_dtype": 16}}]}, "expect.0.layers",
+         "spec_dtype is a name as records spell it (e.g. bfloat16, float8_e4m3fn), not 16"),
+    ],
+)
+def test_mistakes_read_as_the_file_spells_them_with_the_names_meant(cases_dir, data, field, words):
+    path = write_case(cases_dir, "typo", data)
+    err = error_of(path)
+    assert (err.file, err.case, err.field) == (str(path), "typo", field)
+    assert words in err.message
+    assert "Extra inputs" not in str(err) and "literal[" not in str(err) and "CrashExpected" not in str(err)
+
+
+def test_unknown_names_offer_the_valid_ones(cases_dir):
+    err = error_of(write_case(cases_dir, "dtype", {"model": "llama", "matrix": {"kv_cache_dtype": ["fp8e5m2"]}}),
+                   vocabulary=VLLM)
+    assert "unknown kv_cache_dtype 'fp8e5m2' (did you mean 'fp8_e5m2'?); valid: auto, bfloat16, fp8, fp8_e5m2" \
+        in err.message
+    models, pool = load_models(cases_dir), load_pool(cases_dir)
+    for data, field, words in (
+        ({"model": "lama"}, "model", "'lama' is not in the model registry (did you mean 'llama'?); the registry: "),
+        ({"model": "llama", "matrix": {"speculative": ["llama-eagle"]}}, "matrix.speculative",
+         "(did you mean 'llama-eagle3'?); drafts: "),
+    ):
+        path = write_case(cases_dir, "xref", data)
+        with pytest.raises(CaseError) as info:
+            expand_case(load_case(path), models, pool, str(path))
+        assert info.value.field == field and words in info.value.message

@@ -85,3 +85,23 @@ def test_a_new_user_runs_a_cell_of_their_own_cases_from_the_wheel(installed, tmp
     (record_file,) = [p for p in (tmp_path / "reports" / "runs" / "first").glob("*.json") if p.name != "run.json"]
     record = json.loads(record_file.read_text())
     assert (record["cell_id"], record["verdict"]) == (CELL, "pass"), record["reason"]
+
+
+@pytest.mark.vllm
+def test_the_installed_wheels_pytest_plugin_runs_a_users_cell(installed, tmp_path):
+    """`pytest --kvmatrix-cases mine` wherever kvmatrix is installed (its `pytest11` entry point): the cell runs as
+    `kvmatrix run` runs it (a warm worker, a new run folder with its reports) and is a passing item."""
+    assert user_command(installed, tmp_path, "init", "mine").returncode == 0
+    env = dict(WITHOUT_CHECKOUT)
+    done = subprocess.run([str(installed / "python"), "-m", "pytest", "--kvmatrix-cases", "mine", "-k", "bfloat16",
+                           "--kvmatrix-cache-dir", str(tmp_path / "cache"), "-p", "no:randomly",
+                           "-p", "no:cacheprovider"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert "1 passed, 1 deselected" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "plugins: " in done.stdout and "kvmatrix-" in done.stdout  # registered by its entry point
+    (run,) = (tmp_path / "reports" / "runs").iterdir()
+    (record_file,) = [p for p in run.glob("*.json") if p.name != "run.json"]
+    record = json.loads(record_file.read_text())
+    assert (record["cell_id"], record["verdict"], record["isolation"]) == (
+        "my-first-case[kv=bfloat16,skip=-,spec=-]", "pass", "worker")
+    assert (run / "matrix.md").is_file() and (run / "matrix.html").is_file()

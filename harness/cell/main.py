@@ -276,13 +276,14 @@ def after_probe(result: CellResult, vllm: Any, llm: Any, spec: CellSpec) -> Iter
     drafting = bool(spec.engine_args.get("speculative_config"))
     counted = spec_decode.counters(llm, result.data["vllm_version"]) if drafting else None
 
-    def generate_counted() -> Any:
-        out = (generate(result, vllm, llm, spec.prompts, spec.max_tokens, spec.logprobs) if workload is None
-               else generate_workload(result, vllm, llm, workload, spec.max_tokens, spec.logprobs))
+    def generate_counted() -> None:
+        if workload is None:
+            generate(result, vllm, llm, spec.prompts, spec.max_tokens, spec.logprobs)
+        else:
+            generate_workload(result, vllm, llm, workload, spec.max_tokens, spec.logprobs)
         if drafting:  # the acceptance of this generation alone, before any forced decode drafts again
             after = spec_decode.counters(llm, result.data["vllm_version"])
             result.data["spec_decode"] = spec_decode.acceptance(counted, after)
-        return out
 
     yield "generate", generate_counted
     if forced.wants_forced_decode(spec, result.data):

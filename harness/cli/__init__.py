@@ -15,7 +15,9 @@ import threading
 from kvmatrix.harness.cli.commands import COMMANDS
 from kvmatrix.harness.cli.exit_codes import INTERRUPTED, TERMINATED, USAGE
 from kvmatrix.harness.cli.selection import SelectionError
+from kvmatrix.harness.cli.version import VersionAction
 from kvmatrix.harness.judge.waivers import WaiverError
+from kvmatrix.harness.nightly.pipelines import PipelineError
 from kvmatrix.harness.record.model import RecordError
 from kvmatrix.harness.run.canary import EnvironmentBroken
 from kvmatrix.harness.run.guards import GuardError
@@ -29,12 +31,14 @@ DESCRIPTION = ("Runs vLLM over a matrix of KV-cache configurations (case files: 
                "--cases-dir DIR` and `kvmatrix run --cases-dir DIR`; without --cases-dir the built-in cases run.")
 
 # What a command raises when it cannot do what was asked: said in one line, exit USAGE.
-USAGE_ERRORS = (CaseError, SelectionError, PoolError, GuardError, WaiverError, RecordError, EnvironmentBroken)
+USAGE_ERRORS = (CaseError, SelectionError, PoolError, GuardError, WaiverError, RecordError, EnvironmentBroken,
+                PipelineError)
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """Every command listed with its summary; only the one `argv` names gets its arguments (its module imported)."""
     parser = argparse.ArgumentParser(prog="kvmatrix", description=DESCRIPTION)
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, info in COMMANDS.items():
@@ -71,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
               "--run-id) goes on from there", file=sys.stderr)
         return TERMINATED
     except KeyboardInterrupt:  # Ctrl-C, or SIGINT from a CI step's time limit: running cells were killed
-        print("kvmatrix: interrupted; every finished cell's record is kept, and the same command (same --run-id) "
-              "goes on from there", file=sys.stderr)
+        print("kvmatrix: interrupted; every finished cell's record is kept: `kvmatrix run --resume` (the latest run, "
+              "or --resume RUN_ID) goes on from there", file=sys.stderr)
         return INTERRUPTED
     finally:
         if main_thread:

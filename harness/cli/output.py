@@ -1,20 +1,21 @@
 """What a run shows a person: one progress line per finished cell (verdict, elapsed time, why it did not pass,
 a leak, a warm worker's attempt that a fresh process repeated), and the run folder's reports (Markdown, HTML,
-JUnit), and the records of run folders that commands read."""
+JUnit) with their findings pages, and the records of run folders that commands read."""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kvmatrix.harness.record.files import RunDir, unreadable
 from kvmatrix.harness.record.model import JudgedRecord
-from kvmatrix.reports import html, junit, markdown
+from kvmatrix.reports import findings_pages, html, junit, markdown
 from kvmatrix.reports.summary import fresh_rerun
 
 
-def progress_printer(started: float):
+def progress_printer(started: float, say: Callable[[str], None] = lambda line: print(line, flush=True)):
     def show(record: JudgedRecord, done: int, total: int, resumed: bool) -> None:
         took = (record.get("timings") or {}).get("total_s")
         took_text = "resumed" if resumed else (f"{took:.1f} s" if took is not None else "not run")
@@ -25,8 +26,8 @@ def progress_printer(started: float):
             note += f"  [{fresh_rerun(record)}]"
         if record.get("fresh_first") and not resumed:
             note += "  [fresh process first]"
-        print(f"[{done:>3}/{total} {time.monotonic() - started:7.1f} s] {record['verdict'].upper():5} "
-              f"{record['cell_id']} @{record.get('gpu_class')} ({took_text}){note}", flush=True)
+        say(f"[{done:>3}/{total} {time.monotonic() - started:7.1f} s] {record['verdict'].upper():5} "
+            f"{record['cell_id']} @{record.get('gpu_class')} ({took_text}){note}")
     return show
 
 
@@ -41,6 +42,15 @@ def write_reports(run_dir: RunDir, records: list[JudgedRecord], title: str, head
     out["html"].write_text(html.render(records, title, header))
     out["junit"].write_text(junit.render(records))
     return out
+
+
+def write_findings(folder: Path, records: list[JudgedRecord], cases_dirs: dict[str, Path]) -> list[Path]:
+    """The findings pages of a report folder (its `findings/`), written afresh: a failure that is now explained
+    (a case or waiver edited, then `rejudge`) loses its page. `cases_dirs`: each run id's cases folder."""
+    pages = folder / "findings"
+    for stale in pages.glob("*.md"):
+        stale.unlink()
+    return findings_pages.write(records, pages, cases_dirs)
 
 
 def records_in(folders: list[str]) -> list[JudgedRecord]:

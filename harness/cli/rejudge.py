@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kvmatrix.harness.cli.exit_codes import FAILED, OK
-from kvmatrix.harness.cli.output import said_unreadable, write_reports
+from kvmatrix.harness.cli.output import said_unreadable, write_findings, write_reports
 from kvmatrix.harness.cli.selection import add_selection_options, load_cells
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassify
@@ -42,7 +42,9 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
         run_dir = RunDir(Path(folder))
         records = rejudge_run(run_dir, by_id, pool, waivers)
         paths = write_reports(run_dir, records, f"kvmatrix {run_dir.root.name}")
+        pages = write_findings(run_dir.root, records, {run_dir.root.name: Path(args.cases_dir).resolve()})
         print(paths["md"].read_text())
+        print(f"{len(pages)} unexplained failures" + (f": findings pages in {pages[0].parent}" if pages else ""))
         lost = said_unreadable(records) or lost
     return FAILED if lost else OK
 

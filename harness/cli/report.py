@@ -1,27 +1,56 @@
-"""`kvmatrix report`: the reports of one or more run folders as one matrix."""
+"""`kvmatrix report`: the reports of one or more run folders as one matrix. One run folder is rendered again in
+place; several go to a new folder (never into one of the runs, whose own reports would be replaced), whose links
+reach each run's logs by relative paths and whose findings pages are its own."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import time
 from pathlib import Path
 
 from kvmatrix.harness.cli.exit_codes import FAILED, OK
-from kvmatrix.harness.cli.output import records_in, said_unreadable, write_reports
-from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.cli.output import said_unreadable, write_findings, write_reports
+from kvmatrix.harness.record.files import RUNS_DIR, RunDir
+from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.run.guards import GuardError, cases_dir_for
 
 
 def add_arguments(rep: argparse.ArgumentParser) -> None:
     rep.add_argument("run_dirs", nargs="+")
-    rep.add_argument("--out", help="folder for the reports (default: the first run folder)")
+    rep.add_argument("--out", help="folder for the reports (default: the run folder itself for one run, a new "
+                                   "folder reports/report-<date>-<time> for several)")
     rep.add_argument("--title", default="kvmatrix")
     rep.add_argument("--compare-to", help="list how every other GPU class differs from this one, cell by cell")
     rep.set_defaults(func=cmd_report)
 
 
+def report_folder(run_dirs: list[str], out: str | None) -> Path:
+    """Where the reports go: --out, else the one run folder, else a new folder; never one of several runs."""
+    runs = [Path(folder).resolve() for folder in run_dirs]
+    if out is None:
+        return runs[0] if len(runs) == 1 else Path(RUNS_DIR.parent / f"report-{time.strftime('%Y%m%d-%H%M%S')}")
+    if len(runs) > 1 and Path(out).resolve() in runs:
+        raise GuardError(f"--out {out} is one of the runs reported: its own matrix.md, matrix.html and junit.xml "
+                         f"would become the report of all {len(runs)}; name a new folder")
+    return Path(out)
+
+
+def linked_from(out: Path, run_dir: Path, records: list[JudgedRecord]) -> list[JudgedRecord]:
+    """A run's records as a report in `out` links them: each log by its path relative to `out`."""
+    if out.resolve() == run_dir.resolve():
+        return records
+    return [{**r, "log": os.path.relpath(run_dir / r["log"], out.resolve())} if r.get("log") else r
+            for r in records]
+
+
 def cmd_report(args: argparse.Namespace) -> int:
-    records = records_in(args.run_dirs)
-    run_dir = RunDir(Path(args.out or args.run_dirs[0]))
-    run_dir.root.mkdir(parents=True, exist_ok=True)
-    paths = write_reports(run_dir, records, args.title, compare_to=args.compare_to)
+    out = RunDir(report_folder(args.run_dirs, args.out))
+    out.root.mkdir(parents=True, exist_ok=True)
+    records = [r for folder in args.run_dirs
+               for r in linked_from(out.root, Path(folder).resolve(), RunDir(Path(folder)).records())]
+    paths = write_reports(out, records, args.title, compare_to=args.compare_to)
+    write_findings(out.root, records, {Path(f).resolve().name: cases_dir_for(None, f) for f in args.run_dirs})
     print(paths["md"].read_text())
+    print(f"reports: {paths['md']} {paths['html']} {paths['junit']}")
     return FAILED if said_unreadable(records) else OK

@@ -8,11 +8,13 @@ import math
 import sqlite3
 import sys
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import IO
 
 from kvmatrix.harness.cli.exit_codes import FAILED, OK
-from kvmatrix.harness.cli.output import progress_printer, write_reports
+from kvmatrix.harness.cli.output import progress_printer, write_findings, write_reports
 from kvmatrix.harness.cli.selection import add_selection_options, load_cells
 from kvmatrix.harness.judge.waivers import WAIVERS_FILE, WaiverProblem, apply_waivers, cell_keys
 from kvmatrix.harness.nightly import history
@@ -24,6 +26,7 @@ from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run import host_cpu
 from kvmatrix.harness.run.guards import cases_dir_for, check_free_disk, claim_run_folder, lock_run_folder
 from kvmatrix.harness.run.pool import LocalPool, OnRecord
+from kvmatrix.harness.run.run_ids import LATEST, resumed_run_id
 from kvmatrix.harness.run.session import Session, open_session
 from kvmatrix.harness.run.settings import CELL_COMMAND, WORKER_COMMAND
 from kvmatrix.harness.surface.promises import promised, refusals
@@ -31,14 +34,21 @@ from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.load import shared_file
 from kvmatrix.matrix.machine import PoolError
 from kvmatrix.matrix.schema import CaseError
-from kvmatrix.reports import findings_pages
+
+# Where a run's lines go: stdout for `kvmatrix run`, pytest's terminal for the plugin.
+Say = Callable[[str], None]
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
     add_selection_options(run)
     run.add_argument("--gpu", help="GPU class to run as (default: this machine's)")
     run.add_argument("--emulate", action="store_true", help="emulate --gpu's decisions on this machine's GPU")
-    run.add_argument("--run-id", help="results folder name; the same id resumes (default: date-class-version)")
+    folder = run.add_mutually_exclusive_group()
+    folder.add_argument("--run-id", help="results folder name under --runs-dir; an existing one is resumed "
+                                         "(default: a new folder, <date>-<time>-<class>-vllm<version>)")
+    folder.add_argument("--resume", nargs="?", const=LATEST, metavar="RUN_ID",
+                        help="go on with an earlier run: its finished cells are kept, the others run (RUN_ID, or "
+                             "`latest`, the default: the run started or resumed last)")
     run.add_argument("--runs-dir", default=str(RUNS_DIR))
     run.add_argument("--jobs", type=int, default=0,
                      help="cells at once (default: GPUs x the class's slots_per_device, within their memory and "
@@ -92,26 +102,38 @@ def _gib(text: str) -> float:
     return value
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    started = host_cpu.reading()
+@dataclass
+class PreparedRun:
+    """A run ready to start: its session (class, folder, settings), the tasks selected, the case files set aside
+    (invalid) and every cell of the matrix (for the waivers' problems)."""
+
+    session: Session
+    tasks: list[Task]
+    invalid: list[CaseError]
+    every: list[Cell]
+    lock: IO[str] | None = None  # `kvmatrix run`'s hold on its folder, kept open for the run (xdist workers share one)
+
+
+def prepare_run(args: argparse.Namespace, say: Say = print, claim: bool = True, lock: bool = False) -> PreparedRun:
+    """The cases loaded, the session opened and its folder claimed, the tasks chosen: everything before the cells,
+    shared by `kvmatrix run` and the pytest plugin (which selects among the tasks with pytest's own -k, and only
+    lists them under --collect-only: `claim` False makes no folder; `lock`: one run writes the folder at a time)."""
+    if args.resume:
+        args.run_id = resumed_run_id(args.resume, Path(args.runs_dir))
     args.cases_dir = cases_dir_for(args.cases_dir, Path(args.runs_dir) / args.run_id if args.run_id else None)
     cells, invalid, every = load_cells(args, tolerant=True)
     for err in invalid:
-        print(f"kvmatrix: {err}", file=sys.stderr)
+        say(f"kvmatrix: {err}")
     if args.ray and args.emulate:
         raise PoolError("--emulate with --ray: a Ray pool runs each class on nodes of that class; drop --emulate")
     session = open_session(gpu=args.gpu, emulate=args.emulate, run_id=args.run_id, runs_dir=Path(args.runs_dir),
                            cache_dir=Path(args.cache_dir), cases_dir=Path(args.cases_dir), use_hub=args.hub,
                            timeout_scale=args.timeout_scale, probe_only=args.probe_only, on_ray=bool(args.ray))
-    check_free_disk(Path(args.runs_dir), args.min_free_gb)
-    with lock_run_folder(session.run_dir.root):  # one run writes a run folder at a time
+    held = None
+    if claim:
+        check_free_disk(Path(args.runs_dir), args.min_free_gb)
+        held = lock_run_folder(session.run_dir.root) if lock else None
         claim_run_folder(session.run_dir.root, Path(args.cases_dir), args.force)
-        return run_session(args, cells, invalid, every, session, started)
-
-
-def run_session(args: argparse.Namespace, cells: list[Cell], invalid: list[CaseError], every: list[Cell],
-                session: Session, started: host_cpu.Reading) -> int:
-    """The selected cells of a claimed run folder run, then the reports."""
     tasks = session.tasks(cells)
     if args.declared_only:
         tasks = promised(tasks, session.settings.vllm_version)
@@ -121,22 +143,33 @@ def run_session(args: argparse.Namespace, cells: list[Cell], invalid: list[CaseE
         raise PoolError(f"--cpu-ranks takes 2 to {session.cores} (this CPU's cores), on a CPU class")
     # A template forks the harness's own cell and worker: a run given other commands (a test's) runs those.
     own_commands = (session.settings.cell_command, session.settings.worker_command) == (CELL_COMMAND, WORKER_COMMAND)
-    session.settings = settings = replace(session.settings, isolation=args.isolation, canary=True,
-                                          gpus_here=args.cpu_ranks or session.settings.gpus_here,
-                                          fork_from_template=session.host.device == "cpu" and not args.no_template
-                                          and own_commands)
-    print(f"kvmatrix: {len(tasks)} cells for {session.gpu_name}"
-          + (f" (emulated on {session.emulated_from})" if session.emulated_from else "")
-          + (" (probe-only)" if args.probe_only else "")
-          + f", isolation {args.isolation}" + (" (processes forked from templates)" if settings.fork_from_template
-                                                 else "")
-          + f", vLLM {settings.vllm_version}, run {session.run_dir.root}"
-          + (f", on the Ray cluster at {args.ray}" if args.ray else ""), flush=True)
+    session.settings = replace(session.settings, isolation=args.isolation, canary=True,
+                               gpus_here=args.cpu_ranks or session.settings.gpus_here,
+                               fork_from_template=session.host.device == "cpu" and not args.no_template
+                               and own_commands)
+    return PreparedRun(session, tasks, invalid, every, held)
+
+
+def first_line(args: argparse.Namespace, session: Session, cells: int) -> str:
+    settings = session.settings
+    return (f"kvmatrix: {cells} cells for {session.gpu_name}"
+            + (f" (emulated on {session.emulated_from})" if session.emulated_from else "")
+            + (" (probe-only)" if args.probe_only else "")
+            + f", isolation {args.isolation}" + (" (processes forked from templates)" if settings.fork_from_template
+                                                   else "")
+            + f", vLLM {settings.vllm_version}, run {session.run_dir.root}"
+            + (f", on the Ray cluster at {args.ray}" if args.ray else ""))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    started = host_cpu.reading()
+    prepared = prepare_run(args, say=lambda line: print(line, file=sys.stderr), lock=True)
+    print(first_line(args, prepared.session, len(prepared.tasks)), flush=True)
     # No models built up front: each cell builds what it needs as it starts (harness/run/model_builds.py), so cells
     # of other models run while one trains.
     run = run_on_ray if args.ray else run_here
-    records = run(args, tasks, session, progress_printer(started.at))
-    return finish_run(args, records, invalid, every, session, started)
+    records = run(args, prepared.tasks, prepared.session, progress_printer(started.at))
+    return finish_run(args, records, prepared, started)
 
 
 def run_here(args: argparse.Namespace, tasks: list[Task], session: Session, on_record: OnRecord
@@ -172,28 +205,30 @@ def run_on_ray(args: argparse.Namespace, tasks: list[Task], session: Session, on
         ray.shutdown()
 
 
-def finish_run(args: argparse.Namespace, records: list[JudgedRecord], invalid: list[CaseError], every: list[Cell],
-               session: Session, started: host_cpu.Reading) -> int:
-    """Waivers, reports and the exit status, whichever pool ran the cells."""
+def finish_run(args: argparse.Namespace, records: list[JudgedRecord], prepared: PreparedRun,
+               started: host_cpu.Reading, say: Say = print, show_report: bool = True) -> int:
+    """Waivers, reports and the exit status, whichever pool (or front end) ran the cells."""
+    session = prepared.session
     lent = shared_file(Path(args.cases_dir), WAIVERS_FILE.name) != Path(args.cases_dir) / WAIVERS_FILE.name
-    records, problems = known_failure_problems(records, every, session, lent)
-    records += [invalid_case_record(err, session.gpu_name) for err in invalid]
+    records, problems = known_failure_problems(records, prepared.every, session, lent, say)
+    records += [invalid_case_record(err, session.gpu_name) for err in prepared.invalid]
     paths = write_reports(session.run_dir, records, f"kvmatrix {session.run_dir.root.name}",
                           header="\n".join(f"- waivers: {p}" for p in problems))
-    print()
-    print(paths["md"].read_text())
-    print(f"reports: {paths['md']} {paths['html']} {paths['junit']}  ({time.monotonic() - started.at:.0f} s total)")
+    if show_report:
+        say("")
+        say(paths["md"].read_text())
+    say(f"reports: {paths['md']} {paths['html']} {paths['junit']}  ({time.monotonic() - started.at:.0f} s total)")
     if not args.ray:  # a Ray pool's cells ran on other hosts
-        print(host_cpu.summary(started, host_cpu.reading(), records))
-    pages = findings_pages.write(records, session.run_dir.root / "findings",
-                                 {session.run_dir.root.name: Path(args.cases_dir)})
+        say(host_cpu.summary(started, host_cpu.reading(), records))
+    pages = write_findings(session.run_dir.root, records, {session.run_dir.root.name: Path(args.cases_dir).resolve()})
     if pages:
-        print(f"{len(pages)} unexplained failures: a findings page for each in {pages[0].parent}")
+        say(f"{len(pages)} unexplained failures: a findings page for each in {pages[0].parent}")
     failed = any(r["verdict"] in FAILING_VERDICTS for r in records) or any(p.is_error for p in problems)
     return FAILED if failed else OK
 
 
-def known_failure_problems(records: list[JudgedRecord], every: list[Cell], session: Session, lent: bool = False
+def known_failure_problems(records: list[JudgedRecord], every: list[Cell], session: Session, lent: bool = False,
+                           say: Say = lambda line: print(line, file=sys.stderr)
                            ) -> tuple[list[JudgedRecord], list[WaiverProblem]]:
     """Judging applied the known failures (cases/_waivers.txt) to every cell it ran; records resumed from an
     earlier run get them here (written back, so that history and diffs see what the report shows). Also the
@@ -206,7 +241,7 @@ def known_failure_problems(records: list[JudgedRecord], every: list[Cell], sessi
         if after is not before:
             session.run_dir.write(after)
     for problem in problems:
-        print(f"kvmatrix: {problem}", file=sys.stderr)
+        say(f"kvmatrix: {problem}")
     return waived, problems
 
 

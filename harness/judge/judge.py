@@ -10,7 +10,8 @@ twin (speculative.py); a failure
 emulation cannot reproduce is `skip`, a failure of the environment (not vLLM) is `error`, a class's clear refusal
 of what its hardware cannot run is `skip`; a cell that failed
 and then passed on a retry stays a (flaky) failure; a known failure (cases/_waivers.txt, waivers.py) is `xfail`
-with its link.
+with its link, and so is a user's case failing as kvmatrix's own cases or waivers know this vLLM fails
+(known_failures.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import cast
 
 from kvmatrix.harness.judge.accuracy import judge_accuracy
 from kvmatrix.harness.judge.differential import judge_differential, judge_oracle_floor, judge_workload
+from kvmatrix.harness.judge.known_failures import explain
 from kvmatrix.harness.judge.speculative import judge_speculative
 from kvmatrix.harness.judge.verdict import judge
 from kvmatrix.harness.judge.waivers import Waiver, waive
@@ -47,6 +49,7 @@ def judge_record(outcome: OutcomeRecord, task: Task, run_dir: RunDir, waivers: S
     # check_judged holds it to one.
     record = cast(JudgedRecord, outcome)
     record.pop("waived", None)
+    record.pop("known_failure", None)
     context = task.context(record.get("vllm_version"))
     normalize_record(record)
     judged = judge(record, task.cell.case.expect, context)
@@ -77,7 +80,7 @@ def judge_record(outcome: OutcomeRecord, task: Task, run_dir: RunDir, waivers: S
         verdict, reason = "fail", f"flaky: failed first{first}, then passed"
     record.update({"expectations": results, "verdict": verdict, "reason": reason, "tags": list(task.cell.case.tags)})
     waived, _ = waive(record, waivers, today)  # a "removable" waiver is reported over the whole run
-    record.update(waived)
+    record.update(explain(waived, task, today))  # a user's case failing as kvmatrix knows this vLLM fails
     return check_judged(record, f"the judged record of {task.key}")
 
 

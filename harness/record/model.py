@@ -46,6 +46,7 @@ from kvmatrix.harness.record.parts import (  # noqa: F401  (the parts are part o
     ExceptionInfo,
     ForcedRun,
     GpuMemoryCheck,
+    KnownFailureNote,
     KvGroup,
     Layer,
     Mode,
@@ -155,6 +156,7 @@ class JudgedRecord(OutcomeRecord, total=False):
     flaky: bool
     first_failure: str
     waived: Waived
+    known_failure: KnownFailureNote
     finished_at: str
     # A record file a reader could not read (files.unreadable_record): why; such a record is never written.
     unreadable_record: str

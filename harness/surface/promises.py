@@ -42,9 +42,15 @@ def refusals(tasks: list[Task], vllm_version: str | None) -> list[Task]:
     return [t for t in tasks if not declared_supported(t, vllm_version)]
 
 
+def promise_verdict(record: JudgedRecord) -> str:
+    """The verdict a promise is judged by: a known vLLM failure that explained a failure of a surface case from
+    outside the built-in cases (harness/judge/known_failures.py) still broke its promise."""
+    return (record.get("known_failure") or {}).get("verdict") or record["verdict"]
+
+
 def broken_promise(record: JudgedRecord, task: Task) -> str | None:
     """The kind of broken promise a judged surface record shows, or None (kept, or nothing to judge)."""
-    if record["verdict"] != "fail":
+    if promise_verdict(record) != "fail":
         return None
     crashed = record.get("status") != "ok"
     if declared_supported(task, record.get("vllm_version")):
@@ -64,7 +70,7 @@ def promise_table(records: list[JudgedRecord], cells: dict[str, Cell], pool: dic
         counts = rows.setdefault(gpu, Counter())
         counts["run"] += 1
         kind = broken_promise(record, Task(cell, gpu, pool[gpu], record.get("emulated_from")))
-        counts[kind or ("kept" if record["verdict"] in ("pass", "xfail") else "not judged")] += 1
+        counts[kind or ("kept" if promise_verdict(record) in ("pass", "xfail") else "not judged")] += 1
     return [[gpu, c["run"], c["kept"], *(c[k] for k in KINDS), c["not judged"]] for gpu, c in rows.items()]
 
 

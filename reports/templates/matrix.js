@@ -58,6 +58,7 @@ function show(sq) {
     `<p><span class="verdict ${esc(r.v)}">${esc(r.v.toUpperCase())}</span> ${esc(r.reason)}</p>` +
     (r.facts ? `<p class="facts">${esc(r.facts)}</p>` : "") +
     (links.length ? `<p>${links.join(" · ")}</p>` : "") +
+    (r.known ? `<h3>Known vLLM failure</h3><p class="known"><a href="${esc(r.known.page || r.known.link)}">${esc(r.known.link)}</a>, known by kvmatrix's ${esc(r.known.source)}. To expect it in this case:</p><pre class="known-rule">${esc(r.known.rule)}</pre>` : "") +
     (r.H ? `<h3>History</h3>` + table("history", ["run", "verdict", "resolved", "vs night before"], r.H.map((h) => [data.runs[h[0]], h[1], h[2], h[3]])) : "") +
     `<h3>Layers</h3>` + (table("layers", data.columns.L, shared(r.L)) || "<p>none recorded</p>") +
     (r.G !== undefined ? `<h3>KV-cache groups</h3>` + table("kv-groups", data.columns.G, shared(r.G)) : "") +

@@ -1,0 +1,150 @@
+"""What kvmatrix already knows fails on the installed vLLM, applied to a user's own cases: the built-in cases'
+expected crashes that carry a link (`crash: {signature, link}`: AMX_MLA's fp8 assert on `cpu-amx`, ...) and the
+built-in waivers (known vLLM bugs, each linked to its finding). A failure of a user's case that one of them
+explains is that known failure, not an unexplained FAIL: `xfail`, with its link, what knows it and the rule to copy
+into the case to expect it. Never hidden: an xfail is reported as one, and a failure nothing here explains stays a
+FAIL.
+
+A built-in crash rule explains a user's cell where the cell runs the same model (the same registry entry) in a
+configuration (axes) one of the rule's case's cells has, the rule's `when:` holds for the cell, and the cell crashed
+with the rule's signature (or a member of its family). A
+built-in waiver explains it where it would waive the cell were it a built-in case's of the same model (the same
+axes, on a class and vLLM release the waiver names).
+The built-in cases judge their own cells themselves: this is for cases from elsewhere."""
+
+from __future__ import annotations
+
+import datetime
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvmatrix.harness.judge.waivers import WAIVERS_FILE, Waiver, load_waivers
+from kvmatrix.harness.record.model import JudgedRecord, KnownFailureNote
+from kvmatrix.harness.record.paths import PACKAGE_ROOT
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.vllm_compat import signature_matches
+from kvmatrix.matrix.axes import AXES, AXIS_DEFAULTS
+from kvmatrix.matrix.conditions import when_matches
+from kvmatrix.matrix.expand import expand_case
+from kvmatrix.matrix.expectations import CrashExpected
+from kvmatrix.matrix.load import CASES_DIR, load_cases, load_models, load_pool
+from kvmatrix.matrix.schema import ModelEntry
+
+# The project's own findings, shipped with kvmatrix: a link `reports/findings/README.md#name` is read there.
+FINDINGS = PACKAGE_ROOT / "reports" / "findings" / "README.md"
+
+
+@dataclass(frozen=True)
+class KnownCrash:
+    """A built-in case's expected crash with a link."""
+
+    model: ModelEntry
+    when: dict[str, Any]
+    crash: CrashExpected
+    source: str  # `cases/deepseek-mla.yaml expect.8`
+    # The configurations (axes) of the case's cells: a rule says what it says of them only (a TP=2 case's rule
+    # without a dtype in its `when:` speaks of its fp8 cells, the only ones it has).
+    configurations: frozenset[tuple]
+
+
+def configuration(axes: Any) -> tuple:
+    return tuple(repr(axes.get(a, AXIS_DEFAULTS[a])) for a in AXES)
+
+
+@functools.cache
+def known_failures() -> tuple[tuple[KnownCrash, ...], tuple[Waiver, ...], tuple[tuple[ModelEntry, str], ...]]:
+    """The built-in cases' linked crashes, the built-in waivers, and each built-in case's (model, name): read once
+    per process."""
+    models, pool = load_models(), load_pool()
+    cases = [case for case in load_cases() if case.model in models]
+    crashes = tuple(KnownCrash(models[case.model], rule.when, rule.crash, f"cases/{case.name}.yaml expect.{i}",
+                               frozenset(configuration(cell.axes) for cell in expand_case(case, models, pool)))
+                    for case in cases for i, rule in enumerate(case.expect)
+                    if isinstance(rule.crash, CrashExpected) and rule.crash.link)
+    return crashes, tuple(load_waivers(WAIVERS_FILE, pool)), tuple((models[case.model], case.name) for case in cases)
+
+
+def is_built_in(task: Task) -> bool:
+    """A cell of kvmatrix's own cases, which its own rules judge: from a file there, or named only as a built-in
+    case (`cases/<name>.yaml`, what expanding the default case set without paths calls its cells' source)."""
+    source = Path(task.cell.source or f"cases/{task.cell.case.name}.yaml")
+    return source.resolve().is_relative_to(CASES_DIR.resolve()) or not source.exists()
+
+
+def _when_of_cell(record: JudgedRecord, gpu: str) -> dict[str, Any]:
+    """A `when:` that names this cell's configuration: its axes that are not at their defaults, and its class."""
+    axes: dict[str, Any] = dict(record.get("axes") or {})
+    return {**{a: axes[a] for a in AXES if a in axes and axes[a] != AXIS_DEFAULTS[a]}, "gpu": {"name": gpu}}
+
+
+def _note(record: JudgedRecord, link: str, source: str, rule: dict[str, Any]) -> KnownFailureNote:
+    # As case files write a rule: one key a line, each value in flow style.
+    text = "\n".join(f"{'- ' if i == 0 else '  '}{key}: "
+                     f"{yaml.safe_dump(value, default_flow_style=True, width=1000, sort_keys=False).strip()}"
+                     for i, (key, value) in enumerate(rule.items()))
+    note = KnownFailureNote(verdict=record["verdict"], link=link, source=source, rule=text + "\n")
+    anchor = link.partition("#")[2]
+    if link.startswith("reports/findings/README.md") and FINDINGS.is_file():
+        note["page"] = f"{FINDINGS}#{anchor}" if anchor else str(FINDINGS)
+    return note
+
+
+def _by_crash_rule(record: JudgedRecord, task: Task, model: ModelEntry, context: dict) -> KnownFailureNote | None:
+    crashes, _, _ = known_failures()
+    for known in crashes:
+        if (known.model == model and configuration(task.cell.axes) in known.configurations
+                and signature_matches(known.crash.signature, record.get("signature"))
+                and when_matches(known.when, context)):
+            rule = {"when": known.when, "crash": known.crash.model_dump(exclude_none=True)} if known.when else \
+                {"crash": known.crash.model_dump(exclude_none=True)}
+            return _note(record, str(known.crash.link), known.source, rule)
+    return None
+
+
+def _by_waiver(record: JudgedRecord, task: Task, model: ModelEntry, today: datetime.date) -> KnownFailureNote | None:
+    """A built-in waiver that would waive this cell were it a cell of a built-in case of the same model: the same
+    configuration (the cell id's axes) on the class and vLLM release the waiver names."""
+    _, waivers, cases = known_failures()
+    axes = task.cell.cell_id.partition("[")[2]
+    as_built_in = [f"{name}[{axes}" for entry, name in cases if entry == model]
+    for waiver in waivers:
+        if waiver.expired(today) or not any(waiver.matches(cell_id, task.gpu_name, record.get("vllm_version"))
+                                            for cell_id in as_built_in):
+            continue
+        rule: dict[str, Any]
+        if record.get("signature"):
+            rule = {"when": _when_of_cell(record, task.gpu_name),
+                    "crash": {"signature": record["signature"], "link": waiver.link}}
+        else:  # a check that failed, not a crash: a waiver line for the folder's own _waivers.txt
+            rule = {"waiver": f"{record['cell_id']} gpu={task.gpu_name}"
+                              + (f" vllm={waiver.vllm}" if waiver.vllm else "") + f" {waiver.link}"}
+        return _note(record, waiver.link, f"cases/_waivers.txt:{waiver.line}", rule)
+    return None
+
+
+@functools.cache
+def _registry(cases_dir: Path) -> dict[str, ModelEntry]:
+    return load_models(cases_dir)
+
+
+def explain(record: JudgedRecord, task: Task, today: datetime.date | None = None) -> JudgedRecord:
+    """The record with a failure that kvmatrix already knows for this vLLM made `xfail`, naming it; else as it is.
+    Only a FAIL of a case that is not built in (an error is the environment's or the harness's, never explained
+    here), whose model is judged by its folder's registry."""
+    if record["verdict"] != "fail" or is_built_in(task):
+        return record
+    models = _registry(Path(task.cell.source).resolve().parent)
+    if task.cell.model not in models:
+        return record
+    model, context = models[task.cell.model], task.context(record.get("vllm_version"))
+    note = (_by_crash_rule(record, task, model, context) if record.get("status") == "crash" else None) \
+        or _by_waiver(record, task, model, today or datetime.date.today())
+    if note is None:
+        return record
+    return {**record, "verdict": "xfail", "known_failure": note,
+            "reason": f"known vLLM failure ({note['link']}, as kvmatrix's {note['source']} knows it): "
+                      f"{record.get('reason', '')}"}
