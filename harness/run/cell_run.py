@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from kvmatrix.harness.cell.spec import AccuracySpec, CellSpec
@@ -39,7 +40,7 @@ from kvmatrix.harness.run.model_builds import ensure_models
 from kvmatrix.harness.run.process import CellProcesses, cap_log
 from kvmatrix.harness.run.process_start import CellFiles, ShareKey
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.vllm_compat import GRAPH_EXECUTIONS, MULTI_RANK_ENV
+from kvmatrix.harness.vllm_compat import GRAPH_EXECUTIONS, MULTI_RANK_ENV, engine_phases
 from kvmatrix.matrix.axes import resolved_execution
 from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expectations import CrashExpected
@@ -111,6 +112,7 @@ def run_attempt(task: Task, settings: RunSettings, processes: CellProcesses, lau
     outcome = classify_outcome(launched.returncode, launched.timed_out, timeout, read_result(files.result),
                                read_tail(files.log))
     outcome["log"] = str(files.log.relative_to(run_dir.root))
+    add_engine_phases(outcome, files.log, settings.vllm_version)
     outcome["isolation"] = launched.isolation
     outcome["process_start"] = launched.process_start
     if launched.worker is not None:
@@ -120,6 +122,18 @@ def run_attempt(task: Task, settings: RunSettings, processes: CellProcesses, lau
     if settings.gpu_memory is not None and gpu in processes.gpu_baselines:
         outcome.update(check_gpu_memory(settings.gpu_memory, gpu, processes, settings.gpu_settle_s))
     return finish(record, task, settings, outcome, started, first_failure)
+
+
+def add_engine_phases(outcome: OutcomeRecord, log: Path, vllm_version: str | None) -> None:
+    """The parts of the engine's start that the cell's log times (vLLM's own lines), into the record's timings:
+    read after the cell, so a warm worker's cell, a fresh process and every rank of a multi-GPU cell are read
+    alike. A log that cannot be read adds nothing (the cell's record never depends on it)."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return
+    if phases := engine_phases(text, vllm_version or outcome.get("vllm_version")):
+        outcome["timings"] = {**(outcome.get("timings") or {}), **phases}  # type: ignore[typeddict-item]
 
 
 def _capability(task: Task) -> list[int] | None:
