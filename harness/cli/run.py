@@ -21,6 +21,7 @@ from kvmatrix.harness.record.paths import DEFAULT_CACHE
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run import host_cpu
 from kvmatrix.harness.run.guards import cases_dir_for, check_free_disk, claim_run_folder
+from kvmatrix.harness.run.last_run import last_run_file, recall
 from kvmatrix.harness.run.pool import LocalPool, OnRecord
 from kvmatrix.harness.run.session import Session, open_session
 from kvmatrix.harness.run.settings import CELL_COMMAND, WORKER_COMMAND
@@ -125,6 +126,10 @@ def run_here(args: argparse.Namespace, tasks: list[Task], session: Session, on_r
         db = history.open_db(args.db)
         expected, verdicts = history.last_timings(db, session.gpu_name), history.last_verdicts(db, session.gpu_name)
         backends = history.last_backends(db, session.gpu_name)
+    if not expected:  # no history of this class: what the last runs on these caches saw, if any
+        settings = session.settings
+        expected, verdicts, backends = recall(last_run_file(settings.cache_dir, session.gpu_name,
+                                                            settings.vllm_version))
     session.jobs = args.jobs or 0
     pool = LocalPool(session.slots, session.slot_env, expected, verdicts,
                      session.settings.gpus_here or 0, session.ranks_env, backends)
