@@ -149,3 +149,20 @@ def test_the_h200_packs_eight_cells_within_its_memory_and_cores():
     assert slot_count(h200, devices=1, cores=16, device_memory_gib=139.8) == 8
     assert slot_count(h200, devices=2, cores=32, device_memory_gib=139.8) == 16
     assert slot_count(h200, devices=1, cores=8, device_memory_gib=139.8) == 4, "two cores a slot"
+
+
+def test_an_expected_accuracy_drop_starts_in_a_fresh_process_once_per_case(tmp_path):
+    """The clipping checkpoint's `auto` cells are expected to lose accuracy (an xfail): the first of them, the eager
+    oracle of the compiled one, starts in a fresh process instead of running in a worker and then again fresh (on
+    the H200 with vLLM 0.33.0 that oracle ran twice); its sibling waits for it and stays warm (harness/run/
+    confirmations.py)."""
+    tasks, settings, expected = shipped_h200(tmp_path)
+    by_id = {t.cell.cell_id: t for t in tasks}
+    oracle = by_id["trained-llama-fp8kv-clipping[kv=auto,skip=-,spec=-,exec=eager]"]
+    compiled = by_id["trained-llama-fp8kv-clipping[kv=auto,skip=-,spec=-]"]
+    reason = expected[oracle.key]
+    assert reason is not None and reason.startswith("the case expects an accuracy drop (the checkpoint's k/v")
+    assert expected[compiled.key] == reason
+    assert expected[by_id["trained-llama-fp8kv-clipping[kv=bfloat16,skip=-,spec=-]"].key] is None
+    order, waits = start_plan(order_tasks(tasks, {}), settings, expected, jobs=8)
+    assert oracle.key in waits[compiled.key]

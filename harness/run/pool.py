@@ -118,9 +118,10 @@ class _LocalRun:
         todo = [t for t in self.todo if t not in wide]
         todo, waits = start_plan(todo, settings, self.expected, self.jobs, timed=bool(pool.expected_s),
                                  backends=pool.last_backends)
-        if self.canary is not None:  # first; the other slots start beside it, and keep nothing before it ran
-            canary = self.canary.key
+        if self.canary is not None:  # first, waiting for nothing; the other slots start beside it, and keep
+            canary = self.canary.key  # nothing before it ran (so none may be a cell it waits for)
             todo = [self.canary] + [t for t in todo if t.key != canary]
+            waits = {**waits, canary: set()}
         runnable = [] if settings.use_hub else [t for t in todo if not_run_reason(t, settings) is None]
         training = TrainingAhead(runnable, settings.models, settings.cache_dir / "models", settings.built)
         try:
