@@ -5,7 +5,7 @@ folder is not run again; both write each record as its cell finishes, and return
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -177,13 +177,18 @@ class _LocalRun:
                 return False
         return not self.broken
 
-    def waits_for_its_worker(self, task: Task, running: Iterable[Task]) -> bool:
-        """Whether a cell of a case with its own environment (`env:`) should let another cell go first: a cell of
-        that environment is running, in the slot whose worker it will be. Such cells then run one after another in
-        that slot (SlotWorkers.pick) instead of starting a worker in every slot (on a cold H200, glm5-fp8's cells
-        started a second worker, imports and a first engine, in up to eight slots)."""
+    def waits_for_its_worker(self, task: Task, running: list[Task], pending: list[Task]) -> bool:
+        """Whether a cell of a case with its own environment (`env:`) should let another cell go first: as many
+        slots already run cells of that environment as its share of the cells left gives it. Such cells then run
+        one after another in the slots that have their workers (SlotWorkers.pick) instead of starting a worker in
+        every slot (on a cold H200, glm5-fp8's cells started a second worker, imports and a first engine, in up to
+        eight slots), and still take the slots the others leave at the end."""
         case_env = _case_env(task)
-        return bool(case_env) and self.warm and any(_case_env(other) == case_env for other in running)
+        if not case_env or not self.warm:
+            return False
+        left = running + pending
+        share = -(-self.jobs * sum(_case_env(t) == case_env for t in left) // len(left))
+        return sum(_case_env(t) == case_env for t in running) >= share
 
     def _in_slot(self, task: Task) -> JudgedRecord:
         case_env = _case_env(task)
@@ -335,12 +340,12 @@ def add_acyclic(waits: dict[str, set[str]], more: dict[str, set[str]]) -> dict[s
 def _run_gated(tasks: list[Task], waits: dict[str, set[str]], one: Callable[[Task], None],
                processes: CellProcesses, jobs: int, builds: Callable[[Task], set[str]] = lambda task: set(),
                building_ahead: Callable[[], set[str]] = set,
-               waits_for_its_worker: Callable[[Task, Iterable[Task]], bool] = lambda task, running: False) -> None:
+               waits_for_its_worker: Callable[[Task, list[Task], list[Task]], bool] = lambda *_: False) -> None:
     """`jobs` cells at a time, each free slot taking the first task in order whose `waits` (task keys: its
     baseline, its family's pilot) have all finished, passing over one that would wait for a long model build a
     running cell (or `building_ahead`, the run's own) is doing (`builds`: such builds a task does as it starts)
-    or whose warm worker is busy in another slot (`waits_for_its_worker`) while another is ready; an interrupted
-    harness kills every running cell first."""
+    or whose environment has its share of the slots already (`waits_for_its_worker`, given the running and the
+    pending tasks) while another is ready; an interrupted harness kills every running cell first."""
     pending, finished = list(tasks), set[str]()
     running: dict[Future, Task] = {}
 
@@ -349,7 +354,8 @@ def _run_gated(tasks: list[Task], waits: dict[str, set[str]], one: Callable[[Tas
         building = building_ahead().union(*map(builds, running.values()))
         # Such a cell would only wait for the build in its slot (on the 2-core CPU both slots once waited 90 s
         # for the accuracy model's training while cells of built models were ready).
-        return next((t for t in ready if not builds(t) & building and not waits_for_its_worker(t, running.values())),
+        busy = list(running.values())
+        return next((t for t in ready if not builds(t) & building and not waits_for_its_worker(t, busy, pending)),
                     ready[0] if ready else None)
 
     with _cell_threads(jobs, processes) as pool:

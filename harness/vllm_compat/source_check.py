@@ -2,7 +2,8 @@
 backends, builders, KV-cache specs and the calls the harness makes (modules.py, emulation.py, teardown.py), the
 modules a template process imports before it forks cells (preimport.py), the
 files sources.py reads, the paths `kvmatrix pr` selects every cell for, every attribute name the probe reads
-(engine.py) and the words of the log lines that time an engine's start (phase_log.py). Read from files, nothing imported: run it where a new release is staged,
+(engine.py) and the words of the log lines that time an engine's start (phase_log.py). Read from files, nothing
+imported: run it where a new release is staged,
 
     python -m kvmatrix.harness.vllm_compat.source_check
 
