@@ -26,11 +26,12 @@ from kvmatrix.harness.vllm_compat.phase_log import engine_phases
 
 def open_run(spec: str, scratch: Path) -> Path:
     """A run folder from RUN (a folder, an archive holding one, or ARCHIVE:FOLDER)."""
-    archive, _, inner = spec.partition(".tar.xz:")
+    stem, _, inner = spec.partition(".tar.xz:")
     if spec.endswith(".tar.xz") or inner:
-        target = scratch / Path(archive).name
+        archive = Path(stem + ".tar.xz") if inner else Path(spec)
+        target = scratch / archive.name
         if not target.exists():
-            with tarfile.open(archive + ".tar.xz") as packed:
+            with tarfile.open(archive) as packed:
                 packed.extractall(target, filter="data")
         folders = sorted(p.parent for p in target.rglob("run.json"))
         chosen = [f for f in folders if not inner or f.name == inner or str(f).endswith(inner)]
@@ -92,7 +93,7 @@ def print_table(names: list[str], columns: list[dict[str, float]]) -> None:
             "built FlashInfer kernels"]
     titles = {**PART_TITLES, **{d: f"  of which {d.removesuffix('_s')}" for d in DETAILS},
               "wall": "busy wall (s)", "cpu_s": "  CPU-s of the cells' processes"}
-    width = max(len(titles.get(r, r)) for r in rows)
+    width = min(72, max(len(titles.get(r, r)) for r in rows))
     print(f"{'':{width}}  " + "  ".join(f"{n[-22:]:>22}" for n in names))
     for row in rows:
         print(f"{titles.get(row, row)[:width]:{width}}  " + "  ".join(f"{c[row]:>22.0f}" for c in columns))
@@ -104,14 +105,16 @@ def main() -> None:
     parser.add_argument("--same-as", help="run whose verdicts every run must match")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="kvm-phases-"))
-    runs = {spec: records_of(open_run(spec, scratch)) for spec in args.runs}
-    print_table([Path(spec).name for spec in runs], [column(records) for records in runs.values()])
+    folders = [open_run(spec, scratch) for spec in args.runs]
+    runs = {folder.name: records_of(folder) for folder in folders}
+    print_table(list(runs), [column(records) for records in runs.values()])
     if args.same_as:
-        reference = records_of(open_run(args.same_as, scratch))
-        for spec, records in runs.items():
+        reference_folder = open_run(args.same_as, scratch)
+        reference = records_of(reference_folder)
+        for name, records in runs.items():
             differences = verdict_differences(reference, records)
             shared = len({r["cell_id"] for r in reference} & {r["cell_id"] for r in records})
-            print(f"\nverdicts of {Path(spec).name} against {Path(args.same_as).name}: {shared} cells in both, "
+            print(f"\nverdicts of {name} against {reference_folder.name}: {shared} cells in both, "
                   f"{len(differences)} differ" + "".join(f"\n  {line}" for line in differences))
 
 

@@ -1,8 +1,8 @@
 """Where a cell's time went, from its record's timings: the cell process's phases (import, engine start,
 generation, teardown) with the engine start broken into the parts vLLM's log timed (model load, torch.compile,
 CUDA-graph capture, the rest of the engine core: profiling, KV-cache allocation, kernel warm-up and autotuning), and
-what is left of the runner's wall time (the process or worker start, waiting for a model build, the GPU-memory
-check). Parts that are differences of two timings are derived here, never stored, so a record keeps only what was
+what is left of the runner's wall time (the process or worker start, waiting for a model build, the engine's own
+shutdown as the cell process drops it, the GPU-memory check). Parts that are differences of two timings are derived here, never stored, so a record keeps only what was
 measured."""
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from collections.abc import Iterable, Mapping
 PARTS = ("start", "import", "engine_setup", "model_load", "compile", "graph_capture", "engine_other", "probe",
          "generate", "teardown")
 PART_TITLES = {
-    "start": "process or worker start, model builds, runner (total − phases)",
+    "start": "process or worker start, model builds, vLLM's own engine shutdown, runner (total − phases)",
     "import": "import torch and vLLM",
     "engine_setup": "engine setup before the model (config, model inspection, distributed init)",
     "model_load": "model load (construction, weights)",
     "compile": "torch.compile (Dynamo, Inductor or its cache)",
     "graph_capture": "CUDA-graph capture",
-    "engine_other": "rest of the engine core (profile run, KV-cache allocation, kernel warm-up, FlashInfer JIT)",
+    "engine_other": "rest of the engine start (profile run, KV-cache allocation, kernel warm-up, FlashInfer JIT; "
+                    "all of it where the log timed nothing)",
     "probe": "probe of the resolved state",
     "generate": "generation (with references and accuracy)",
     "teardown": "engine teardown (warm worker)",
