@@ -2,8 +2,8 @@
 generation, teardown) with the engine start broken into the parts vLLM's log timed (model load, torch.compile,
 CUDA-graph capture, the rest of the engine core: profiling, KV-cache allocation, kernel warm-up and autotuning), and
 what is left of the runner's wall time (the process or worker start, waiting for a model build, the engine's own
-shutdown as the cell process drops it, the GPU-memory check). Parts that are differences of two timings are derived here, never stored, so a record keeps only what was
-measured."""
+shutdown as the cell process drops it, the GPU-memory check). Parts that are differences of two timings are derived
+here, never stored, so a record keeps only what was measured."""
 
 from __future__ import annotations
 
