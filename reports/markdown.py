@@ -6,6 +6,7 @@ import pandas as pd
 
 from kvmatrix.harness.record.model import DifferentialComparison, JudgedRecord
 from kvmatrix.harness.record.parts import LISTED_VERDICTS
+from kvmatrix.reports.phases import phase_lines
 from kvmatrix.reports.summary import counts, crash_counts, frame, fresh_reruns, leaks, pivot, same_crash
 
 
@@ -162,6 +163,7 @@ def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "
     if compare_to:
         lines += _section(f"Differences from the {compare_to} column", class_differences(records, compare_to)
                           or ["- none"])
+    lines += _section("Where the time went (each cell's wall time by phase, summed)", phase_lines(records))
     skipped = df[df["verdict"] == "skip"]
     lines += _section("Skipped", [f"- {len(group)} on {gpu}: {reason}" for (reason, gpu), group
                                   in skipped.groupby(["reason", "gpu_class"], sort=False)])

@@ -2,7 +2,7 @@
 optional ordering prefix, `3-segv`):
 ok, hang, segv, killed, crash, cudaerror, orphan (leaves a grandchild behind), escaped (a grandchild that leaves
 the cell's process group), noisy (megabytes of log), slow, envdump (records the GPUs and rank settings it was
-given).
+given), awaits (passes once a "flags" cell has run beside it: FAKE_CELL_FLAG names their file; crashes otherwise).
 It speaks the real cell protocol (SPEC.json in, RESULT.json out after each phase), so the harness under test
 is exactly the production one."""
 
@@ -48,6 +48,16 @@ def misbehave(behaviour: str, out: Path) -> None:
         time.sleep(float(os.environ.get("FAKE_CELL_SLEEP", "2")))
 
 
+def flagged(flag: Path, within_s: float = 30.0) -> bool:
+    """Whether `flag` exists now or appears within `within_s`."""
+    deadline = time.monotonic() + within_s
+    while not flag.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def broken_environment() -> None:
     """With FAKE_TEMPLATE=broken, "importing vLLM" fails, as in an environment that lacks one of its modules."""
     if os.environ.get("FAKE_TEMPLATE") == "broken":
@@ -72,6 +82,10 @@ def run(spec_path: str, result_path: str) -> int:
     result["phase"] = "init"
     write(out, result)
     print(f"fake cell {spec['cell_id']}: {behaviour}", flush=True)
+    if behaviour == "awaits":  # passes only once a "flags" cell beside it has run: a test of cells side by side
+        behaviour = "ok" if flagged(Path(os.environ["FAKE_CELL_FLAG"])) else "crash"
+    if behaviour == "flags":
+        Path(os.environ["FAKE_CELL_FLAG"]).touch()
     misbehave(behaviour, out)
     if behaviour == "cudaerror":  # a CUDA error poisons its process: a warm worker must retire after it
         result.update(status="crash", exception={"type": "AcceleratorError", "message": "CUDA error: an illegal "

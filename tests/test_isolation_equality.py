@@ -62,3 +62,8 @@ def test_forked_and_warm_worker_cells_resolve_as_fresh_processes(tmp_path):
     # The comparison is not empty: these cells resolved layers and decoded tokens in both isolations.
     decoded = [r for r in worker if r.get("tokens")]
     assert len(decoded) >= 3 and all(r["layers"] for r in decoded)  # on cpu-avx2 the FP8 cells refuse instead
+    # Every engine that started has its start's parts, read from its log, in every isolation: a warm worker's
+    # later cell logs the lines vLLM would log once per process (harness/cell/main.py prepare_engine_start).
+    for records in (process, forked, worker):
+        started = [r for r in records if r.get("status") == "ok"]
+        assert started and all({"weights_s", "engine_core_s"} <= set(r["timings"]) for r in started), started

@@ -10,6 +10,7 @@ the phase it died in. The probe runs before generation: a cell whose decode cras
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import platform
@@ -215,6 +216,18 @@ def start_engine_noting(result: CellResult, vllm: Any, engine_args: dict[str, An
                 result.data["backend_notes"] = list(notes)
 
 
+def prepare_engine_start(vllm: Any) -> None:
+    """Before the engine: vLLM's log-once memory emptied, so a warm worker's cell logs its engine's timings and
+    notes as a fresh process does (harness/vllm_compat/phase_log.py reads them); and every object alive now (the
+    imports, ~750,000 objects with torch and vLLM) frozen out of the garbage collector. vLLM collects fully
+    while the engine starts (three times around the model load alone, vllm/utils/mem_utils.py
+    DeviceMemoryProfiler), each pass walking them all: 1.1 s on the 2-core CPU, 3-4 s of a warm H200 cell's
+    `Model loading took` for a tiny model. Frozen objects are only skipped, never lost: vLLM's own teardown
+    unfreezes and collects them after the cell, and a process that ends needs no collection."""
+    vllm_compat.forget_logged_once(vllm.__version__)
+    gc.freeze()
+
+
 def probe_engine(result: CellResult, llm: Any) -> None:
     """Record the resolved state; a probe failure is the harness's problem, not the cell's crash."""
     try:
@@ -300,6 +313,7 @@ def main(spec_path: str, result_path: str) -> int:
     ok, vllm = result.run("import", lambda: import_vllm(result, spec.emulate_capability, spec.emulate_cpu_isa))
     if not ok:
         return 1
+    prepare_engine_start(vllm)
     ok, llm = result.run("init", lambda: forced.start_with_forcing(
         lambda args: start_engine_noting(result, vllm, args), spec, result.data["vllm_version"], result.data))
     if not ok:

@@ -25,6 +25,7 @@ from kvmatrix.harness.record.paths import DEFAULT_CACHE
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run import host_cpu
 from kvmatrix.harness.run.guards import cases_dir_for, check_free_disk, claim_run_folder, lock_run_folder
+from kvmatrix.harness.run.last_run import last_run_file, recall
 from kvmatrix.harness.run.pool import LocalPool, OnRecord
 from kvmatrix.harness.run.run_ids import LATEST, resumed_run_id
 from kvmatrix.harness.run.session import Session, open_session
@@ -185,6 +186,10 @@ def run_here(args: argparse.Namespace, tasks: list[Task], session: Session, on_r
         except (sqlite3.Error, ValueError) as err:  # only the order depends on it: never stop a run
             print(f"kvmatrix: the history {args.db} could not be read ({err}); cells start in the cases' order",
                   file=sys.stderr)
+    if not expected:  # no history of this class: what the last runs on these caches saw, if any
+        settings = session.settings
+        expected, verdicts, backends = recall(last_run_file(settings.cache_dir, session.gpu_name,
+                                                            settings.vllm_version))
     session.jobs = args.jobs or 0
     pool = LocalPool(session.slots, session.slot_env, expected, verdicts,
                      session.settings.gpus_here or 0, session.ranks_env, backends)

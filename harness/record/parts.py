@@ -130,6 +130,17 @@ class Timings(TypedDict, total=False):
     # CPU seconds the cell's process and the compilers it waited for (nvcc, ptxas) used: against total_s, whether
     # a cold cell waited on the CPU (JIT builds) or on something else.
     cpu_s: float
+    # Parts of the engine's start (init_s) as vLLM's own log lines time them (harness/vllm_compat/phase_log.py);
+    # a part the log does not show is absent, never zero. harness/record/phases.py breaks a cell down with them.
+    model_load_s: float  # the model's construction and weights (`Model loading took`)
+    weights_s: float  # of which reading the weights (`Loading weights took`, target and draft)
+    engine_core_s: float  # profile run, torch.compile, KV-cache allocation, warm-up and graph capture
+    compile_s: float  # torch.compile in all (`torch.compile took`, every compiled module; on a CPU its warm-up)
+    dynamo_s: float  # of which Dynamo's bytecode transform
+    inductor_s: float  # of which Inductor compiling graphs (absent: every graph came from the compile cache)
+    jit_warmup_s: float  # vLLM's kernel warm-up (Triton JIT)
+    graph_capture_s: float  # CUDA-graph capture (whole seconds, as vLLM prints it)
+    flashinfer_jit_s: float  # FlashInfer's JIT module builds (nvcc), wherever in the cell they happened
 
 
 @open_to_other_keys

@@ -11,10 +11,16 @@ from kvmatrix.harness.run.process import RUN_MARK_ENV
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.vllm_compat import BROKEN_WHEN_EMPTY_ENV, IN_PROCESS_ENGINE_ENV, VLLM_CACHE_ENV
 
-# The CUDA driver's own cache holds PTX compiled for this card (e.g. kernels shipped without its machine code).
+# Every JIT cache a cell may fill, in the run's cache folder: what one cell compiles serves every slot of the run
+# and every later run on the machine. vLLM's own folder holds its torch.compile cache and AOT artefacts (each
+# compile hash with its Inductor cache: vLLM points TORCHINDUCTOR_CACHE_DIR there itself) and DeepGEMM's JIT
+# cache; FlashInfer's JIT modules and autotune results live under its workspace base; the CUDA driver's cache
+# holds PTX compiled for this card (kernels shipped without its machine code). The CUTLASS DSL (sparse MLA's
+# kernels on vLLM 0.33+) and TVM-FFI (FlashInfer 0.7's extension builds) otherwise compile into /tmp and ~/.cache,
+# outside the folder a nightly keeps.
 CACHE_ENV = (VLLM_CACHE_ENV, "FLASHINFER_WORKSPACE_BASE", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
-             "CUDA_CACHE_PATH")
-CACHE_FOLDERS = ("vllm", "flashinfer", "inductor", "triton", "cuda")
+             "CUDA_CACHE_PATH", "CUTE_DSL_CACHE_DIR", "TVM_FFI_CACHE_DIR")
+CACHE_FOLDERS = ("vllm", "flashinfer", "inductor", "triton", "cuda", "cutlass-dsl", "tvm-ffi")
 
 
 def shared_cache_env(cache_dir: Path) -> dict[str, str]:

@@ -22,6 +22,7 @@ from kvmatrix.harness.run.cell_run import expected_not_to_pass, judged_record, n
 from kvmatrix.harness.run.confirmations import Confirmations, confirmation_gates
 from kvmatrix.harness.run.gpu_check import pinned_gpus
 from kvmatrix.harness.run.gpu_memory import gpu_baselines
+from kvmatrix.harness.run.last_run import last_run_file, remember
 from kvmatrix.harness.run.launch import WORKERS_PER_SLOT, FreshProcess, Launcher, WarmWorker
 from kvmatrix.harness.run.model_builds import TrainingAhead, trainings_waited_on
 from kvmatrix.harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
@@ -30,6 +31,7 @@ from kvmatrix.harness.run.process_start import Exec, ProcessStart
 from kvmatrix.harness.run.schedule import order_tasks
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.run.template import Templates, remove_stale_socket_folders
+from kvmatrix.harness.vllm_compat import compiles_per_kv_dtype
 
 OnRecord = Callable[[JudgedRecord, int, int, bool], None]
 
@@ -106,6 +108,7 @@ class _LocalRun:
         self.slot_workers = SlotWorkers()
         self.canary = pick_canary(todo, settings, self.expected, list(records.values())) if settings.canary else None
         self.broken: list[str] = []  # why the canary says this environment cannot be judged
+        self.canary_ran = threading.Event()
 
     def run(self) -> None:
         pool, settings = self.pool, self.settings
@@ -115,15 +118,16 @@ class _LocalRun:
         todo = [t for t in self.todo if t not in wide]
         todo, waits = start_plan(todo, settings, self.expected, self.jobs, timed=bool(pool.expected_s),
                                  backends=pool.last_backends)
-        if self.canary is not None:  # alone first; every other cell waits for it
-            canary = self.canary.key
+        if self.canary is not None:  # first, waiting for nothing; the other slots start beside it, and keep
+            canary = self.canary.key  # nothing before it ran (so none may be a cell it waits for)
             todo = [self.canary] + [t for t in todo if t.key != canary]
-            waits = {key: set() if key == canary else keys | {canary} for key, keys in waits.items()}
+            waits = {**waits, canary: set()}
         runnable = [] if settings.use_hub else [t for t in todo if not_run_reason(t, settings) is None]
         training = TrainingAhead(runnable, settings.models, settings.cache_dir / "models", settings.built)
         try:
             _run_gated(todo, waits, self.one, self.processes, self.jobs,
-                       lambda task: trainings_waited_on(task, settings.models, settings.built), training.busy)
+                       lambda task: trainings_waited_on(task, settings.models, settings.built), training.busy,
+                       self.waits_for_its_worker)
         finally:
             for launcher in self.launchers:
                 launcher.close()
@@ -137,30 +141,64 @@ class _LocalRun:
             self.settings.run_dir.write(record)
         except OSError as err:  # a full disk: the run goes on; the reports show the cell, a resume runs it again
             record = unwritable_record(task, self.settings.run_dir.root.name, err, record)
+        else:
+            remember(last_run_file(self.settings.cache_dir, task.gpu_name, self.settings.vllm_version), record)
         with self.lock:
             self.records[task.key] = record
             if self.on_record:
                 self.on_record(record, len(self.records), self.total, False)
 
     def one(self, task: Task) -> None:
-        """A one-GPU cell (or a CPU one) in a free slot, preferring a slot whose warm worker suits its case."""
-        if self.processes.stopping or self.broken:
-            return
+        """A one-GPU cell (or a CPU one) in a free slot, preferring a slot whose warm worker suits its case. Cells
+        run beside the canary (each slot's first cell starts its worker meanwhile: on an H200 the imports and a
+        first engine, 30-60 s, that seven slots spent idle while the canary ran alone), but a record is kept only
+        once the canary ran: a canary that fails kills the cells beside it, and nothing of this environment is
+        recorded, so the same run, once the environment is mended, starts with it again."""
+        is_canary = self.canary is not None and task.key == self.canary.key
         try:
-            record = self._in_slot(task)
-        except OSError as err:  # the cell's files (spec, log) could not be written: this cell's error, not the run's
-            record = unwritable_record(task, self.settings.run_dir.root.name, err)
-        if self.processes.stopping:
-            return
-        if self.canary is not None and task.key == self.canary.key and (why := canary_failure(task, record)):
-            self.broken.append(why)  # not kept: once the environment is mended, the same run starts with it again
+            if self.processes.stopping or self.broken:
+                return
+            try:
+                record = self._in_slot(task)
+            except OSError as err:  # the cell's files (spec, log) could not be written: this cell's error
+                record = unwritable_record(task, self.settings.run_dir.root.name, err)
+            if is_canary and not self.processes.stopping and (why := canary_failure(task, record)):
+                self.broken.append(why)
+                self.processes.kill_all()  # the cells beside it run in an environment that cannot be judged
+        finally:
+            if is_canary:
+                self.canary_ran.set()
+        if self.processes.stopping or self.broken or not self._canary_passed():
             return
         self.keep(task, record)
         if self.jobs > 1 and record.get("status") == "ok":  # a skip or a crash compiled nothing, or not all
             mark_warm(self.settings, kernel_family(task, facts(record).get("backend")))
 
+    def _canary_passed(self) -> bool:
+        """Whether this environment may be recorded: no canary, or it ran and found nothing broken (waiting for it,
+        unless the harness is stopping)."""
+        if self.canary is None:
+            return True
+        while not self.canary_ran.wait(timeout=1.0):
+            if self.processes.stopping:
+                return False
+        return not self.broken
+
+    def waits_for_its_worker(self, task: Task, running: list[Task], pending: list[Task]) -> bool:
+        """Whether a cell of a case with its own environment (`env:`) should let another cell go first: as many
+        slots already run cells of that environment as its share of the cells left gives it. Such cells then run
+        one after another in the slots that have their workers (SlotWorkers.pick) instead of starting a worker in
+        every slot (on a cold H200, glm5-fp8's cells started a second worker, imports and a first engine, in up to
+        eight slots), and still take the slots the others leave at the end."""
+        case_env = _case_env(task)
+        if not case_env or not self.warm:
+            return False
+        left = running + pending
+        share = -(-self.jobs * sum(_case_env(t) == case_env for t in left) // len(left))
+        return sum(_case_env(t) == case_env for t in running) >= share
+
     def _in_slot(self, task: Task) -> JudgedRecord:
-        case_env = tuple(sorted(task.cell.case.env.items()))
+        case_env = _case_env(task)
         with self.lock:
             slot = self.slot_workers.pick(self.free_slots, case_env)
             self.free_slots.remove(slot)
@@ -186,6 +224,11 @@ class _LocalRun:
             record = unwritable_record(task, self.settings.run_dir.root.name, err)
         if not self.processes.stopping:
             self.keep(task, record)
+
+
+def _case_env(task: Task) -> tuple:
+    """A case's own environment (`env:`), as slots tell their workers apart; () for the run's."""
+    return tuple(sorted(task.cell.case.env.items()))
 
 
 @dataclass
@@ -238,6 +281,7 @@ def start_plan(todo: list[Task], settings: RunSettings, expected: dict[str, str 
     of all."""
     waits = baseline_gates(todo)
     baselines_first(todo)  # cells that would wait for each other are named before any runs, not after the rest
+    lead: list[Task] = []
     if jobs > 1:
         # A compared cell waits for its oracle (or twins), so it cannot be the pilot they wait for.
         can_pilot = {t.key for t in todo if expected[t.key] is None and not_run_reason(t, settings) is None
@@ -245,6 +289,10 @@ def start_plan(todo: list[Task], settings: RunSettings, expected: dict[str, str 
         todo, pilot_waits = pilot_gates(todo, warm_families(settings), can_pilot, pilots_first=not timed,
                                         backends=backends)
         waits = {key: waits[key] | pilot_waits[key] for key in waits}
+        if not timed:  # the pilots of a forced backend first: the long JIT builds, a cold run's critical path
+            pilots = set().union(*pilot_waits.values())
+            lead = [t for t in todo
+                    if t.key in pilots and compiles_per_kv_dtype(t.cell.axes["attention_backend"] or "")]
     if settings.isolation == "worker":
         confirming = confirmation_gates(todo, expected)
         waits = add_acyclic(waits, confirming)
@@ -252,7 +300,30 @@ def start_plan(todo: list[Task], settings: RunSettings, expected: dict[str, str 
         # confirmation, last in a longest-first order, held its 11 siblings to the end of the run).
         heads = set().union(*confirming.values())
         todo = [t for t in todo if t.key in heads] + [t for t in todo if t.key not in heads]
-    return todo, waits
+    return lead + prerequisites_first([t for t in todo if t not in lead], waits), waits
+
+
+def prerequisites_first(tasks: list[Task], waits: dict[str, set[str]]) -> list[Task]:
+    """The tasks in the given order, each preceded by the tasks it waits for (transitively) that are not placed
+    yet: a cell that an early cell waits for starts early too (on a cold H200 the confirmation of an fp8_e5m2
+    cell started first and waited for its eager oracle, 89th in the order: a 180 s FlashInfer build that then
+    started half-way through the run)."""
+    by_key = {t.key: t for t in tasks}
+    position = {t.key: i for i, t in enumerate(tasks)}
+    placed: list[Task] = []
+    seen: set[str] = set()
+
+    def place(task: Task) -> None:
+        if task.key in seen:
+            return
+        seen.add(task.key)
+        for key in sorted(waits.get(task.key, ()) & by_key.keys(), key=position.__getitem__):
+            place(by_key[key])
+        placed.append(task)
+
+    for task in tasks:
+        place(task)
+    return placed
 
 
 def add_acyclic(waits: dict[str, set[str]], more: dict[str, set[str]]) -> dict[str, set[str]]:
@@ -280,11 +351,13 @@ def add_acyclic(waits: dict[str, set[str]], more: dict[str, set[str]]) -> dict[s
 
 def _run_gated(tasks: list[Task], waits: dict[str, set[str]], one: Callable[[Task], None],
                processes: CellProcesses, jobs: int, builds: Callable[[Task], set[str]] = lambda task: set(),
-               building_ahead: Callable[[], set[str]] = set) -> None:
+               building_ahead: Callable[[], set[str]] = set,
+               waits_for_its_worker: Callable[[Task, list[Task], list[Task]], bool] = lambda *_: False) -> None:
     """`jobs` cells at a time, each free slot taking the first task in order whose `waits` (task keys: its
     baseline, its family's pilot) have all finished, passing over one that would wait for a long model build a
     running cell (or `building_ahead`, the run's own) is doing (`builds`: such builds a task does as it starts)
-    while another is ready; an interrupted harness kills every running cell first."""
+    or whose environment has its share of the slots already (`waits_for_its_worker`, given the running and the
+    pending tasks) while another is ready; an interrupted harness kills every running cell first."""
     pending, finished = list(tasks), set[str]()
     running: dict[Future, Task] = {}
 
@@ -293,7 +366,9 @@ def _run_gated(tasks: list[Task], waits: dict[str, set[str]], one: Callable[[Tas
         building = building_ahead().union(*map(builds, running.values()))
         # Such a cell would only wait for the build in its slot (on the 2-core CPU both slots once waited 90 s
         # for the accuracy model's training while cells of built models were ready).
-        return next((t for t in ready if not builds(t) & building), ready[0] if ready else None)
+        busy = list(running.values())
+        return next((t for t in ready if not builds(t) & building and not waits_for_its_worker(t, busy, pending)),
+                    ready[0] if ready else None)
 
     with _cell_threads(jobs, processes) as pool:
         while pending or running:

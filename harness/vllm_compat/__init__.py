@@ -9,8 +9,9 @@ versions.py (the version rule, the installed vLLM), sources.py (what the install
 arguments, the runtime settings an engine resolved), registry.py (model-class inspection before an
 engine), kernels.py (backends that compile per KV dtype), modules.py (the vLLM source modules of resolved
 classes, and the source paths every cell depends on), emulation.py (another GPU class, a lower CPU level),
-preimport.py (what a template process imports before it forks cells), records.py (renamed record fields), speculative.py
-(speculative_config's fields per release, the spec-decode metrics),
+preimport.py (what a template process imports before it forks cells), phase_log.py (what vLLM's log lines say
+about where an engine's start went), records.py (renamed record fields), speculative.py (speculative_config's
+fields per release, the spec-decode metrics),
 signatures.py (failure messages), teardown.py (one engine's end in a warm worker); source_check.py checks these
 tables against an installed release's source.
 
@@ -75,6 +76,7 @@ from kvmatrix.harness.vllm_compat.modules import (  # noqa: F401
     select_all_reason,
     traceback_modules,
 )
+from kvmatrix.harness.vllm_compat.phase_log import engine_phases, forget_logged_once  # noqa: F401
 from kvmatrix.harness.vllm_compat.preimport import AFTER_IMPORT_ENV, ENGINE_MODULES, READ_BY_ENGINE_ENV  # noqa: F401
 from kvmatrix.harness.vllm_compat.records import (  # noqa: F401
     BUILDER_FIELD_ALIASES,

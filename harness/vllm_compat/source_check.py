@@ -1,8 +1,9 @@
 """Whether the installed vLLM's source still holds what this package's tables name for its version: the modules of
 backends, builders, KV-cache specs and the calls the harness makes (modules.py, emulation.py, teardown.py), the
 modules a template process imports before it forks cells (preimport.py), the
-files sources.py reads, the paths `kvmatrix pr` selects every cell for, and every attribute name the probe reads
-(engine.py). Read from files, nothing imported: run it where a new release is staged,
+files sources.py reads, the paths `kvmatrix pr` selects every cell for, every attribute name the probe reads
+(engine.py) and the words of the log lines that time an engine's start (phase_log.py). Read from files, nothing
+imported: run it where a new release is staged,
 
     python -m kvmatrix.harness.vllm_compat.source_check
 
@@ -20,7 +21,16 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from kvmatrix.harness.vllm_compat import emulation, engine, modules, preimport, sources, speculative, teardown
+from kvmatrix.harness.vllm_compat import (
+    emulation,
+    engine,
+    modules,
+    phase_log,
+    preimport,
+    sources,
+    speculative,
+    teardown,
+)
 from kvmatrix.harness.vllm_compat.versions import for_version, installed_vllm_version
 
 Check = tuple[str, str, bool]  # (what the table names, where it is looked for, found)
@@ -28,9 +38,11 @@ Check = tuple[str, str, bool]  # (what the table names, where it is looked for, 
 
 def source_checks(package: Path, version: str | None) -> list[Check]:
     """Every name of the tables for `version`, looked for in the vLLM package folder `package`."""
-    words = _source_words(package)
+    texts = [path.read_text(errors="replace") for path in package.rglob("*.py")]
+    words = frozenset(word for text in texts for word in re.findall(r"\w+", text))
     return [*_module_checks(package, version), *_file_checks(package, version),
-            *_attribute_checks(words, version), *_speculative_checks(package, version)]
+            *_attribute_checks(words, version), *_speculative_checks(package, version),
+            *_log_checks(texts, version)]
 
 
 def _module_file(package: Path, module: str) -> Path | None:
@@ -72,9 +84,11 @@ def _file_checks(package: Path, version: str | None) -> Iterator[Check]:
             yield "path that selects every cell", prefix, (package.parent / prefix).exists()
 
 
-def _source_words(package: Path) -> frozenset[str]:
-    return frozenset(word for path in package.rglob("*.py")
-                     for word in re.findall(r"\w+", path.read_text(errors="replace")))
+def _log_checks(texts: list[str], version: str | None) -> Iterator[Check]:
+    """The words of the log lines that time an engine's start (phase_log.py), each somewhere in the source."""
+    for words in for_version(phase_log.SOURCE_WORDS, version):
+        for phrase in words:
+            yield "log line that times a phase", phrase, any(phrase in text for text in texts)
 
 
 def _attribute_checks(words: frozenset[str], version: str | None) -> Iterator[Check]:
