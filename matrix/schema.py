@@ -129,6 +129,9 @@ CASE_ENGINE_ARGS = frozenset({
     "mamba_block_size", "mamba_cache_mode", "enable_expert_parallel", "moe_backend", "linear_backend",
     "disable_custom_all_reduce", "optimization_level", "stream_interval",
 })
+# Nested configurations a case may set, only these keys, each a plain value or a list of them: which custom ops
+# run native (`custom_ops: ["none"]`) and the compile and CUDA-graph modes (the rest names folders, passes, code).
+CASE_NESTED_ENGINE_ARGS = {"compilation_config": frozenset({"custom_ops", "mode", "cudagraph_mode"})}
 # A value is a word, a number or a flag: no path separator, space or quote, and no dotted name (`os.system`, a
 # class to import).
 _PLAIN_TEXT = re.compile(r"[A-Za-z0-9_.,:+-]{0,256}")
@@ -153,8 +156,15 @@ def case_env_problem(name: str, value: str) -> str | None:
 
 def case_engine_arg_problem(name: str, value: Any) -> str | None:
     """Why a case's `engine_args` may not set `name` to `value` (None: it may): no model, tokenizer, remote code,
-    path, plugin, nested configuration or anything else that loads code or files, and only plain values."""
-    if name not in CASE_ENGINE_ARGS:
+    path, plugin, nested configuration or anything else that loads code or files, and only plain values (a nested
+    configuration only as far as CASE_NESTED_ENGINE_ARGS lists its keys)."""
+    if name in CASE_NESTED_ENGINE_ARGS:
+        allowed = CASE_NESTED_ENGINE_ARGS[name]
+        if not isinstance(value, dict) or not set(value) <= allowed:
+            return (f"{value!r}: a case may set only {sorted(allowed)} of {name} (its other keys name folders, "
+                    "passes or code)")
+        value = [item for v in value.values() for item in (v if isinstance(v, list) else [v])]
+    elif name not in CASE_ENGINE_ARGS:
         return ("not an engine argument a case may set (matrix/schema.py CASE_ENGINE_ARGS): the model registry "
                 "(_models.yaml) names models, tokenizers, remote code and how they load, the matrix's axes set the KV "
                 "cache, backend, draft and execution, and nothing in a case loads code or files")

@@ -123,7 +123,8 @@ def test_placement_by_class_resource_or_accelerator_type(cases_dir):
     emulated = Task(cell, "L4", pool["L4"], emulated_from="H200")  # runs on an H200, decides as an L4
     assert placement(emulated) == ("gpu_class:H200", {"num_cpus": 0, "resources": {"gpu_class:H200": 1}})
     assert placement(emulated, real_gpus=True, pool=pool) == (
-        "accelerator_type:H200", {"num_cpus": 0, "num_gpus": 1 / 4, "accelerator_type": "H200"})
+        "accelerator_type:H200", {"num_cpus": 0, "num_gpus": 1 / pool["H200"].slots_per_device,
+                                  "accelerator_type": "H200"})  # a share of the GPU per slot
     assert placement(Task(cell, "L4", pool["L4"]), real_gpus=True, accelerator_types={"L4": "NVIDIA_L4"})[0] == (
         "accelerator_type:NVIDIA_L4")
 
