@@ -355,6 +355,7 @@ class SpeculativeComparison(TypedDict, total=False):
     acceptance_rate: float | None
     plain_acceptance_rate: float | None
     acceptance: str
+    shared_context: dict  # where the greedy tokens part: the distance over the positions both decoded alike
 
 
 @open_to_other_keys
