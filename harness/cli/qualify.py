@@ -55,7 +55,8 @@ def add_arguments(q: argparse.ArgumentParser) -> None:
     q.add_argument("--no-bisect", action="store_true", help="do not bisect over the releases in between")
     q.add_argument("--no-findings", action="store_true", help="do not run the findings' scripts")
     q.add_argument("--findings-status", default=str(STATUS_FILE),
-                   help="what the findings' scripts did before (read; the updated copy goes to OUT/findings/)")
+                   help="what the findings' scripts did before (read; the updated copy goes to OUT/findings/); "
+                        "its entries for the new release stand for scripts not run now in the waivers' advice")
     q.add_argument("--script-jobs", type=int, help="findings' scripts at once (default: --jobs, else 1)")
     q.add_argument("--script-timeout", type=float, default=SCRIPT_TIMEOUT_S, help="seconds per finding's script")
     q.add_argument("--fail-on", choices=["new", "never"], default="new",
@@ -92,6 +93,7 @@ def cmd_qualify(args: argparse.Namespace) -> int:
                                  of_installed_vllm=False)
         pool = load_pool(Path(args.cases_dir))
         waivers = session_waivers(Path(args.cases_dir), pool)
+        known = read_status(Path(args.findings_status))
     except (SideError, SelectionError, CaseError, WaiverError, EnvBuildError, ValueError, OSError) as err:
         print(f"kvmatrix qualify: {err}", file=sys.stderr)
         return USAGE
@@ -104,14 +106,17 @@ def cmd_qualify(args: argparse.Namespace) -> int:
     assert old.run is not None and new.run is not None  # `sides` ran what was not stored
     old_records, new_records = judged_again(old.run, by_id, pool, keep), judged_again(new.run, by_id, pool, keep)
     diff = compare(old_records, new_records, waivers)
-    found = Qualification(old, new, [e.ref for e in between], old_records, new_records, diff,
-                          waivers=[advise(w, old_records, new_records, old.ref, new.ref, waivers) for w in waivers],
+    found = Qualification(old, new, [e.ref for e in between], old_records, new_records, diff, known=known,
                           commands=["kvmatrix qualify " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])])
     if not args.no_bisect:
         found.bisections = bisect_changes(found.bisected_changes(), old, new, between, _keyed(old_records),
                                           _keyed(new_records), out, Path(args.cache_dir))
     if not args.no_findings and new.env is not None:
         recheck_findings(found, args, out)
+    # After the scripts: a finding they show fixed on the new release is no waiver to widen. Without scripts run
+    # now, what the status file holds of the new release (a stored run qualified again) stands in.
+    checks = list({(c.finding, c.gpu, c.package, c.version): c for c in [*found.known, *found.checks]}.values())
+    found.waivers = [advise(w, old_records, new_records, old.ref, new.ref, waivers, checks) for w in waivers]
     data = found.as_data()
     write_report(data, out)
     return FAILED if data["fails"] and args.fail_on == "new" else OK
@@ -125,7 +130,7 @@ def recheck_findings(found: Qualification, args: argparse.Namespace, out: Path) 
     """Every finding's script on the new release (the classes this machine runs or emulates); the status file and
     the board as they become, in OUT/findings/ for a person to copy over reports/findings/."""
     assert found.new.env is not None
-    found.findings, found.known = load_registry(), read_status(Path(args.findings_status))
+    found.findings = load_registry()
     classes = runnable_classes(Path(args.cases_dir))
     found.checks = recheck(found.findings, classes, found.new.env, out / "findings", Path(args.cache_dir),
                            args.script_jobs or args.jobs or 1, timeout_s=args.script_timeout, native=classes[0])

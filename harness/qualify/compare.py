@@ -6,6 +6,7 @@ that the new release has run: kept, removed, bounded below the new release, or w
 from __future__ import annotations
 
 import copy
+import fnmatch
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassify
 from kvmatrix.harness.judge.waivers import Waiver, waive, waiver_for
 from kvmatrix.harness.nightly.diff import Diff, diff_records
+from kvmatrix.harness.qualify.registry import Check
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
@@ -81,32 +83,75 @@ def _failing(records: Sequence[JudgedRecord], waiver: Waiver) -> tuple[list[Judg
 
 
 def advise(waiver: Waiver, old: Sequence[JudgedRecord], new: Sequence[JudgedRecord], old_ref: str,
-           new_ref: str, others: Sequence[Waiver] = ()) -> WaiverAdvice:
+           new_ref: str, others: Sequence[Waiver] = (), checks: Sequence[Check] = ()) -> WaiverAdvice:
     """What the waiver should become, from both runs judged without waivers; `others`: the rest of the file (a
-    failure another waiver covers is that waiver's; one unlike any this waiver covered is a new failure)."""
+    failure another waiver covers is that waiver's; one unlike any this waiver covered is a new failure);
+    `checks`: what the findings' scripts did (a finding its script shows fixed on the new release is no reason to
+    widen its waiver)."""
     old_cells, old_failing = _failing(old, waiver)
     new_cells, new_failing = _failing(new, waiver)
-    if not _in_scope(waiver, new_ref):
-        known = {failure_name(r) for r in old_failing}
-        new_failing = [r for r in new_failing if waiver_for(r, [w for w in others if w is not waiver]) is None
-                       and failure_name(r) in known]
+    ran = [r for r in new_cells if r.get("status") != "skipped" and r["verdict"] != "skip"]
     covers_new = _in_scope(waiver, new_ref)
     line = waiver_line(waiver, waiver.vllm)
-    if not new_cells:
-        kind = "not run" if old_cells else "not in these runs"
-        return WaiverAdvice(waiver, kind, line, f"no cell it names ran on {new_ref}")
+    if not ran:
+        return _not_run(waiver, line, old_cells, new_cells, new_ref)
     if new_failing and covers_new:
         return WaiverAdvice(waiver, "keep", line, f"{len(new_failing)} of its {len(new_cells)} cells still fail on "
                                                   f"{new_ref}")
-    if new_failing:
-        return WaiverAdvice(waiver, "widen", waiver_line(waiver, widened(waiver.vllm, new_ref)),
-                            f"{len(new_failing)} of its cells fail on {new_ref}, a release it leaves out")
     if not covers_new:
-        return WaiverAdvice(waiver, "keep", line, f"bounded to releases before {new_ref}; its cells pass there")
+        return _beyond(waiver, line, old_failing, new_failing, old_ref, new_ref, others, checks)
     if old_failing and _in_scope(waiver, old_ref):
         return WaiverAdvice(waiver, "bound", waiver_line(waiver, bounded(waiver.vllm, new_ref)),
                             f"its {len(old_failing)} failing cells of {old_ref} pass on {new_ref}")
-    return WaiverAdvice(waiver, "remove", "", f"none of its {len(new_cells)} cells fails on {old_ref} or {new_ref}")
+    # Removal needs cells that ran: a cell skipped on this machine (two GPUs wanted on one) says nothing of vLLM.
+    return WaiverAdvice(waiver, "remove", "", f"none of its {len(ran)} cells that ran on {new_ref} fails there, "
+                                              f"nor on {old_ref}")
+
+
+def _not_run(waiver: Waiver, line: str, old_cells: Sequence[JudgedRecord], new_cells: Sequence[JudgedRecord],
+             new_ref: str) -> WaiverAdvice:
+    """No cell of the waiver ran on the new release: skipped (the machine could not run it) or absent."""
+    if new_cells:
+        return WaiverAdvice(waiver, "not run", line, f"its {len(new_cells)} cells were skipped on {new_ref}: "
+                                                     f"{new_cells[0].get('reason') or 'not run on this machine'}")
+    kind = "not run" if old_cells else "not in these runs"
+    return WaiverAdvice(waiver, kind, line, f"no cell it names ran on {new_ref}")
+
+
+def _beyond(waiver: Waiver, line: str, old_failing: Sequence[JudgedRecord], new_failing: Sequence[JudgedRecord],
+            old_ref: str, new_ref: str, others: Sequence[Waiver], checks: Sequence[Check]) -> WaiverAdvice:
+    """A waiver bounded below the new release: widened to it where the new release fails as it did, else kept."""
+    if not new_failing:
+        return WaiverAdvice(waiver, "keep", line, f"bounded to releases before {new_ref}; its cells pass there")
+    if _shown_fixed(waiver, checks, new_ref):
+        return WaiverAdvice(waiver, "keep", line, f"bounded to releases before {new_ref}; its finding's script "
+                                                  f"shows it fixed there ({len(new_failing)} of its cells fail "
+                                                  "for another reason)")
+    everyone = list(others) if waiver in others else [waiver, *others]
+    rest = [w for w in everyone if w != waiver]
+    # Whose failure it is: the waiver that waived it on the old release (the first one matching there, as waiving
+    # picks). Two waivers name the same cells for two findings on two release ranges (glm-fp8's load crash on 0.26,
+    # its ignored KV scheme from 0.33): the new release's failure is the range before it's, the one that matched
+    # on the old release, and only that one is widened, never an older range's that happens to name the cells too.
+    owned = {failure_name(r) for r in old_failing if _owner(r, everyone, old_ref) == waiver}
+    mine = [r for r in new_failing if waiver_for(r, rest) is None and failure_name(r) in owned]
+    if mine:
+        return WaiverAdvice(waiver, "widen", waiver_line(waiver, widened(waiver.vllm, new_ref)),
+                            f"{len(mine)} of its cells fail on {new_ref} as on {old_ref}, a release it leaves out")
+    return WaiverAdvice(waiver, "keep", line, f"bounded to releases before {new_ref}; the {len(new_failing)} of its "
+                                              f"cells failing there are another waiver's or new failures")
+
+
+def _owner(record: JudgedRecord, waivers: Sequence[Waiver], version: str) -> Waiver | None:
+    """The waiver that waived the record on its release `version` (the first matching one)."""
+    return next((w for w in waivers if w.matches(record["cell_id"], record.get("gpu_class") or "?", version)), None)
+
+
+def _shown_fixed(waiver: Waiver, checks: Sequence[Check], version: str) -> bool:
+    """Whether the waiver's finding's scripts ran on `version` on a class it names, every one exiting 0."""
+    mine = [c for c in checks if waiver.link.endswith(f"#{c.finding}") and c.version == version
+            and (not waiver.gpus or any(fnmatch.fnmatchcase(c.gpu, g) for g in waiver.gpus))]
+    return bool(mine) and all(c.outcome == "good" for c in mine)
 
 
 def _in_scope(waiver: Waiver, version: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import subprocess
 import sys
 import time
@@ -102,9 +103,15 @@ def run_script(path: Path, env: GivenEnv, cache_dir: Path, timeout_s: float) -> 
     return code, time.monotonic() - started, last_words(log.read_text(errors="replace"))
 
 
+# What torch.distributed puts before each line a rank prints, once per process it passes through: vLLM's engine
+# core re-prints its worker's traceback, so a script's AssertionError arrives as `[rank0]: [rank0]: AssertionError:`
+# (seen with vLLM 0.34.0 on the H200). Only these prefixes go: a message's own `]: ` (a list in it) stays.
+RANK_PREFIX = re.compile(r"^(?:\[rank\d+\]:\s*)+")
+
+
 def last_words(output: str) -> str:
-    """The assertion's message, the OK line, else the last line printed."""
-    lines = [line.split("]: ", 1)[-1].strip() for line in output.splitlines() if line.strip()]
+    """The assertion's message, the OK line, else the last line printed; without the ranks' prefixes."""
+    lines = [RANK_PREFIX.sub("", line).strip() for line in output.splitlines() if line.strip()]
     for marker in ("AssertionError: ", "OK: "):
         found = [line for line in lines if line.startswith(marker)]
         if found:
