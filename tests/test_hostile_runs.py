@@ -262,6 +262,10 @@ def test_sigterm_ends_a_run_with_a_message_and_no_socket_folder_outlives_a_run(c
 
     proc = started(slow_run(cases_dir, tmp_path, tmpdir))
     wait_for_records(run, kept + 1, proc)
+    deadline = time.monotonic() + 60  # its template is up (on a busy machine a record can come first)
+    while not list(tmpdir.glob("kvmatrix-template-*")):
+        assert time.monotonic() < deadline and proc.poll() is None, "no template folder while the run went on"
+        time.sleep(0.1)
     proc.send_signal(signal.SIGKILL)  # nothing can clean up after this one
     proc.communicate(timeout=60)
     assert list(tmpdir.glob("kvmatrix-template-*")) != []

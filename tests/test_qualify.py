@@ -191,17 +191,22 @@ QUALIFIED = FIXTURES / "runs" / "h200-qualify-vllm-0.34.0.tar.xz"
 THIRD = FIXTURES / "runs" / "h200-graphs-vllm-0.33.0-2026-12-03-third.tar.xz"
 
 
-@pytest.mark.skipif(not QUALIFIED.exists(), reason=f"{QUALIFIED.name}: the H200 qualification of 0.34.0 not kept yet")
-def test_the_h200_qualification_of_0_34_0_is_what_its_records_say(tmp_path):
-    """The new run's records (new-run/) against the third session's 0.33.0 run, judged again here, give the
-    changes the report made on the H200 said (qualify/qualification.json)."""
+def test_the_h200_qualification_of_0_34_0_is_what_its_records_say_under_the_widened_waivers(tmp_path):
+    """The new run's records (new-run/) against the third session's 0.33.0 run, judged again here: the report made
+    on the H200 (qualify/qualification.json, under the waivers of then) listed 23 new failures, each a known
+    finding whose waiver stopped at 0.33 or the new draft-fp8 finding; under today's waivers (widened on that
+    evidence) none is new, and every other change it listed is listed again."""
     with tarfile.open(QUALIFIED) as archive:
         archive.extractall(tmp_path, filter="data")
     done = qualify("--old-run", f"{THIRD}:kvruns/h200-vllm0.33.0-graphs", "--new-run", str(tmp_path / "new-run"),
                    "--gpu", "H200", "--no-findings", "--out", str(tmp_path / "again"))
     reported = json.loads((tmp_path / "qualify" / "qualification.json").read_text())
     again = json.loads((tmp_path / "again" / "qualification.json").read_text())
-    assert again["fails"] == [f for f in reported["fails"] if f.endswith(("new failure(s)", "new error(s)"))]
-    assert done.returncode == (1 if again["fails"] else 0), done.stderr
-    assert [(s["name"], [(c["cell"], c["move"]) for c in s["changes"]]) for s in again["sections"]] == [
-        (s["name"], [(c["cell"], c["move"]) for c in s["changes"]]) for s in reported["sections"]]
+    cells = {(r["name"]): {c["cell"]: c["move"] for c in r["changes"]} for r in reported["sections"]}
+    cells_again = {(r["name"]): {c["cell"]: c["move"] for c in r["changes"]} for r in again["sections"]}
+    assert reported["fails"] == ["23 new failure(s)"] and len(cells["new_failures"]) == 23
+    assert again["fails"] == [] and not cells_again["new_failures"] and done.returncode == 0, done.stderr
+    for name, moves in cells.items():
+        if name != "new_failures":
+            assert moves.items() <= cells_again[name].items(), name
+            assert set(cells_again[name]) - set(moves) <= set(cells["new_failures"]), name
