@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_wheel import IGNORED
+from tests.test_wheel import copy_checkout
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -53,11 +53,7 @@ def test_the_readmes_commands_are_what_this_test_runs():
 def test_the_readmes_install_runs_a_cell_from_a_folder_of_ones_own(tmp_path):
     clone = tmp_path / "kvmatrix"
     clone.mkdir()
-    for name in SOURCES:
-        if (REPO / name).is_dir():
-            shutil.copytree(REPO / name, clone / name, ignore=IGNORED)
-        else:
-            shutil.copy(REPO / name, clone / name)
+    copy_checkout(clone, SOURCES)
     tools, bin_dir = tmp_path / "tools", tmp_path / "bin"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(UV_TOOL_DIR=str(tools), UV_TOOL_BIN_DIR=str(bin_dir),

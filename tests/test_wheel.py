@@ -24,6 +24,15 @@ IGNORED = shutil.ignore_patterns("__pycache__", "runs", "examples", "findings")
 WITHOUT_CHECKOUT = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the tests run with it set
 
 
+def copy_checkout(dest: Path, sources: tuple[str, ...] = SOURCES) -> None:
+    """The checkout's `sources` copied into `dest`, without caches, runs and reports."""
+    for name in sources:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, dest / name, ignore=IGNORED)
+        else:
+            shutil.copy(REPO / name, dest / name)
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     """A venv holding only the kvmatrix wheel; its bin/ folder."""
@@ -31,11 +40,7 @@ def installed(tmp_path_factory) -> Path:
     # Built from a copy: a build in the checkout would leave build/ and egg-info there (and reuse stale ones).
     source = root / "source"
     source.mkdir()
-    for name in SOURCES:
-        if (REPO / name).is_dir():
-            shutil.copytree(REPO / name, source / name, ignore=IGNORED)
-        else:
-            shutil.copy(REPO / name, source / name)
+    copy_checkout(source)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(root / "dist"), str(source)], check=True, env=WITHOUT_CHECKOUT)
     (wheel,) = (root / "dist").glob("kvmatrix-*.whl")

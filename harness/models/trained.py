@@ -117,12 +117,12 @@ def train_llama(steps: int = STEPS, log: Callable[[str], None] = _log):
     return train(model, steps, BATCH, log)
 
 
-def train(model, steps: int, batch: int, log: Callable[[str], None]):
+def train(model, steps: int, batch: int, log: Callable[[str], None], seed: int = SEED):
     """`model` (fp32, transformers, its initial weights drawn) trained on the task: the one loop of every trained
-    model here, deterministic for a given torch build and machine kind."""
+    model here, deterministic for a given torch build and machine kind (`seed`: the order of its batches)."""
     import torch
 
-    tok, rng = _tokenizer(), random.Random(SEED)
+    tok, rng = _tokenizer(), random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=LR, total_steps=steps, pct_start=0.1)
     model.train()

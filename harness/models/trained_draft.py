@@ -13,7 +13,6 @@ The tokenizer and vocabulary are the target's (vLLM requires a draft model's voc
 
 from __future__ import annotations
 
-import random
 import sys
 import threading
 from collections.abc import Callable
@@ -48,21 +47,7 @@ def train_draft(steps: int = STEPS, log: Callable[[str], None] = _log):
     with TORCH_DEFAULTS:  # the initial weights come from the global generator, in the default dtype
         torch.manual_seed(SEED)
         model = LlamaForCausalLM(LlamaConfig(**{**cfg, "torch_dtype": "float32"}))
-    tok, rng = trained._tokenizer(), random.Random(SEED)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=LR, total_steps=steps, pct_start=0.1)
-    model.train()
-    for step in range(steps):
-        ids, lab = trained._batch(rng, tok, BATCH)
-        loss = model(input_ids=ids, labels=lab).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % 200 == 0 or step == steps - 1:
-            log(f"step {step} loss {loss.item():.4f}")
-    return model.eval()
+    return trained.train(model, steps, BATCH, log, seed=SEED)
 
 
 def build_trained_llama_draft(out: Path) -> None:
