@@ -125,7 +125,7 @@ def test_pytest_front_end_collects_cells_from_case_files(tmp_path):
     """`pytest cases/ -k ...` runs cells as test items through the same harness (a refusal cell: fast)."""
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "cases/", "-k", "ct-llama and fp8_e5m2", "-p", "no:cacheprovider", "-q",
-         "--run-id", f"pytest-front-{os.getpid()}"], cwd=REPO, capture_output=True, text=True, timeout=600,
+         "--kvmatrix-run-id", f"pytest-front-{os.getpid()}"], cwd=REPO, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout and "deselected" in done.stdout
