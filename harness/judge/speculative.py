@@ -25,11 +25,10 @@ Only a cell that otherwise passes is turned into a failure; its figures are kept
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from kvmatrix.harness.judge.differential import compare_tokens
-from kvmatrix.harness.judge.teacher_forced import MIN_TYPICAL, TRIMMED, distance, non_finite_positions
+from kvmatrix.harness.judge.teacher_forced import MIN_TYPICAL, distance, non_finite_positions, typical
 from kvmatrix.harness.record.files import RunDir, read_json, run_mode
 from kvmatrix.harness.record.model import JudgedRecord, OutcomeRecord, RuleResult, SpeculativeComparison, Verdict
 from kvmatrix.matrix.conditions import when_matches
@@ -142,8 +141,7 @@ def shared_context(record: OutcomeRecord, twin: JudgedRecord) -> dict[str, Any]:
         parted = next((p for p, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
         end = min(len(mine[s]), len(theirs[s]), len(a) if parted is None else parted + 1)
         distances += [distance(theirs[s][p], mine[s][p]) for p in range(end) if mine[s][p] and theirs[s][p]]
-    kept = sorted(distances)[:max(1, math.ceil(len(distances) * (1 - TRIMMED)))]
-    return {"positions": len(distances), "typical": round(sum(kept) / len(kept), 6) if distances else 0.0,
+    return {"positions": len(distances), "typical": typical(distances),
             "worst": round(max(distances, default=0.0), 5), "non_finite": len(non_finite_positions(mine))}
 
 

@@ -77,6 +77,12 @@ def distance(reference: dict[str, float], forced: dict[str, float]) -> float:
     return 0.5 * total
 
 
+def typical(distances: list[float]) -> float:
+    """The mean distance without the worst TRIMMED share of the positions (0.0 for none)."""
+    kept = sorted(distances)[:max(1, math.ceil(len(distances) * (1 - TRIMMED)))]
+    return round(sum(kept) / len(kept), 6) if distances else 0.0
+
+
 def _finite(position: dict[str, float]) -> bool:
     return bool(position) and all(math.isfinite(v) for v in position.values())
 
@@ -108,11 +114,10 @@ def summarize(tokens: list[list[int]], reference: list[list[dict[str, float]]],
             if lead > tie_tolerance:
                 flips.append([s, p, round(lead, 3)])
     n = len(distances)
-    kept = sorted(distances)[:max(1, math.ceil(n * (1 - TRIMMED)))]
     return {
         "positions": n,
         "worst": round(max(distances, default=0.0), 5), "worst_at": worst_at,
-        "typical": round(sum(kept) / len(kept), 6) if n else 0.0,
+        "typical": typical(distances),
         "mean": round(sum(distances) / n, 6) if n else 0.0,
         "median": round(statistics.median(distances), 6) if n else 0.0,
         "logprob_delta_worst": round(max(deltas, default=0.0), 5),
