@@ -169,16 +169,6 @@ CODE_OR_FILES_IN_ENV = [
 ]
 
 
-@pytest.mark.parametrize(("name", "value"), CODE_OR_FILES_IN_ENV)
-@pytest.mark.parametrize("with_vllm", [True, False], ids=["installed-vllm", "no-vllm"])
-def test_a_case_env_loads_no_code_or_file(tmp_path, name, value, with_vllm):
-    path = tmp_path / "evil.yaml"
-    path.write_text(yaml.safe_dump({"model": "llama", "env": {name: value}}))
-    with pytest.raises(CaseError) as caught:
-        load_case(path, installed_vocabulary() if with_vllm else None)
-    assert (caught.value.file, caught.value.case, caught.value.field) == (str(path), "evil", f"env.{name}")
-
-
 CODE_OR_FILES_IN_ENGINE_ARGS = [
     ("model", "/tmp/other"), ("tokenizer", "/tmp/other"), ("trust_remote_code", True), ("download_dir", "/tmp"),
     ("hf_config_path", "/tmp"), ("revision", "main"), ("code_revision", "main"), ("tokenizer_mode", "custom"),
@@ -194,14 +184,19 @@ CODE_OR_FILES_IN_ENGINE_ARGS = [
 ]
 
 
-@pytest.mark.parametrize(("name", "value"), CODE_OR_FILES_IN_ENGINE_ARGS, ids=lambda x: str(x)[:30])
+CODE_OR_FILES = ([("env", name, value) for name, value in CODE_OR_FILES_IN_ENV]
+                 + [("engine_args", name, value) for name, value in CODE_OR_FILES_IN_ENGINE_ARGS])
+
+
+@pytest.mark.parametrize(("field", "name", "value"), CODE_OR_FILES, ids=lambda x: str(x)[:30])
 @pytest.mark.parametrize("with_vllm", [True, False], ids=["installed-vllm", "no-vllm"])
-def test_case_engine_args_name_no_model_remote_code_or_path(tmp_path, name, value, with_vllm):
+def test_a_case_names_no_model_remote_code_path_or_code_loading_switch(tmp_path, field, name, value, with_vllm):
+    """`env:` loads no code or file, `engine_args` names no model, remote code or path."""
     path = tmp_path / "evil.yaml"
-    path.write_text(yaml.safe_dump({"model": "llama", "engine_args": {name: value}}))
+    path.write_text(yaml.safe_dump({"model": "llama", field: {name: value}}))
     with pytest.raises(CaseError) as caught:
         load_case(path, installed_vocabulary() if with_vllm else None)
-    assert (caught.value.file, caught.value.case, caught.value.field) == (str(path), "evil", f"engine_args.{name}")
+    assert (caught.value.file, caught.value.case, caught.value.field) == (str(path), "evil", f"{field}.{name}")
 
 
 def test_what_a_case_may_set_names_no_path_library_plugin_or_config():
