@@ -31,7 +31,7 @@ COMMANDS: dict[str, CommandInfo] = {
                         "what changed since each GPU class's previous run, or since a named run"),
     "pipeline": CommandInfo("kvmatrix.harness.cli.pipeline",
                             "write the Buildkite and GitHub Actions files from the pool and cases"),
-    "bisect": CommandInfo("kvmatrix.harness.bisect.command",
+    "bisect": CommandInfo("kvmatrix.harness.cli.bisect",
                           "find the vLLM release or commit that changed a cell's verdict"),
     "pr": CommandInfo("kvmatrix.harness.pr.command",
                       "run the cells a vLLM change touches at its base and head, and diff them"),
