@@ -33,7 +33,7 @@ COMMANDS: dict[str, CommandInfo] = {
                             "write the Buildkite and GitHub Actions files from the pool and cases"),
     "bisect": CommandInfo("kvmatrix.harness.cli.bisect",
                           "find the vLLM release or commit that changed a cell's verdict"),
-    "pr": CommandInfo("kvmatrix.harness.pr.command",
+    "pr": CommandInfo("kvmatrix.harness.cli.pr",
                       "run the cells a vLLM change touches at its base and head, and diff them"),
     "surface": CommandInfo("kvmatrix.harness.surface.command",
                            "what the installed vLLM declares each attention backend supports, per class"),
