@@ -35,7 +35,7 @@ COMMANDS: dict[str, CommandInfo] = {
                           "find the vLLM release or commit that changed a cell's verdict"),
     "pr": CommandInfo("kvmatrix.harness.cli.pr",
                       "run the cells a vLLM change touches at its base and head, and diff them"),
-    "surface": CommandInfo("kvmatrix.harness.surface.command",
+    "surface": CommandInfo("kvmatrix.harness.cli.surface",
                            "what the installed vLLM declares each attention backend supports, per class"),
     "audit": CommandInfo("kvmatrix.harness.audit",
                          "list every FAIL / ERROR of run folders that no case or waiver explains"),
