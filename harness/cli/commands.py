@@ -39,7 +39,7 @@ COMMANDS: dict[str, CommandInfo] = {
                            "what the installed vLLM declares each attention backend supports, per class"),
     "audit": CommandInfo("kvmatrix.harness.audit",
                          "list every FAIL / ERROR of run folders that no case or waiver explains"),
-    "repro": CommandInfo("kvmatrix.harness.repro.command",
+    "repro": CommandInfo("kvmatrix.harness.cli.repro",
                          "write a standalone Python script (vLLM and torch only) reproducing a cell"),
     "qualify": CommandInfo("kvmatrix.harness.cli.qualify",
                            "a new vLLM release against the last: the matrix on both, changes bisected, findings "
