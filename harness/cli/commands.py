@@ -37,7 +37,7 @@ COMMANDS: dict[str, CommandInfo] = {
                       "run the cells a vLLM change touches at its base and head, and diff them"),
     "surface": CommandInfo("kvmatrix.harness.cli.surface",
                            "what the installed vLLM declares each attention backend supports, per class"),
-    "audit": CommandInfo("kvmatrix.harness.audit",
+    "audit": CommandInfo("kvmatrix.harness.cli.audit",
                          "list every FAIL / ERROR of run folders that no case or waiver explains"),
     "repro": CommandInfo("kvmatrix.harness.cli.repro",
                          "write a standalone Python script (vLLM and torch only) reproducing a cell"),
