@@ -1,10 +1,13 @@
-"""Axes → cells: cross product, exclude, include, stable ids, GPU classes; conditions as terms/ranges/globs."""
+"""Axes → cells: cross product, exclude, extra points, stable ids, GPU classes; conditions as terms/ranges/globs."""
 
 from __future__ import annotations
+
+import pytest
 
 from kvmatrix.matrix.conditions import gpu_matches, matches, when_matches
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import load_case, load_models, load_pool
+from kvmatrix.matrix.spelling import OldSpelling
 from tests.conftest import write_case
 
 
@@ -14,25 +17,38 @@ def cells_of(cases_dir, data):
     return expand_case(load_case(path), load_models(cases_dir), load_pool(cases_dir), str(path))
 
 
-def test_cross_product_exclude_include_and_ids(cases_dir):
-    cells = cells_of(cases_dir, {
-        "model": "llama",
-        "matrix": {
-            "kv_cache_dtype": ["auto", "fp8"],
-            "kv_cache_dtype_skip_layers": [[], ["0", "3"]],
-            "exclude": [{"kv_cache_dtype": "auto", "kv_cache_dtype_skip_layers": ["0", "3"]}],
-            "include": [{"kv_cache_dtype": "bfloat16", "speculative": "llama-dflash"}],
-        },
-    })
-    assert [c.cell_id for c in cells] == [
-        "c[kv=auto,skip=-,spec=-]",
-        "c[kv=fp8,skip=-,spec=-]",
-        "c[kv=fp8,skip=0+3,spec=-]",
-        "c[kv=bfloat16,skip=-,spec=llama-dflash]",
-        "c[kv=bfloat16,skip=-,spec=-]",  # the draft cell's no-draft twin (greedy equality), added
-    ]
+MATRIX_WITH_EXTRA = {
+    "model": "llama",
+    "matrix": {
+        "kv_cache_dtype": ["auto", "fp8"],
+        "kv_cache_dtype_skip_layers": [[], ["0", "3"]],
+        "exclude": [{"kv_cache_dtype": "auto", "kv_cache_dtype_skip_layers": ["0", "3"]}],
+        "extra": [{"kv_cache_dtype": "bfloat16", "speculative": "llama-dflash"}],
+    },
+}
+CELL_IDS_WITH_EXTRA = [
+    "c[kv=auto,skip=-,spec=-]",
+    "c[kv=fp8,skip=-,spec=-]",
+    "c[kv=fp8,skip=0+3,spec=-]",
+    "c[kv=bfloat16,skip=-,spec=llama-dflash]",
+    "c[kv=bfloat16,skip=-,spec=-]",  # the draft cell's no-draft twin (greedy equality), added
+]
+
+
+def test_cross_product_exclude_extra_and_ids(cases_dir):
+    cells = cells_of(cases_dir, MATRIX_WITH_EXTRA)
+    assert [c.cell_id for c in cells] == CELL_IDS_WITH_EXTRA
     assert cells[2].axes["kv_cache_dtype_skip_layers"] == ["0", "3"]
     assert cells[3].axes["kv_cache_dtype_skip_layers"] == []
+
+
+def test_the_old_spelling_of_extra_points_expands_to_the_same_cells(cases_dir):
+    matrix = dict(MATRIX_WITH_EXTRA["matrix"])
+    old = {**MATRIX_WITH_EXTRA, "matrix": {**{k: v for k, v in matrix.items() if k != "extra"},
+                                           "include": matrix["extra"]}}
+    with pytest.warns(OldSpelling, match="field 'matrix.include': renamed matrix.extra"):
+        cells = cells_of(cases_dir, old)
+    assert [c.cell_id for c in cells] == CELL_IDS_WITH_EXTRA
 
 
 def test_backend_shown_in_ids_only_when_the_case_sets_one(cases_dir):
