@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
+import tarfile
+
 import pytest
+import yaml
 
 from kvmatrix.matrix.conditions import gpu_matches, matches, when_matches
-from kvmatrix.matrix.expand import expand_case
-from kvmatrix.matrix.load import load_case, load_models, load_pool
+from kvmatrix.matrix.expand import expand_all, expand_case
+from kvmatrix.matrix.load import case_files, load_case, load_cases, load_models, load_pool
 from kvmatrix.matrix.spelling import OldSpelling
-from tests.conftest import write_case
+from tests.conftest import FIXTURES, write_case
 
 
 def cells_of(cases_dir, data):
@@ -115,3 +119,29 @@ def test_expansion_grows_linearly_with_the_cells(cases_dir, monkeypatch):
     (few, few_calls), (many, many_calls) = sorted(work.items())
     assert many >= 3.9 * few
     assert many_calls <= 4.5 * few_calls, work
+
+
+def test_frozen_cases_in_the_old_spelling_expand_as_when_rewritten(tmp_path):
+    """tests/fixtures/judged-cpu/cases.tar.gz was frozen with `matrix.include`: it loads (warned of) and expands to
+    exactly the cells of the same files with `matrix.extra`."""
+    with tarfile.open(FIXTURES / "judged-cpu" / "cases.tar.gz") as tar:
+        tar.extractall(tmp_path / "old", filter="data")
+    old = tmp_path / "old" / "cases"
+    new = tmp_path / "new"
+    shutil.copytree(old, new)
+    rewritten = []
+    for path in new.glob("*.yaml"):
+        data = yaml.safe_load(path.read_text())
+        if isinstance(data, dict) and "include" in (data.get("matrix") or {}):
+            data["matrix"]["extra"] = data["matrix"].pop("include")
+            path.write_text(yaml.safe_dump(data, sort_keys=False))
+            rewritten.append(path.stem)
+    assert rewritten, "the frozen cases still hold the old spelling"
+
+    def cell_ids(folder):
+        models, pool = load_models(folder), load_pool(folder)
+        return [c.cell_id for c in expand_all(load_cases(case_files(folder)), models, pool)]
+
+    with pytest.warns(OldSpelling, match="field 'matrix.include'"):
+        before = cell_ids(old)
+    assert before == cell_ids(new) and len(before) > 100
