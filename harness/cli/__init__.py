@@ -60,6 +60,9 @@ def _terminated(signum: int, frame: object) -> None:
     raise Terminated
 
 
+_python_show_warning = warnings.showwarning
+
+
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: TextIO | None = None, line: str | None = None) -> None:
     """A case file's old spelling said as the command's own line (Python's own format adds a line of our source)."""
@@ -67,9 +70,6 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
         print(f"kvmatrix: warning: {message}", file=file or sys.stderr)
     else:
         _python_show_warning(message, category, filename, lineno, file, line)
-
-
-_python_show_warning = warnings.showwarning
 
 
 def _run(args: argparse.Namespace) -> int:
