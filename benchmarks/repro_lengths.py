@@ -77,7 +77,11 @@ def measure(checkout: Path, pairs: list[dict], cache: Path) -> dict[str, dict]:
     import io
 
     from kvmatrix.harness.record.task import Task
-    from kvmatrix.harness.repro import command
+
+    try:  # where `kvmatrix repro`'s logic lives since its arguments moved to harness/cli/repro.py
+        from kvmatrix.harness.repro import cell_script as command
+    except ImportError:  # a commit before that
+        from kvmatrix.harness.repro import command
 
     out = {}
     for pair in pairs:
@@ -94,8 +98,11 @@ def measure(checkout: Path, pairs: list[dict], cache: Path) -> dict[str, dict]:
 
 
 def script_text(command, task, models, cache: Path, native: str, pair: dict, checkout: Path) -> str:
-    """The script `kvmatrix repro` writes: its `write` (head; `--run`'s record, or the registry's observation) or,
-    at a base before it, the full script."""
+    """The script `kvmatrix repro` writes: its `script_for` (or `write`, at a commit before the CLI's arguments left
+    harness/repro/; `--run`'s record, or the registry's observation) or, at a base before either, the full script."""
+    if hasattr(command, "script_for"):
+        request = command.ScriptRequest(cache, "repro.py", observe=pair.get("observe"), weights=pair.get("weights"))
+        return command.script_for(task, models, request, pair.get("record"), native, checkout / pair["cases"])[0]
     if hasattr(command, "write"):
         args = argparse.Namespace(full=False, hub=False, cache_dir=str(cache), observe=pair.get("observe"),
                                   weights=pair.get("weights"), finding=None, out="repro.py")

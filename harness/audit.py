@@ -4,12 +4,11 @@ A run's records are judged again under the current case files, signature table a
 FAIL or ERROR that neither a case (`crash:` / `refuse:`) nor a waiver explains is listed: either a vLLM bug to
 report (then waive it with its link) or a false alarm of ours (a platform's clear refusal, a renamed attribute,
 a harness bug) to fix. `--run` first runs the matrix for every class this machine can run or emulate.
-The target is an empty list; the exit status is 1 otherwise.
+The target is an empty list. Its arguments, and its exit status (1 otherwise), are harness/cli/audit.py's.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassify
 from kvmatrix.harness.judge.waivers import waive
-from kvmatrix.harness.record.files import RUNS_DIR, RunDir
+from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.parts import FAILING_VERDICTS, VERDICTS
 from kvmatrix.harness.record.paths import CELL_CWD
@@ -27,7 +26,7 @@ from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.session import session_waivers, this_device
 from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES, installed_vllm_version
 from kvmatrix.matrix.expand import expand_all
-from kvmatrix.matrix.load import CASES_DIR, case_files, load_cases, load_models, load_pool
+from kvmatrix.matrix.load import case_files, load_cases, load_models, load_pool
 from kvmatrix.matrix.machine import PoolError, resolve
 
 
@@ -115,32 +114,3 @@ def render(pairs_by_run: dict[str, list[tuple[JudgedRecord, JudgedRecord]]]) -> 
 def _listed(found: list[tuple[str, JudgedRecord]]) -> list[str]:
     return [f"- **{n['verdict'].upper()}** `{n['cell_id']}` @{n.get('gpu_class')} ({run}): {n.get('reason')}"
             for run, n in found]
-
-
-def cmd_audit(args: argparse.Namespace) -> int:
-    cases_dir, runs_dir = Path(args.cases_dir), Path(args.runs_dir)
-    folders = [Path(f) for f in args.run_dirs]
-    if args.run:
-        classes = args.gpu or runnable_classes(cases_dir)
-        folders += run_classes(classes, runs_dir, (["--probe-only"] if args.probe_only else []))
-    if not folders:
-        raise PoolError("name run folders to audit, or --run to run every class this machine can run or emulate")
-    pairs_by_run = {folder.name: rejudged(RunDir(folder), cases_dir) for folder in folders}
-    text, unexplained = render(pairs_by_run)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
-    return 1 if unexplained else 0
-
-
-def add_arguments(audit: argparse.ArgumentParser) -> None:
-    """`kvmatrix audit`'s arguments (harness/cli/commands.py lists the command)."""
-    audit.add_argument("run_dirs", nargs="*", help="run folders to audit (judged again under the current cases)")
-    audit.add_argument("--run", action="store_true",
-                       help="first run the matrix for this machine's class and every class it can emulate")
-    audit.add_argument("--gpu", action="append", help="with --run: only these classes; repeatable")
-    audit.add_argument("--probe-only", action="store_true", help="with --run: probe-only cells")
-    audit.add_argument("--cases-dir", default=str(CASES_DIR))
-    audit.add_argument("--runs-dir", default=str(RUNS_DIR))
-    audit.add_argument("--out", help="also write the Markdown audit to this file")
-    audit.set_defaults(func=cmd_audit)

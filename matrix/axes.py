@@ -1,5 +1,5 @@
 """The matrix's axes: their names, defaults and short names in cell ids, and the parts of a case's `matrix:`
-block (the values of each axis, and the `include:` / `exclude:` combinations)."""
+block (the values of each axis, and the `extra:` / `exclude:` combinations)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ AXIS_ID_NAMES = {
 
 
 class Combination(Strict):
-    """One `include:` / `exclude:` entry: values for some axes."""
+    """One `extra:` / `exclude:` entry: values for some axes."""
 
     kv_cache_dtype: str | None = None
     kv_cache_dtype_skip_layers: list[str] | None = None
@@ -125,5 +125,7 @@ class MatrixAxes(Strict):
         default_factory=lambda: ["default"], min_length=1)
     workload: list[Literal[WORKLOAD_VALUES]] = Field(  # type: ignore[valid-type]
         default_factory=lambda: ["plain"], min_length=1)
-    include: list[Combination] = Field(default_factory=list)
+    # Points added to the cross product (each one cell, the axes it leaves out at their defaults), as a CI
+    # matrix's include; named `extra` because a case file's top-level `include:` pulls in shared blocks.
+    extra: list[Combination] = Field(default_factory=list)
     exclude: list[Combination] = Field(default_factory=list)

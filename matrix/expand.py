@@ -1,5 +1,5 @@
-"""Expanding cases into cells: the cross product of a case's axes, minus `exclude:`, plus `include:` (the CI
-matrix idea), each cell with a stable, readable id and the GPU classes of the pool it applies to."""
+"""Expanding cases into cells: the cross product of a case's axes, minus `exclude:`, plus `extra:` (a CI
+matrix's include), each cell with a stable, readable id and the GPU classes of the pool it applies to."""
 
 from __future__ import annotations
 
@@ -93,15 +93,15 @@ class Cell:
 
 
 def _check_drafts(case: Case, models: dict[str, ModelEntry], source: str) -> None:
-    for i, draft in enumerate(case.matrix.speculative + [c.speculative for c in case.matrix.include]):
+    for i, draft in enumerate(case.matrix.speculative + [c.speculative for c in case.matrix.extra]):
         if draft is not None and (draft not in models or models[draft].draft is None):
-            field_name = "matrix.speculative" if i < len(case.matrix.speculative) else "matrix.include"
+            field_name = "matrix.speculative" if i < len(case.matrix.speculative) else "matrix.extra"
             drafts = [name for name, entry in models.items() if entry.draft is not None]
             raise CaseError(source, case.name, field_name, f"{draft!r} is not a draft model in the registry"
                             f"{did_you_mean(draft, drafts)}; drafts: {one_of(drafts)}")
-    for i, inc in enumerate(case.matrix.include):
-        if not inc.speculative and any(getattr(inc, a) for a in DRAFT_AXES):
-            raise CaseError(source, case.name, f"matrix.include.{i}", "sets a draft option without a draft "
+    for i, point in enumerate(case.matrix.extra):
+        if not point.speculative and any(getattr(point, a) for a in DRAFT_AXES):
+            raise CaseError(source, case.name, f"matrix.extra.{i}", "sets a draft option without a draft "
                             "(speculative)")
 
 
@@ -128,10 +128,10 @@ MAX_CELLS = 20_000
 
 
 def matrix_size(case: Case) -> int:
-    """The cells a case's matrix can expand to, counted without expanding it: its cross product and includes
+    """The cells a case's matrix can expand to, counted without expanding it: its cross product and extra points
     (excludes only remove cells; the oracles a differential rule adds at most double them)."""
     m = case.matrix
-    return math.prod(len(getattr(m, a)) for a in AXES) + len(m.include)
+    return math.prod(len(getattr(m, a)) for a in AXES) + len(m.extra)
 
 
 def check_size(case: Case, source: str, max_cells: int | None) -> None:
@@ -155,8 +155,8 @@ def combinations(case: Case) -> list[dict[str, Any]]:
         and (combo["speculative"] or not any(combo[a] for a in DRAFT_AXES))  # draft options need a draft
     ]
     seen = {_key(combo) for combo in kept}
-    for inc in m.include:
-        combo = {**AXIS_DEFAULTS, **inc.given()}
+    for point in m.extra:
+        combo = {**AXIS_DEFAULTS, **point.given()}
         if _key(combo) not in seen:
             seen.add(_key(combo))
             kept.append(combo)

@@ -28,6 +28,7 @@ from kvmatrix.matrix.schema import (
     case_env_problem,
     wrap_validation_error,
 )
+from kvmatrix.matrix.spelling import current_spelling
 
 # The default case set: cases/ of the checkout, package data of an installed kvmatrix (wherever it was installed).
 CASES_DIR = Path(str(resources.files("kvmatrix.cases")))
@@ -109,6 +110,7 @@ def _one_line(err: yaml.YAMLError) -> str:
 
 
 def _with_includes(path: Path, data: dict, case: str, seen: tuple[Path, ...] = ()) -> dict:
+    data = current_spelling(str(path), case, data)
     includes = data.pop("include", [])
     if isinstance(includes, str):
         includes = [includes]
@@ -187,13 +189,13 @@ def _check_data_only(path: Path, case: Case) -> None:
 def _check_vocabulary(path: Path, case: Case, vocabulary: Vocabulary) -> None:
     named = [(f"matrix.kv_cache_dtype.{i}", d) for i, d in enumerate(case.matrix.kv_cache_dtype)]
     named += [
-        (f"matrix.include.{i}.kv_cache_dtype", c.kv_cache_dtype)
-        for i, c in enumerate(case.matrix.include)
+        (f"matrix.extra.{i}.kv_cache_dtype", c.kv_cache_dtype)
+        for i, c in enumerate(case.matrix.extra)
         if c.kv_cache_dtype is not None
     ]
     named += [(f"matrix.draft_kv_cache_dtype.{i}", d) for i, d in enumerate(case.matrix.draft_kv_cache_dtype) if d]
-    named += [(f"matrix.include.{i}.draft_kv_cache_dtype", c.draft_kv_cache_dtype)
-              for i, c in enumerate(case.matrix.include) if c.draft_kv_cache_dtype]
+    named += [(f"matrix.extra.{i}.draft_kv_cache_dtype", c.draft_kv_cache_dtype)
+              for i, c in enumerate(case.matrix.extra) if c.draft_kv_cache_dtype]
     for field, dtype in named:
         if vocabulary.kv_cache_dtypes and dtype not in vocabulary.kv_cache_dtypes:
             raise CaseError(str(path), case.name, field, unknown_name("kv_cache_dtype", dtype,

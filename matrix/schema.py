@@ -45,12 +45,17 @@ class CaseError(ValueError):
 
     def __init__(self, file: str, case: str | None, field: str | None, message: str):
         self.file, self.case, self.field, self.message = file, case, field, message
-        where = [f"{file}"]
-        if case:
-            where.append(f"case '{case}'")
-        if field:
-            where.append(f"field '{field}'")
-        super().__init__(f"{': '.join(where)}: {message}")
+        super().__init__(located(file, case, field, message))
+
+
+def located(file: str, case: str | None, field: str | None, message: str) -> str:
+    """A message about a data file, led by where it is: `FILE: case 'NAME': field 'a.b': message`."""
+    where = [f"{file}"]
+    if case:
+        where.append(f"case '{case}'")
+    if field:
+        where.append(f"field '{field}'")
+    return f"{': '.join(where)}: {message}"
 
 
 def validation_problems(err: ValidationError) -> list[tuple[str, str]]:

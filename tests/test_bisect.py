@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from kvmatrix.harness.bisect import command as bisect_mod
-from kvmatrix.harness.bisect.command import bisect, bisect_releases, releases_between
+from kvmatrix.harness.bisect import search as bisect_search
 from kvmatrix.harness.bisect.envs import READY, EnvBuildError, compiled_changes, sync_overlay, wheel_env
 from kvmatrix.harness.bisect.given import between, check, glob_envs, parse_env_args
 from kvmatrix.harness.bisect.report import render
+from kvmatrix.harness.bisect.search import bisect, bisect_releases, releases_between
 from kvmatrix.harness.bisect.step import Plan, Step
 from kvmatrix.harness.record.files import read_json
 from tests.bisect_history import ATTENTION, CHECKPOINT_WINS, EXPLICIT_WINS, _commit, _git, build_history, installed_vllm
@@ -50,7 +50,7 @@ def _fake_steps(monkeypatch, outcomes: dict[str, str]) -> list[str]:
         return {cell: Step(ref, outcomes[ref], verdict={"good": "pass", "bad": "fail"}.get(outcomes[ref]),
                            label=label, cell=cell) for cell in cells}
 
-    monkeypatch.setattr(bisect_mod, "run_steps", run_steps)
+    monkeypatch.setattr(bisect_search, "run_steps", run_steps)
     return ran
 
 
@@ -102,9 +102,9 @@ def test_cells_that_need_the_same_ref_share_its_step(monkeypatch, tmp_path):
         ran.append((ref, tuple(cells)))
         return {c: Step(ref, "bad" if refs.index(ref) >= changes[c] else "good", label=label, cell=c) for c in cells}
 
-    monkeypatch.setattr(bisect_mod, "run_steps", run_steps)
+    monkeypatch.setattr(bisect_search, "run_steps", run_steps)
     plan = Plan(list(changes), str(tmp_path), str(tmp_path / "cache"), "vllm", "given")
-    results = {r.cell: r for r in bisect_mod.bisect_ordered(plan, refs, "given environments")}
+    results = {r.cell: r for r in bisect_search.bisect_ordered(plan, refs, "given environments")}
     assert {c: r.first_bad for c, r in results.items()} == {"a": "r5", "b": "r5", "c": "r2"}
     assert ran[:2] == [("r0", ("a", "b", "c")), ("r8", ("a", "b", "c"))]  # both ends, every cell, one step each
     assert all(("a" in cells) == ("b" in cells) for _, cells in ran), "a and b never need separate steps"

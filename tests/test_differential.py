@@ -263,7 +263,7 @@ def test_fixture_folder_is_complete():
 
 def test_repro_script_runs_the_oracle_too(tmp_path):
     """`kvmatrix repro` of a differential cell writes both runs: the cell's engine arguments and its oracle's."""
-    from kvmatrix.harness.repro.command import find_cell
+    from kvmatrix.harness.repro.cell_script import find_cell
     from kvmatrix.harness.repro.generate import script_spec
 
     cell, models, pool = find_cell(CASES_DIR, FP8_COMPILED)

@@ -1,11 +1,18 @@
-"""Axes → cells: cross product, exclude, include, stable ids, GPU classes; conditions as terms/ranges/globs."""
+"""Axes → cells: cross product, exclude, extra points, stable ids, GPU classes; conditions as terms/ranges/globs."""
 
 from __future__ import annotations
 
+import shutil
+import tarfile
+
+import pytest
+import yaml
+
 from kvmatrix.matrix.conditions import gpu_matches, matches, when_matches
-from kvmatrix.matrix.expand import expand_case
-from kvmatrix.matrix.load import load_case, load_models, load_pool
-from tests.conftest import write_case
+from kvmatrix.matrix.expand import expand_all, expand_case
+from kvmatrix.matrix.load import case_files, load_case, load_cases, load_models, load_pool
+from kvmatrix.matrix.spelling import OldSpelling
+from tests.conftest import FIXTURES, write_case
 
 
 def cells_of(cases_dir, data):
@@ -14,25 +21,38 @@ def cells_of(cases_dir, data):
     return expand_case(load_case(path), load_models(cases_dir), load_pool(cases_dir), str(path))
 
 
-def test_cross_product_exclude_include_and_ids(cases_dir):
-    cells = cells_of(cases_dir, {
-        "model": "llama",
-        "matrix": {
-            "kv_cache_dtype": ["auto", "fp8"],
-            "kv_cache_dtype_skip_layers": [[], ["0", "3"]],
-            "exclude": [{"kv_cache_dtype": "auto", "kv_cache_dtype_skip_layers": ["0", "3"]}],
-            "include": [{"kv_cache_dtype": "bfloat16", "speculative": "llama-dflash"}],
-        },
-    })
-    assert [c.cell_id for c in cells] == [
-        "c[kv=auto,skip=-,spec=-]",
-        "c[kv=fp8,skip=-,spec=-]",
-        "c[kv=fp8,skip=0+3,spec=-]",
-        "c[kv=bfloat16,skip=-,spec=llama-dflash]",
-        "c[kv=bfloat16,skip=-,spec=-]",  # the draft cell's no-draft twin (greedy equality), added
-    ]
+MATRIX_WITH_EXTRA = {
+    "model": "llama",
+    "matrix": {
+        "kv_cache_dtype": ["auto", "fp8"],
+        "kv_cache_dtype_skip_layers": [[], ["0", "3"]],
+        "exclude": [{"kv_cache_dtype": "auto", "kv_cache_dtype_skip_layers": ["0", "3"]}],
+        "extra": [{"kv_cache_dtype": "bfloat16", "speculative": "llama-dflash"}],
+    },
+}
+CELL_IDS_WITH_EXTRA = [
+    "c[kv=auto,skip=-,spec=-]",
+    "c[kv=fp8,skip=-,spec=-]",
+    "c[kv=fp8,skip=0+3,spec=-]",
+    "c[kv=bfloat16,skip=-,spec=llama-dflash]",
+    "c[kv=bfloat16,skip=-,spec=-]",  # the draft cell's no-draft twin (greedy equality), added
+]
+
+
+def test_cross_product_exclude_extra_and_ids(cases_dir):
+    cells = cells_of(cases_dir, MATRIX_WITH_EXTRA)
+    assert [c.cell_id for c in cells] == CELL_IDS_WITH_EXTRA
     assert cells[2].axes["kv_cache_dtype_skip_layers"] == ["0", "3"]
     assert cells[3].axes["kv_cache_dtype_skip_layers"] == []
+
+
+def test_the_old_spelling_of_extra_points_expands_to_the_same_cells(cases_dir):
+    matrix = dict(MATRIX_WITH_EXTRA["matrix"])
+    old = {**MATRIX_WITH_EXTRA, "matrix": {**{k: v for k, v in matrix.items() if k != "extra"},
+                                           "include": matrix["extra"]}}
+    with pytest.warns(OldSpelling, match="field 'matrix.include': renamed matrix.extra"):
+        cells = cells_of(cases_dir, old)
+    assert [c.cell_id for c in cells] == CELL_IDS_WITH_EXTRA
 
 
 def test_backend_shown_in_ids_only_when_the_case_sets_one(cases_dir):
@@ -99,3 +119,29 @@ def test_expansion_grows_linearly_with_the_cells(cases_dir, monkeypatch):
     (few, few_calls), (many, many_calls) = sorted(work.items())
     assert many >= 3.9 * few
     assert many_calls <= 4.5 * few_calls, work
+
+
+def test_frozen_cases_in_the_old_spelling_expand_as_when_rewritten(tmp_path):
+    """tests/fixtures/judged-cpu/cases.tar.gz was frozen with `matrix.include`: it loads (warned of) and expands to
+    exactly the cells of the same files with `matrix.extra`."""
+    with tarfile.open(FIXTURES / "judged-cpu" / "cases.tar.gz") as tar:
+        tar.extractall(tmp_path / "old", filter="data")
+    old = tmp_path / "old" / "cases"
+    new = tmp_path / "new"
+    shutil.copytree(old, new)
+    rewritten = []
+    for path in new.glob("*.yaml"):
+        data = yaml.safe_load(path.read_text())
+        if isinstance(data, dict) and "include" in (data.get("matrix") or {}):
+            data["matrix"]["extra"] = data["matrix"].pop("include")
+            path.write_text(yaml.safe_dump(data, sort_keys=False))
+            rewritten.append(path.stem)
+    assert rewritten, "the frozen cases still hold the old spelling"
+
+    def cell_ids(folder):
+        models, pool = load_models(folder), load_pool(folder)
+        return [c.cell_id for c in expand_all(load_cases(case_files(folder)), models, pool)]
+
+    with pytest.warns(OldSpelling, match="field 'matrix.include'"):
+        before = cell_ids(old)
+    assert before == cell_ids(new) and len(before) > 100

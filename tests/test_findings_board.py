@@ -34,7 +34,7 @@ def test_the_committed_board_is_what_the_registry_and_the_status_say():
 
 
 def test_every_entry_of_the_page_is_on_the_board_and_every_script_names_a_cell():
-    from kvmatrix.harness.repro.command import find_cell
+    from kvmatrix.harness.repro.cell_script import find_cell
     from kvmatrix.matrix.load import CASES_DIR
 
     findings = load_registry()

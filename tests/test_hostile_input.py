@@ -22,7 +22,8 @@ MODELS, POOL = load_models(), load_pool()
 VLLM = Vocabulary(frozenset({"auto", "bfloat16", "fp8"}), frozenset({"max_model_len", "seed", "dtype"}))
 KEYS = ["model", "description", "gpus", "matrix", "engine_args", "generate", "timeout_s", "retries", "skip",
         "expect", "include", "name", "kv_cache_dtype", "when", "layers", "crash", "refuse", "select", "signature",
-        "page_size_ratio", "of", "to", "equals", "builders", "groups", "exclude", "speculative", "../x", "!!"]
+        "page_size_ratio", "of", "to", "equals", "builders", "groups", "exclude", "extra", "speculative", "../x",
+        "!!"]
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**12), st.floats(allow_nan=True),
                     st.sampled_from(["llama", "fp8", "auto", "*", ">=9.0", "<nine", "cpu", "skipped", "[", "../..",
                                      "llama-dflash", "FLASHINFER", ""]),

@@ -11,7 +11,7 @@ import pytest
 
 from kvmatrix.harness.bisect.step import Step
 from kvmatrix.harness.cli import main
-from kvmatrix.harness.pr import command as pr_command
+from kvmatrix.harness.pr import base_head
 from kvmatrix.harness.pr.select import file_module, load_records, select
 from kvmatrix.harness.vllm_compat import traceback_modules
 from tests.bisect_history import _commit, _git, build_history
@@ -59,7 +59,7 @@ def _names(records: list[dict], backend: str, source: str) -> set[str]:
 
 def test_a_backend_change_selects_only_the_cells_whose_records_name_it(history):
     repo, commits = history
-    files, selection = pr_command.selection_for(repo, commits["base"], commits["cpu_attn"], CPU)
+    files, selection = base_head.selection_for(repo, commits["base"], commits["cpu_attn"], CPU)
     assert files == ["docs/README.md", f"{BACKENDS}/cpu_attn.py"]
     records = load_records(CPU)
     expected = _names(records, "CPU_ATTN", f"{BACKENDS}/cpu_attn.py")
@@ -74,7 +74,7 @@ def test_a_backend_change_selects_only_the_cells_whose_records_name_it(history):
 
 def test_on_h200_records_a_flashinfer_change_selects_flashinfer_cells(history):
     repo, commits = history
-    _, selection = pr_command.selection_for(repo, commits["base"], commits["flashinfer"], H200)
+    _, selection = base_head.selection_for(repo, commits["base"], commits["flashinfer"], H200)
     assert set(selection.cells) == _names(load_records(H200), "FLASHINFER", f"{BACKENDS}/flashinfer.py")
     assert "flashinfer-qdtype[kv=fp8,skip=-,spec=-,attn=FLASHINFER]" in selection.cells
     assert "deepseek-mla[kv=fp8,skip=0,spec=-]" not in selection.cells
@@ -84,7 +84,7 @@ def test_on_h200_records_a_flashinfer_change_selects_flashinfer_cells(history):
 
 def test_a_config_change_selects_every_cell_with_the_reason(history):
     repo, commits = history
-    _, selection = pr_command.selection_for(repo, commits["base"], commits["config"], CPU)
+    _, selection = base_head.selection_for(repo, commits["base"], commits["config"], CPU)
     assert set(selection.cells) == {r["cell_id"] for r in load_records(CPU)}
     (why,) = selection.cells["deepseek_v2-auto"]
     assert why.path == "vllm/config/cache.py" and "every cell depends on" in why.because
@@ -147,7 +147,7 @@ def test_both_sides_run_as_steps_and_a_new_failure_exits_1(history, tmp_path, mo
                 if cell == "llama-auto" else Step(ref, "skip", reason="not this one", label=label, cell=cell)
                 for cell in cells}
 
-    monkeypatch.setattr(pr_command, "run_steps", run_steps)
+    monkeypatch.setattr(base_head, "run_steps", run_steps)
     code = main(["pr", "--repo", str(repo), "--base", commits["base"], "--patch", str(patch),
                  "--records", str(CPU), "--folder", str(tmp_path / "pr")])
     out = capsys.readouterr().out
@@ -180,7 +180,7 @@ def test_records_may_come_from_the_history_database(tmp_path):
     db = history.open_db(db_path)
     history.import_run(db, H200)
     latest = [r for r in load_records(H200) if r.get("run_id") == history.latest_run(db)]
-    from_db = pr_command.records_from(db_path)  # the latest run's records, every class of it
+    from_db = base_head.records_from(db_path)  # the latest run's records, every class of it
     assert sorted((r["gpu_class"], r["cell_id"]) for r in from_db) == sorted(
         (r["gpu_class"], r["cell_id"]) for r in latest)
     flashinfer = f"{BACKENDS}/flashinfer.py"

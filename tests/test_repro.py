@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.repro.command import find_cell
+from kvmatrix.harness.repro.cell_script import find_cell
 from kvmatrix.harness.repro.generate import ReproError, expectations, model_spec, render, script_spec
 from kvmatrix.matrix.load import CASES_DIR
 from tests.conftest import CPU_CLASS, FP8_KV_CPU_CLASSES
@@ -127,17 +127,15 @@ def test_layer_fields_the_probe_reads_are_encoded_and_a_trained_model_is_refused
 
 
 def test_the_class_comes_from_gpu_else_the_runs_record(tmp_path):
-    import argparse
-
     from kvmatrix.harness.record.files import RunDir
-    from kvmatrix.harness.repro.command import gpu_class_of
+    from kvmatrix.harness.repro.cell_script import gpu_class_of
 
     RunDir(tmp_path).write({"cell_id": BF16_CELL, "case": "ct-llama", "gpu_class": "cpu-avx2", "status": "ok",
                             "verdict": "pass", "reason": "", "expectations": []})
-    assert gpu_class_of(argparse.Namespace(gpu=None, run=str(tmp_path)), BF16_CELL, {}) == "cpu-avx2"
-    assert gpu_class_of(argparse.Namespace(gpu="H100", run=str(tmp_path)), BF16_CELL, {}) == "H100"
+    assert gpu_class_of(None, str(tmp_path), BF16_CELL, {}) == "cpu-avx2"
+    assert gpu_class_of("H100", str(tmp_path), BF16_CELL, {}) == "H100"
     with pytest.raises(ReproError, match="0 records"):
-        gpu_class_of(argparse.Namespace(gpu=None, run=str(tmp_path)), "llama-skip[kv=auto,skip=-,spec=-]", {})
+        gpu_class_of(None, str(tmp_path), "llama-skip[kv=auto,skip=-,spec=-]", {})
 
 
 H200_GRAPHS_RUNS = REPO / "tests" / "fixtures" / "runs" / "h200-graphs-vllm-0.33.0-2026-12-02.tar.xz"

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from kvmatrix.matrix import spelling
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import load_case, load_cases, load_models, load_pool
 from kvmatrix.matrix.schema import CaseError, Vocabulary
+from kvmatrix.matrix.spelling import OldSpelling
 from tests.conftest import write_case
 
 VLLM = Vocabulary(frozenset({"auto", "bfloat16", "fp8", "fp8_e5m2"}), frozenset({"max_model_len", "seed"}))
@@ -34,8 +38,8 @@ def error_of(path, **kw) -> CaseError:
         ({"model": "llama", "expect": [{"layers": {"kv_dtype": "fp8"}}]}, "expect.0", "unknown field(s) ['kv_dtype']"),
         ({"model": "llama", "expect": [{"when": {"gpu": {"compute_capability": ">=nine"}}, "crash": False}]},
          "expect.0.when", "invalid range"),
-        ({"model": "llama", "matrix": {"include": [{"kv_cache_dtype": "fp8", "speed": 1}]}},
-         "matrix.include.0.speed", "unknown field 'speed'"),
+        ({"model": "llama", "matrix": {"extra": [{"kv_cache_dtype": "fp8", "speed": 1}]}},
+         "matrix.extra.0.speed", "unknown field 'speed'"),
     ],
 )
 def test_bad_fields_are_named(cases_dir, data, field, words):
@@ -79,6 +83,54 @@ def test_include_merges_shared_blocks_and_own_keys_win(cases_dir):
 def test_include_cannot_leave_the_folder(cases_dir):
     err = error_of(write_case(cases_dir, "escape", {"include": ["../secret.yaml"], "model": "llama"}))
     assert err.field == "include"
+
+
+# `matrix.include` (extra matrix points) is `matrix.extra` now: `include:` means only the shared blocks.
+OLD_EXTRA = {"model": "llama", "matrix": {"kv_cache_dtype": ["auto"], "include": [{"kv_cache_dtype": "fp8"}]}}
+
+
+def test_the_old_spelling_of_extra_points_loads_with_a_warning_naming_where(cases_dir):
+    path = write_case(cases_dir, "old", OLD_EXTRA)
+    with pytest.warns(OldSpelling) as said:
+        case = load_case(path)
+    assert [c.kv_cache_dtype for c in case.matrix.extra] == ["fp8"]
+    assert [str(w.message) for w in said] == [
+        f"{path}: case 'old': field 'matrix.include': renamed matrix.extra (the extra matrix points, beside "
+        "matrix.exclude; a top-level include: pulls in shared blocks); write matrix.extra. The old spelling is "
+        f"accepted up to kvmatrix {spelling.EXTRA_POINTS.last_release} and refused after it"]
+
+
+def test_the_old_spelling_in_a_shared_block_names_the_block(cases_dir):
+    block = write_case(cases_dir, "_points", {"matrix": OLD_EXTRA["matrix"]})
+    with pytest.warns(OldSpelling, match=rf"^{block}: case 'user': field 'matrix.include': renamed matrix.extra"):
+        load_case(write_case(cases_dir, "user", {"include": ["_points.yaml"], "model": "llama"}))
+
+
+def test_the_old_spelling_is_refused_once_its_last_release_is_out(cases_dir, monkeypatch):
+    monkeypatch.setattr(spelling, "RENAMED", (replace(spelling.EXTRA_POINTS, accepted=False),))
+    path = write_case(cases_dir, "old", OLD_EXTRA)
+    err = error_of(path)
+    assert (err.file, err.case, err.field) == (str(path), "old", "matrix.include")
+    assert str(err) == (
+        f"{path}: case 'old': field 'matrix.include': renamed matrix.extra (the extra matrix points, beside "
+        "matrix.exclude; a top-level include: pulls in shared blocks); write matrix.extra. The old spelling was "
+        f"refused after kvmatrix {spelling.EXTRA_POINTS.last_release}")
+
+
+def test_both_spellings_at_once_are_refused(cases_dir):
+    both = {**OLD_EXTRA, "matrix": {**OLD_EXTRA["matrix"], "extra": [{"kv_cache_dtype": "bfloat16"}]}}
+    err = error_of(write_case(cases_dir, "both", both))
+    assert err.field == "matrix.include" and "given beside matrix.extra, its new spelling" in err.message
+
+
+def test_the_command_says_the_old_spelling_as_its_own_warning(cases_dir, capsys):
+    from kvmatrix.harness.cli import main
+
+    path = write_case(cases_dir, "old", {**OLD_EXTRA, "gpus": ["*"]})
+    assert main(["list", "--cases-dir", str(cases_dir), "--case", "old"]) == 0
+    captured = capsys.readouterr()
+    assert f"kvmatrix: warning: {path}: case 'old': field 'matrix.include': renamed matrix.extra" in captured.err
+    assert "old[kv=fp8,skip=-,spec=-]" in captured.out
 
 
 def test_cross_references_are_checked_at_expansion(cases_dir):

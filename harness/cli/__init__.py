@@ -11,6 +11,8 @@ import importlib
 import signal
 import sys
 import threading
+import warnings
+from typing import TextIO
 
 from kvmatrix.harness.cli.commands import COMMANDS
 from kvmatrix.harness.cli.exit_codes import INTERRUPTED, TERMINATED, USAGE
@@ -23,6 +25,7 @@ from kvmatrix.harness.run.canary import EnvironmentBroken
 from kvmatrix.harness.run.guards import GuardError
 from kvmatrix.matrix.machine import PoolError
 from kvmatrix.matrix.schema import CaseError
+from kvmatrix.matrix.spelling import OldSpelling
 
 # What `kvmatrix --help` tells a user; the docstring above is for whoever reads this module.
 DESCRIPTION = ("Runs vLLM over a matrix of KV-cache configurations (case files: models x --kv-cache-dtype x skip "
@@ -57,13 +60,31 @@ def _terminated(signum: int, frame: object) -> None:
     raise Terminated
 
 
+_python_show_warning = warnings.showwarning
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
+    """A case file's old spelling said as the command's own line (Python's own format adds a line of our source)."""
+    if issubclass(category, OldSpelling):
+        print(f"kvmatrix: warning: {message}", file=file or sys.stderr)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+def _run(args: argparse.Namespace) -> int:
+    with warnings.catch_warnings():  # restores Python's own display after the command
+        warnings.showwarning = _show_warning
+        return args.func(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
     main_thread = threading.current_thread() is threading.main_thread()  # only there may a handler be set
     on_term = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
-        return args.func(args)
+        return _run(args)
     except USAGE_ERRORS as err:
         print(f"kvmatrix: {err}", file=sys.stderr)
         return USAGE

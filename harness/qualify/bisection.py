@@ -1,5 +1,5 @@
 """Where among the releases between the two ends each verdict change happened: `kvmatrix bisect`'s search over
-given environments (harness/bisect/command.py bisect_ordered), with both ends answered from the two runs' records
+given environments (harness/bisect/search.py bisect_ordered), with both ends answered from the two runs' records
 (written into the bisection's steps as if run), so that only releases in between run, the cells of one class
 together in each."""
 
@@ -9,9 +9,9 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from kvmatrix.harness.bisect.command import bisect_ordered
 from kvmatrix.harness.bisect.given import GivenEnv
 from kvmatrix.harness.bisect.report import Result
+from kvmatrix.harness.bisect.search import bisect_ordered
 from kvmatrix.harness.bisect.step import Plan, Step, judge_step, steps_file
 from kvmatrix.harness.nightly.diff import Change
 from kvmatrix.harness.qualify.sides import Side

