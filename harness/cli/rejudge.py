@@ -11,10 +11,11 @@ from kvmatrix.harness.cli.exit_codes import FAILED, OK
 from kvmatrix.harness.cli.output import said_unreadable, write_findings, write_reports
 from kvmatrix.harness.cli.selection import add_selection_options, load_cells
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.judge.outcome import reclassified
 from kvmatrix.harness.judge.waivers import Waiver
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.guards import cases_dir_for
 from kvmatrix.harness.run.session import session_waivers
@@ -59,9 +60,9 @@ def rejudge_run(run_dir: RunDir, cells: Mapping[str, Cell], pool: Mapping[str, G
         cell, gpu = cells.get(record["cell_id"]), record.get("gpu_class", "")
         if cell is not None and gpu in pool and record.get("status") != "skipped" and not record.get(
                 "unreadable_record"):
-            reclassify(record, run_dir)
-            judge_record(record, Task(cell, gpu, pool[gpu], record.get("emulated_from")), run_dir, waivers,
-                         today=today)
+            task = Task(cell, gpu, pool[gpu], record.get("emulated_from"))
+            record = judge_record(reclassified(record, run_dir.log_tail(record)), task,
+                                  neighbours_of(task, run_dir), waivers, today=today)
             run_dir.write(record)
         records.append(record)
     return records
