@@ -1,7 +1,10 @@
 """The one judging path: an outcome record (fresh from a cell, or a stored record judged again) → its judged
 record: the final verdict and reason, with the per-rule results. Used by both pools (this machine's and Ray's),
-`kvmatrix run`, `rejudge` and `audit`, and the pytest front end, so every front end gives a record the same
-verdict.
+`kvmatrix run`, `rejudge` and `audit`, `qualify`, and the pytest front end, so every front end gives a record the
+same verdict. Without side effects: the outcome, the records the cell is compared with (record/neighbours.py: read
+by the caller, which knows the run folder) and the waivers go in, a new judged record comes out; no file is read
+or written here and no input changes. One `Judgement` (verdict.py) goes through the stages, each returning the
+next with its rule results and the record fields it adds.
 
 In order: the case's expectations (verdict.py); accuracy against the baseline cell (accuracy.py); a workload that
 did not take its runtime path, the comparison with the cell's oracle, and an oracle's own noise floor
