@@ -9,17 +9,17 @@ The target is an empty list. Its arguments, and its exit status (1 otherwise), a
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.judge.outcome import reclassified
 from kvmatrix.harness.judge.waivers import waive
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.parts import FAILING_VERDICTS, VERDICTS
 from kvmatrix.harness.record.paths import CELL_CWD
 from kvmatrix.harness.record.task import Task
@@ -66,18 +66,17 @@ def rejudged(run_dir: RunDir, cases_dir: Path) -> list[tuple[JudgedRecord, Judge
     cells = {c.cell_id: c for c in expand_all(load_cases(case_files(cases_dir)), models, pool)}
     pairs = []
     for stored in run_dir.records():
-        now = copy.deepcopy(stored)
         cell, gpu = cells.get(stored["cell_id"]), stored.get("gpu_class")
         if stored.get("unreadable_record"):  # a file that could not be read: nothing to judge, an error as it is
-            pairs.append((stored, now))
+            pairs.append((stored, stored))
             continue
         if cell is not None and gpu in pool and stored.get("status") != "skipped":
-            reclassify(now, run_dir)
-            judge_record(now, Task(cell, gpu, pool[gpu], stored.get("emulated_from")), run_dir, waivers)
+            task = Task(cell, gpu, pool[gpu], stored.get("emulated_from"))
+            now = judge_record(reclassified(stored, run_dir.log_tail(stored)), task, neighbours_of(task, run_dir),
+                               waivers)
         else:
-            if cell is None:
-                now.update({"verdict": "error",
-                            "reason": "no cell of the current cases has this id (renamed or removed)"})
+            now = stored if cell is not None else {
+                **stored, "verdict": "error", "reason": "no cell of the current cases has this id (renamed or removed)"}
             now, _ = waive(now, waivers)
         pairs.append((stored, now))
     return pairs

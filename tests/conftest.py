@@ -52,8 +52,8 @@ def shipped_matrix():
 def judged_classes(root: Path, runs: dict[str, str], vllm_version: str) -> dict[str, dict[str, dict]]:
     """Each GPU class's captured records (`runs`: class -> run folder under `root`) judged again in their folder
     under the shipped case files, by `kvmatrix rejudge`'s own function: class -> cell id -> record."""
-    from kvmatrix.harness.cli.rejudge import rejudge_run
     from kvmatrix.harness.record.files import RunDir
+    from kvmatrix.harness.run.rejudge import rejudge_run
 
     pool, cells, waivers = shipped_matrix()
     out: dict[str, dict[str, dict]] = {}

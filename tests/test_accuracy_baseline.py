@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvmatrix.harness.judge.accuracy import judge_accuracy
-from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.judge.verdict import Judgement
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.accuracy_plan import baselines_first, offline_reason
 from kvmatrix.matrix.expand import expand_case
@@ -104,57 +104,55 @@ def record(cell_id: str, samples: list[float], tokens: list[list[int]] | None = 
         "samples": samples, "tokens": tokens or [[i] for i in range(n)]}}
 
 
-def judged(cases_dir, tmp_path, cell_samples, baseline_samples, **accuracy):
+def judged(cases_dir, cell_samples, baseline_samples, **accuracy):
     cells = cells_of(cases_dir, {"model": "llama", "matrix": {"kv_cache_dtype": ["auto", "fp8"]},
                                  "accuracy": {**ACCURACY, **accuracy}})
-    run_dir = RunDir(tmp_path / "run")
-    if baseline_samples is not None:
-        run_dir.write({**record(cells[0].cell_id, baseline_samples), "gpu_class": "cpu-avx512"})
+    baseline = None if baseline_samples is None else {**record(cells[0].cell_id, baseline_samples),
+                                                      "gpu_class": "cpu-avx512"}
     mine = record(cells[1].cell_id, cell_samples)
-    results: list[dict] = []
     context = cells[1].context("cpu-avx512", load_pool(cases_dir)["cpu-avx512"], None, False)
-    verdict, reason = judge_accuracy(mine, cells[1], run_dir, "cpu-avx512", context, "pass", "2 checks hold", results)
-    return verdict, reason, mine, results
+    judgement = judge_accuracy(mine, Judgement("pass", "2 checks hold", []), cells[1], baseline, context)
+    assert "accuracy_vs_baseline" not in mine, "the record judged is left as it was"
+    return judgement.verdict, judgement.reason, judgement.fields, judgement.results
 
 
-def test_a_significant_drop_beyond_the_allowed_one_fails(cases_dir, tmp_path):
-    verdict, reason, mine, results = judged(cases_dir, tmp_path, [1.0] * 60 + [0.0] * 40, [1.0] * 100)
+def test_a_significant_drop_beyond_the_allowed_one_fails(cases_dir):
+    verdict, reason, mine, results = judged(cases_dir, [1.0] * 60 + [0.0] * 40, [1.0] * 100)
     assert verdict == "fail" and "significant accuracy drop" in reason and "n=100" in reason
     comparison = mine["accuracy_vs_baseline"]
     assert comparison["delta"] == pytest.approx(-0.4) and comparison["interval"][1] < 0
     assert results[-1]["ok"] is False
 
 
-def test_a_drop_within_the_allowed_one_passes(cases_dir, tmp_path):
-    verdict, _, mine, _ = judged(cases_dir, tmp_path, [1.0] * 60 + [0.0] * 40, [1.0] * 100, max_drop=0.5)
+def test_a_drop_within_the_allowed_one_passes(cases_dir):
+    verdict, _, mine, _ = judged(cases_dir, [1.0] * 60 + [0.0] * 40, [1.0] * 100, max_drop=0.5)
     assert verdict == "pass" and mine["accuracy_vs_baseline"]["significant"]
 
 
-def test_an_expected_drop_is_xfail_and_its_absence_fails(cases_dir, tmp_path):
+def test_an_expected_drop_is_xfail_and_its_absence_fails(cases_dir):
     expected = {"expected_drops": [{"when": {"kv_cache_dtype": "fp8"}, "reason": "scales off on purpose"}]}
-    verdict, reason, *_ = judged(cases_dir, tmp_path, [0.0] * 100, [1.0] * 100, **expected)
+    verdict, reason, *_ = judged(cases_dir, [0.0] * 100, [1.0] * 100, **expected)
     assert verdict == "xfail" and "scales off on purpose" in reason
-    verdict, reason, *_ = judged(cases_dir, tmp_path, [1.0] * 100, [1.0] * 100, **expected)
+    verdict, reason, *_ = judged(cases_dir, [1.0] * 100, [1.0] * 100, **expected)
     assert verdict == "fail" and reason.startswith("expected accuracy drop did not happen")
 
 
-def test_no_baseline_record_is_reported_not_failed(cases_dir, tmp_path):
-    verdict, reason, mine, _ = judged(cases_dir, tmp_path, [1.0] * 10, None)
+def test_no_baseline_record_is_reported_not_failed(cases_dir):
+    verdict, reason, mine, _ = judged(cases_dir, [1.0] * 10, None)
     assert verdict == "pass" and mine["accuracy_vs_baseline"]["missing"] == "no baseline"
     assert reason.endswith("no baseline")
 
 
-def test_a_baseline_of_another_mode_is_not_compared(cases_dir, tmp_path):
+def test_a_baseline_of_another_mode_is_not_compared(cases_dir):
     """Like with like: a baseline that ran probe-only (fewer tokens) next to a full cell is a skipped comparison,
     never a drop."""
     cells = cells_of(cases_dir, {"model": "llama", "matrix": {"kv_cache_dtype": ["auto", "fp8"]},
                                  "accuracy": ACCURACY})
-    run_dir = RunDir(tmp_path / "run")
-    run_dir.write({**record(cells[0].cell_id, [1.0] * 100), "gpu_class": "cpu-avx512", "mode": "probe"})
+    baseline = {**record(cells[0].cell_id, [1.0] * 100), "gpu_class": "cpu-avx512", "mode": "probe"}
     mine = {**record(cells[1].cell_id, [0.0] * 100), "mode": "full"}
     context = cells[1].context("cpu-avx512", load_pool(cases_dir)["cpu-avx512"], None, False)
-    verdict, reason = judge_accuracy(mine, cells[1], run_dir, "cpu-avx512", context, "pass", "2 checks hold", [])
-    assert verdict == "pass"
-    assert mine["accuracy_vs_baseline"]["missing"] == ("not compared: the baseline ran in probe mode, this cell "
-                                                       "in full mode")
-    assert reason.endswith("in full mode")
+    judgement = judge_accuracy(mine, Judgement("pass", "2 checks hold", []), cells[1], baseline, context)
+    assert judgement.verdict == "pass"
+    assert judgement.fields["accuracy_vs_baseline"]["missing"] == ("not compared: the baseline ran in probe mode, "
+                                                                   "this cell in full mode")
+    assert judgement.reason.endswith("in full mode")

@@ -4,15 +4,15 @@ AMX_MLA, which refuses fp8 (and an explicit 16-bit dtype) at the first KV write 
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
 import pytest
 
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.judge.outcome import reclassified
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.harness.record.task import Task
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import load_case, load_models
@@ -27,14 +27,13 @@ def amx_record(path: Path) -> dict:
     record = json.loads(path.read_text())
     assert record["vllm_version"] == "0.32.0"
     record["gpu_class"] = "cpu-amx"  # captured before the harness had the class (see the folder's README)
-    reclassify(record, RunDir(path.parent))
-    return record
+    return reclassified(record, RunDir(path.parent).log_tail(record))
 
 
 def judged(record: dict, tmp_path: Path) -> dict:
     pool, cells, waivers = shipped_matrix()
     task = Task(cells[record["cell_id"]], "cpu-amx", pool["cpu-amx"])
-    return judge_record(copy.deepcopy(record), task, RunDir(tmp_path), waivers)
+    return judge_record(record, task, Neighbours(), waivers)
 
 
 RAN = sorted(p for p in AMX_RECORDS.glob("*.json") if json.loads(p.read_text())["status"] != "skipped")
@@ -73,7 +72,7 @@ def test_a_users_explicit_16bit_mla_case_is_the_known_vllm_failure(path, tmp_pat
     record = amx_record(path)
     (cell,) = [c for c in expand_case(load_case(USER_CASE / "mla-16bit-kv.yaml"), load_models(), pool,
                                       str(USER_CASE / "mla-16bit-kv.yaml")) if c.cell_id == record["cell_id"]]
-    record = judge_record(record, Task(cell, "cpu-amx", pool["cpu-amx"]), RunDir(tmp_path))
+    record = judge_record(record, Task(cell, "cpu-amx", pool["cpu-amx"]), Neighbours())
     assert record["verdict"] == "xfail"
     assert record["known_failure"]["link"] == "reports/findings/README.md#amx-mla-explicit-16bit-kv-crashes"
     assert record["known_failure"]["verdict"] == "fail"

@@ -12,8 +12,9 @@ import pytest
 
 from kvmatrix.harness.bisect.step import judge_step
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.judge.outcome import reclassified
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.harness.record.task import Task
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import load_cases, load_models, load_pool
@@ -30,9 +31,8 @@ def rejudged(label: str, gpu: str, cell_id: str, tmp_path) -> dict:
     """The step's record as the current signature table and cases judge it (bisection applies no waivers)."""
     record = json.loads((STEPS / f"{label}--{gpu}--{cell_id}.json").read_text())
     assert (record["vllm_version"], record["gpu_class"]) == (label.split("-")[0], gpu)
-    reclassify(record, RunDir(tmp_path))
     task = Task(CELLS[cell_id], gpu, POOL[gpu], record.get("emulated_from"))
-    return judge_record(record, task, RunDir(tmp_path))
+    return judge_record(reclassified(record, RunDir(tmp_path).log_tail(record)), task, Neighbours())
 
 
 @pytest.mark.parametrize("cell_id", MLA_SKIP)

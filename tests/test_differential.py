@@ -18,6 +18,7 @@ import pytest
 from kvmatrix.harness.judge.differential import compare_sequence, state_differences
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.cell_run import execution_reason
 from kvmatrix.harness.run.engine_args import engine_args_for, workload_plan
@@ -136,7 +137,8 @@ def rejudge(tmp_path: Path, cell, record: dict, oracle: dict | None = None) -> d
     run.root.mkdir(parents=True, exist_ok=True)
     if oracle is not None:
         run.write(oracle)
-    return judge_record(copy.deepcopy(record), Task(cell, CPU, POOL[CPU]), run)
+    task = Task(cell, CPU, POOL[CPU])
+    return judge_record(record, task, neighbours_of(task, run))
 
 
 FP8 = "execution-modes[kv=fp8,skip=-,spec=-,exec=default,wl=plain]"

@@ -15,6 +15,7 @@ from kvmatrix.harness.cli import run as cli_run
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import classify_outcome
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.harness.record.task import Task
 from tests.conftest import CPU_CLASS, FIXTURES, shipped_matrix, write_case
 
@@ -45,7 +46,7 @@ def faulty(kind: str) -> dict:
 def test_an_environment_fault_is_an_error_on_any_class_never_a_fail(kind, gpu, tmp_path):
     pool, cells, waivers = shipped_matrix()
     for cell_id in ("deepseek-mla[kv=auto,skip=-,spec=-]", "deepseek-mla[kv=fp8,skip=0,spec=-]"):
-        record = judge_record(faulty(kind), Task(cells[cell_id], gpu, pool[gpu]), RunDir(tmp_path), waivers)
+        record = judge_record(faulty(kind), Task(cells[cell_id], gpu, pool[gpu]), Neighbours(), waivers)
         assert (record["verdict"], record["reason"].split(":")[0]) == ("error", "environment, not vLLM"), record
 
 
@@ -53,7 +54,7 @@ def test_a_kernel_library_missing_on_an_emulated_class_is_not_emulable(tmp_path)
     """What an emulated class picked may need a library the real card never would: skip, with the reason."""
     pool, cells, waivers = shipped_matrix()
     task = Task(cells["deepseek-mla[kv=fp8,skip=-,spec=-]"], "B200", pool["B200"], "H200")
-    record = judge_record(faulty("CUTLASS DSL not installed"), task, RunDir(tmp_path), waivers)
+    record = judge_record(faulty("CUTLASS DSL not installed"), task, Neighbours(), waivers)
     assert (record["verdict"], record["signature"]) == ("skip", "cutlass_missing")
     assert record["reason"].startswith("not emulable on H200")
 
@@ -119,7 +120,7 @@ def test_a_broken_environment_the_canary_meets_is_said_with_its_fix(tmp_path):
 
     pool, cells, waivers = shipped_matrix()
     task = Task(cells["deepseek-mla[kv=auto,skip=-,spec=-]"], CPU_CLASS, pool[CPU_CLASS])
-    record = judge_record(faulty("torchvision built for another torch"), task, RunDir(tmp_path), waivers)
+    record = judge_record(faulty("torchvision built for another torch"), task, Neighbours(), waivers)
     line = canary_failure(task, record)
     assert "did not run: RuntimeError: operator torchvision::nms does not exist" in line
     assert line.endswith("remove them, `pip uninstall torchvision torchaudio torchcodec` (with `uv tool install`, "

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness.judge.fingerprint import fingerprint, normalize
-from kvmatrix.harness.judge.outcome import classify_outcome, reclassify
+from kvmatrix.harness.judge.outcome import classify_outcome, reclassified
 from kvmatrix.harness.record.files import RunDir
 from tests.conftest import FIXTURES
 
@@ -237,9 +237,8 @@ def test_rejudging_fingerprints_a_record_of_an_earlier_harness(tmp_path):
     (run_dir.logs / "cell.log").write_text(result["log_tail"])
     old = {key: value for key, value in now.items() if key not in ("fingerprint", "crash", "log_tail")}
     old.update(signature="unclassified", log="logs/cell.log")
-    reclassify(old, run_dir)
+    old = reclassified(old, run_dir.log_tail(old))
     assert old["signature"] is None
     assert (old["fingerprint"], old["crash"]) == (now["fingerprint"], now["crash"])
-    ran = dict(CAPTURED["cpu-vllm-0.32.0/llama-auto"])
-    reclassify(ran, run_dir)
-    assert ran == CAPTURED["cpu-vllm-0.32.0/llama-auto"]  # a cell that ran is left as it was
+    ran = CAPTURED["cpu-vllm-0.32.0/llama-auto"]
+    assert reclassified(ran, run_dir.log_tail(ran)) == ran  # a cell that ran is left as it was

@@ -60,8 +60,9 @@ GPU_FILES = sorted(GPU_RECORDS.glob("*.json"))
 
 def _judged(path, tmp_path) -> dict:
     from kvmatrix.harness.judge.judge import judge_record
-    from kvmatrix.harness.judge.outcome import reclassify
+    from kvmatrix.harness.judge.outcome import reclassified
     from kvmatrix.harness.record.files import RunDir
+    from kvmatrix.harness.record.neighbours import Neighbours
     from kvmatrix.harness.record.task import Task
 
     rec = json.loads(path.read_text())
@@ -69,8 +70,7 @@ def _judged(path, tmp_path) -> dict:
     pool, cells, waivers = shipped_matrix()
     gpu = rec["gpu_class"]
     task = Task(cells[rec["cell_id"]], gpu, pool[gpu], rec.get("emulated_from"))
-    reclassify(rec, RunDir(tmp_path))
-    return judge_record(rec, task, RunDir(tmp_path), waivers)
+    return judge_record(reclassified(rec, RunDir(tmp_path).log_tail(rec)), task, Neighbours(), waivers)
 
 
 def test_the_gpu_runs_cover_both_fp8_glms_and_the_bf16_one_on_the_classes_run():

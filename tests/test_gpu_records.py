@@ -10,7 +10,7 @@ import pytest
 
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.verdict import judge
-from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.harness.record.task import Task
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import load_cases, load_models, load_pool
@@ -41,7 +41,7 @@ def test_captured_verdicts_hold_under_the_current_cases(path, tmp_path):
     if record["verdict"] == "skip":
         assert record.get("not_emulable") and record["emulated_from"] == "H200"
     task = Task(CELLS[record["cell_id"]], record["gpu_class"], POOL[record["gpu_class"]], record["emulated_from"])
-    again = judge_record(dict(record), task, RunDir(tmp_path))
+    again = judge_record(record, task, Neighbours())
     assert (again["verdict"], held(again["reason"])) == (record["verdict"], held(record["reason"]))
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.task import Task
 from kvmatrix.reports.summary import facts
 from tests.conftest import FIXTURES, shipped_matrix
@@ -57,7 +58,7 @@ def judged(tmp_path_factory) -> dict[str, dict]:
             assert record["emulated_from"] == (None if gpu == "H200" else "H200")
             if record["status"] != "skipped":
                 task = Task(cells[record["cell_id"]], gpu, pool[gpu], record["emulated_from"])
-                record = judge_record(record, task, run_dir, waivers)
+                record = judge_record(record, task, neighbours_of(task, run_dir), waivers)
             out[path.stem] = record
     return out
 

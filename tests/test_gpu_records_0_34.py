@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.judge.outcome import reclassified
 from kvmatrix.harness.judge.speculative import SHARED_CONTEXT_ALLOWED
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.task import Task
 from tests.conftest import FIXTURES, shipped_matrix, unpacked_archive
 from tests.test_teacher_forced_records import judged_run, planted_runs
@@ -47,8 +48,8 @@ def judged(tmp_path_factory, stored) -> dict[str, dict]:
         assert record.get("vllm_version", "0.34.0") == "0.34.0" and record.get("emulated_from") is None
         stored[record["cell_id"]] = copy.deepcopy(record)
         if record["status"] != "skipped":
-            reclassify(record, run_dir)
-            record = judge_record(record, Task(cells[record["cell_id"]], "H200", pool["H200"], None), run_dir,
+            task = Task(cells[record["cell_id"]], "H200", pool["H200"], None)
+            record = judge_record(reclassified(record, run_dir.log_tail(record)), task, neighbours_of(task, run_dir),
                                   waivers)
         out[record["cell_id"]] = record
     return out
@@ -109,7 +110,8 @@ def test_the_rule_still_fails_a_draft_cell_whose_verify_pass_reads_garbage(judge
     broken = copy.deepcopy(stored[MTP_FP8_WEIGHTS])
     broken["logprobs"] = [[{t: lp - 0.5 if i == 0 else lp for i, (t, lp) in enumerate(pos.items())} for pos in seq]
                           for seq in broken["logprobs"]]
-    record = judge_record(broken, Task(cells[MTP_FP8_WEIGHTS], "H200", pool["H200"], None), run_dir, waivers)
+    task = Task(cells[MTP_FP8_WEIGHTS], "H200", pool["H200"], None)
+    record = judge_record(broken, task, neighbours_of(task, run_dir), waivers)
     assert record["verdict"] == "fail" and "greedy outputs differ" in record["reason"]
     assert record["speculative"]["shared_context"]["typical"] > SHARED_CONTEXT_ALLOWED
 

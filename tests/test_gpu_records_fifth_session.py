@@ -15,8 +15,8 @@ from collections import Counter
 
 import pytest
 
-from kvmatrix.harness.cli.rejudge import rejudge_run
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.run.rejudge import rejudge_run
 from kvmatrix.harness.surface.promises import promise_table
 from kvmatrix.harness.vllm_compat import boundary_keeps_every_layer
 from kvmatrix.matrix.expand import expand_all

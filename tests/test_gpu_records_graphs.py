@@ -22,8 +22,9 @@ import pytest
 
 from kvmatrix.harness.judge.differential import state_differences
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.judge.outcome import reclassified
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.vllm_compat.teardown import compilation_dropped
 from tests.conftest import FIXTURES, shipped_matrix, unpacked_archive
@@ -53,9 +54,10 @@ def judged(unpacked) -> dict[str, dict[str, dict]]:
         for stem, record in stored(unpacked, run).items():
             assert record.get("vllm_version", "0.33.0") == "0.33.0" and record.get("emulated_from") is None
             if record["status"] != "skipped":
-                reclassify(record, run_dir)  # crashes named by today's signature table, as `kvmatrix rejudge` does
-                record = judge_record(record, Task(cells[record["cell_id"]], "H200", pool["H200"], None),
-                                      run_dir, waivers)
+                task = Task(cells[record["cell_id"]], "H200", pool["H200"], None)
+                # crashes named by today's signature table, as `kvmatrix rejudge` does
+                record = judge_record(reclassified(record, run_dir.log_tail(record)), task,
+                                      neighbours_of(task, run_dir), waivers)
             out[run][stem] = record
     return out
 

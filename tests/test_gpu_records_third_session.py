@@ -24,6 +24,7 @@ from pathlib import Path
 
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.surface.promises import promise_table
 from kvmatrix.matrix.expand import expand_all
@@ -71,7 +72,8 @@ def test_close_tokens_of_an_accuracy_pair_are_judged_by_its_paired_accuracy(unpa
     collapsed = json.loads((run_dir.root / f"H200--{CLIPPING}.json").read_text())
     collapsed["accuracy"]["samples"] = [0.0] * len(collapsed["accuracy"]["samples"])
     collapsed.pop("verdict")
-    rejudged = judge_record(collapsed, Task(cells[CLIPPING], "H200", pool["H200"], None), run_dir, waivers)
+    task = Task(cells[CLIPPING], "H200", pool["H200"], None)
+    rejudged = judge_record(collapsed, task, neighbours_of(task, run_dir), waivers)
     assert rejudged["verdict"] == "fail" and "significant accuracy drop" in rejudged["reason"]
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.isolation import isolation_differences
 from tests.conftest import FIXTURES, shipped_matrix
@@ -32,7 +33,7 @@ def _judge_folder(folder) -> dict[str, dict]:
         if record["status"] != "skipped":
             task = Task(cells[record["cell_id"]], record["gpu_class"], pool[record["gpu_class"]],
                         record.get("emulated_from"))
-            record = judge_record(record, task, run_dir, waivers)
+            record = judge_record(record, task, neighbours_of(task, run_dir), waivers)
         judged[path.stem] = record
     return judged
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from kvmatrix.harness.cli.rejudge import rejudge_run
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.run.rejudge import rejudge_run
 from kvmatrix.harness.run.session import session_waivers
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import case_files, load_cases, load_models, load_pool

@@ -9,7 +9,7 @@ import copy
 from pathlib import Path
 
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.harness.record.task import Task
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import load_case, load_models, load_pool
@@ -30,7 +30,7 @@ def judged_in(cases_dir: Path, name: str, data: dict, tmp_path: Path) -> dict:
     (cell,) = [c for c in expand_case(load_case(path), load_models(cases_dir), pool, str(path))
                if c.axes["kv_cache_dtype"] == "fp8"]
     record = copy.deepcopy(amx_record(FP8_RECORD)) | {"cell_id": cell.cell_id, "case": name}
-    return judge_record(record, Task(cell, "cpu-amx", pool["cpu-amx"]), RunDir(tmp_path))
+    return judge_record(record, Task(cell, "cpu-amx", pool["cpu-amx"]), Neighbours())
 
 
 def test_amx_mlas_fp8_assert_in_a_users_case_is_the_known_failure_with_its_link(cases_dir, tmp_path):
@@ -71,5 +71,5 @@ def test_a_known_failure_is_applied_afresh_when_judged_again(cases_dir, tmp_path
     path = write_case(cases_dir, "my-mla", {**MY_MLA, "model": "llama"})
     (cell,) = [c for c in expand_case(load_case(path), load_models(cases_dir), pool, str(path))
                if c.axes["kv_cache_dtype"] == "fp8"]
-    again = judge_record(record, Task(cell, "cpu-amx", pool["cpu-amx"]), RunDir(tmp_path))
+    again = judge_record(record, Task(cell, "cpu-amx", pool["cpu-amx"]), Neighbours())
     assert again["verdict"] == "fail" and "known_failure" not in again

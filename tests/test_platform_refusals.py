@@ -9,7 +9,7 @@ import json
 import pytest
 
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.harness.record.task import Task
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import load_cases, load_models
@@ -29,7 +29,7 @@ def user_cells() -> dict:
 def judged(cell_id: str, gpu: str, tmp_path) -> dict:
     pool, _, waivers = shipped_matrix()
     record = json.loads(REFUSED.read_text())
-    return judge_record(record, Task(user_cells()[cell_id], gpu, pool[gpu]), RunDir(tmp_path), waivers)
+    return judge_record(record, Task(user_cells()[cell_id], gpu, pool[gpu]), Neighbours(), waivers)
 
 
 @pytest.mark.parametrize("gpu", ["cpu-avx2", "cpu-arm64"])
@@ -51,5 +51,5 @@ def test_a_case_that_expects_the_refusal_still_passes_it(tmp_path):
     pool, cells, waivers = shipped_matrix()
     record = json.loads(REFUSED.read_text())
     task = Task(cells["llama-skip[kv=fp8,skip=-,spec=-]"], "cpu-avx2", pool["cpu-avx2"])
-    record = judge_record(record, task, RunDir(tmp_path), waivers)
+    record = judge_record(record, task, Neighbours(), waivers)
     assert (record["verdict"], record["reason"]) == ("pass", f"refused as expected: cpu_fp8_kv_needs_avx512: {REFUSAL}")

@@ -14,7 +14,7 @@ import pytest
 
 from kvmatrix.harness.record.files import RunDir, read_json
 from kvmatrix.harness.record.model import RecordError, check_cell_output, check_judged
-from kvmatrix.harness.vllm_compat import normalize_record
+from kvmatrix.harness.vllm_compat import normalized_record
 from tests.conftest import FIXTURES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,9 +43,9 @@ def test_every_captured_record_fits_the_model(path):
     record = json.loads(path.read_text())
     check = check_judged if "verdict" in record else check_cell_output  # a bare result: what the cell process wrote
     assert check(record, str(path)) is record
-    normalized = copy.deepcopy(record)
-    normalize_record(normalized)
-    check(normalized, str(path))
+    as_stored = copy.deepcopy(record)
+    check(normalized_record(record), str(path))
+    assert record == as_stored, "normalizing leaves the record as it was"
     if "verdict" in record:  # a whole judged record: also through the run folder's reader
         assert read_json(path) == record
 

@@ -13,7 +13,7 @@ import pytest
 from packaging.version import Version
 
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.harness.record.task import Task
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import load_cases, load_models, load_pool
@@ -49,7 +49,7 @@ def test_every_field_an_expectation_names_is_recorded(path, tmp_path):
     if cell is None or record.get("status") == "skipped":
         pytest.skip(f"{record['cell_id']}: no longer a cell of the default cases, or not run")
     task = Task(cell, record["gpu_class"], POOL[record["gpu_class"]], record.get("emulated_from"))
-    judged = judge_record(dict(record), task, RunDir(tmp_path))
+    judged = judge_record(record, task, Neighbours())
     missing = [r for r in judged["expectations"] if MISSING_FIELD.search(r["detail"])]
     assert not missing, missing
 
@@ -62,7 +62,7 @@ def test_flashinfer_query_dtype_reads_alike_before_and_after_the_split():
         if not record["cell_id"].startswith("flashinfer-qdtype[kv=fp8,skip=-") or record["gpu_class"] != "H200":
             continue
         task = Task(CELLS[record["cell_id"]], "H200", POOL["H200"], None)
-        judged = judge_record(dict(record), task, RunDir(Path("/nonexistent")))
+        judged = judge_record(record, task, Neighbours())
         builders = [g["builder"] for g in judged["attn_groups"] if g.get("backend") == "FLASHINFER"]
         if builders:
             seen[record["vllm_version"]] = {k: builders[0].get(k) for k in ("q_data_type_prefill", "q_data_type")}

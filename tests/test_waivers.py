@@ -10,10 +10,11 @@ import pytest
 from kvmatrix.harness.judge.waivers import (
     WAIVERS_FILE,
     WaiverError,
-    apply_waivers,
     cell_keys,
     load_waivers,
     parse_waivers,
+    waive,
+    waiver_problems,
 )
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import case_files, load_case, load_models, load_pool
@@ -36,6 +37,13 @@ def failing_bf16(gpu_class: str = "cpu-avx512") -> dict:
 
 def waivers(text: str):
     return parse_waivers(text, "waives.txt", POOL)
+
+
+def apply_waivers(records, waiver_list, today, known_cells=None):
+    """What a run does with its waivers: each record judged under them (the judge's `waive`, or the resume's), and
+    their problems over the run's records as judged."""
+    judged = [waive(r, waiver_list, today)[0] for r in records]
+    return judged, waiver_problems(judged, waiver_list, today, known_cells)
 
 
 def test_a_waiver_line_reads_pattern_scope_link_and_expiry():
@@ -102,10 +110,12 @@ def test_waiver_over_an_expected_failure_can_be_removed_too():
 
 def test_expired_waiver_fails():
     fail = failing_bf16()
-    out, problems = apply_waivers([fail], waivers(f"{BF16} {LINK} until=2026-11-28"), TODAY)
+    expired = waivers(f"{BF16} {LINK} until=2026-11-28")
+    out, problems = apply_waivers([fail], expired, TODAY)
     (rec,) = out
     assert rec["verdict"] == "fail"
-    assert rec["reason"].startswith(f"waiver expired on 2026-11-28 ({LINK}): ")
+    assert rec["reason"] == f"waiver expired on 2026-11-28 ({LINK}): {fail['reason']}"
+    assert waive(rec, expired, TODAY) == (rec, None), "said once, however often waived (a resumed run waives again)"
     (problem,) = problems
     assert problem.kind == "expired" and problem.is_error
     # The expiry day itself still counts.
@@ -143,7 +153,7 @@ def test_shipped_waivers_file_parses_against_the_pool_and_links_to_written_findi
     shipped = load_waivers(WAIVERS_FILE, POOL)
     models = load_models()
     cells = [c for path in case_files() for c in expand_case(load_case(path), models, POOL)]
-    _, problems = apply_waivers([], shipped, TODAY, cell_keys(cells))
+    problems = waiver_problems([], shipped, TODAY, cell_keys(cells))
     assert problems == []
     for waiver in shipped:
         if waiver.link.startswith("reports/findings/"):
@@ -172,6 +182,6 @@ def test_cases_waivers_lent_to_a_generated_folder_do_not_miss_cells(tmp_path):
 
     session = SimpleNamespace(settings=SimpleNamespace(waivers=waivers(f"ct-lama[kv=bfloat16,*] {LINK}")),
                               run_dir=RunDir(tmp_path))
-    _, own = known_failure_problems([failing_bf16()], [], session)
-    _, lent = known_failure_problems([failing_bf16()], [], session, lent=True)
+    own = known_failure_problems([failing_bf16()], [], session)
+    lent = known_failure_problems([failing_bf16()], [], session, lent=True)
     assert [p.kind for p in own] == ["unmatched"] and lent == []

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.model import check_judged
+from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.isolation import isolation_differences
 from kvmatrix.matrix.expand import expand_all
@@ -61,5 +61,5 @@ def test_records_fit_the_model_and_judge_alike_today(name, tmp_path):
     pool = load_pool()
     cells = {c.cell_id: c for c in expand_all(load_cases(), load_models(), pool)}
     task = Task(cells[record["cell_id"]], "H200", pool["H200"])
-    judged = judge_record(dict(record), task, RunDir(tmp_path), waivers=[])
+    judged = judge_record(record, task, Neighbours(), waivers=[])
     assert judged["verdict"] in ("pass", "fail") and (judged["verdict"] == "pass") == (record["verdict"] == "pass")

@@ -10,7 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from kvmatrix.harness.cli.exit_codes import FAILED, OK
-from kvmatrix.harness.judge.waivers import WAIVERS_FILE, WaiverError, apply_waivers, cell_keys, load_waivers
+from kvmatrix.harness.judge.waivers import WAIVERS_FILE, WaiverError, cell_keys, load_waivers, waiver_problems
 from kvmatrix.harness.run.guards import cases_dir_for
 from kvmatrix.harness.run.session import vllm_vocabulary
 from kvmatrix.harness.vllm_compat import known_kv_cache_dtypes
@@ -88,7 +88,7 @@ def lint_folder(cases_dir: Path) -> tuple[list[str], list[Cell]]:
     return problems + reported(found, users), cells
 
 
-def waiver_problems(cases_dir: Path, cells: list[Cell]) -> list[str]:
+def waivers_file_problems(cases_dir: Path, cells: list[Cell]) -> list[str]:
     """The folder's own waivers file: parse errors and waivers that match no cell (a borrowed one is not its own)."""
     own = Path(cases_dir) / WAIVERS_FILE.name
     if not own.is_file():
@@ -97,14 +97,14 @@ def waiver_problems(cases_dir: Path, cells: list[Cell]) -> list[str]:
         waivers = load_waivers(own, load_pool(cases_dir))
     except WaiverError as err:
         return [str(err)]
-    _, problems = apply_waivers([], waivers, known_cells=cell_keys(cells))
+    problems = waiver_problems([], waivers, known_cells=cell_keys(cells))
     return [str(p) for p in problems if p.is_error]
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     cases_dir = cases_dir_for(args.cases_dir)
     problems, cells = lint_folder(cases_dir)
-    problems += waiver_problems(cases_dir, cells)
+    problems += waivers_file_problems(cases_dir, cells)
     for line in problems:
         print(line)
     files = len(case_files(cases_dir))

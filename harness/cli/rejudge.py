@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import datetime
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kvmatrix.harness.cli.exit_codes import FAILED, OK
 from kvmatrix.harness.cli.output import said_unreadable, write_findings, write_reports
 from kvmatrix.harness.cli.selection import add_selection_options, load_cells
-from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.judge.outcome import reclassify
-from kvmatrix.harness.judge.waivers import Waiver
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.record.model import JudgedRecord
-from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.guards import cases_dir_for
+from kvmatrix.harness.run.rejudge import rejudge_run
 from kvmatrix.harness.run.session import session_waivers
-from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.load import load_pool
-from kvmatrix.matrix.schema import GpuClass
 
 
 def add_arguments(rej: argparse.ArgumentParser) -> None:
@@ -47,21 +39,3 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
         print(f"{len(pages)} unexplained failures" + (f": findings pages in {pages[0].parent}" if pages else ""))
         lost = said_unreadable(records) or lost
     return FAILED if lost else OK
-
-
-def rejudge_run(run_dir: RunDir, cells: Mapping[str, Cell], pool: Mapping[str, GpuClass],
-                waivers: Sequence[Waiver], today: datetime.date | None = None) -> list[JudgedRecord]:
-    """Every record of a run folder, those of a known cell and class that ran judged again and written back in
-    place (the others as stored, a file that could not be read as its error). `today` decides which waivers have
-    expired (default: the date now)."""
-    records = []
-    for record in run_dir.records():
-        cell, gpu = cells.get(record["cell_id"]), record.get("gpu_class", "")
-        if cell is not None and gpu in pool and record.get("status") != "skipped" and not record.get(
-                "unreadable_record"):
-            reclassify(record, run_dir)
-            judge_record(record, Task(cell, gpu, pool[gpu], record.get("emulated_from")), run_dir, waivers,
-                         today=today)
-            run_dir.write(record)
-        records.append(record)
-    return records

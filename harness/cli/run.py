@@ -16,7 +16,7 @@ from typing import IO
 from kvmatrix.harness.cli.exit_codes import FAILED, OK
 from kvmatrix.harness.cli.output import progress_printer, write_findings, write_reports
 from kvmatrix.harness.cli.selection import add_selection_options, load_cells
-from kvmatrix.harness.judge.waivers import WAIVERS_FILE, WaiverProblem, apply_waivers, cell_keys
+from kvmatrix.harness.judge.waivers import WAIVERS_FILE, WaiverProblem, cell_keys, waiver_problems
 from kvmatrix.harness.nightly import history
 from kvmatrix.harness.record.files import RUNS_DIR
 from kvmatrix.harness.record.model import JudgedRecord, check_judged
@@ -215,8 +215,8 @@ def finish_run(args: argparse.Namespace, records: list[JudgedRecord], prepared: 
     """Waivers, reports and the exit status, whichever pool (or front end) ran the cells."""
     session = prepared.session
     lent = shared_file(Path(args.cases_dir), WAIVERS_FILE.name) != Path(args.cases_dir) / WAIVERS_FILE.name
-    records, problems = known_failure_problems(records, prepared.every, session, lent, say)
-    records += [invalid_case_record(err, session.gpu_name) for err in prepared.invalid]
+    problems = known_failure_problems(records, prepared.every, session, lent, say)
+    records = records + [invalid_case_record(err, session.gpu_name) for err in prepared.invalid]
     paths = write_reports(session.run_dir, records, f"kvmatrix {session.run_dir.root.name}",
                           header="\n".join(f"- waivers: {p}" for p in problems))
     if show_report:
@@ -233,21 +233,17 @@ def finish_run(args: argparse.Namespace, records: list[JudgedRecord], prepared: 
 
 
 def known_failure_problems(records: list[JudgedRecord], every: list[Cell], session: Session, lent: bool = False,
-                           say: Say = lambda line: print(line, file=sys.stderr)
-                           ) -> tuple[list[JudgedRecord], list[WaiverProblem]]:
-    """Judging applied the known failures (cases/_waivers.txt) to every cell it ran; records resumed from an
-    earlier run get them here (written back, so that history and diffs see what the report shows). Also the
-    waivers' problems over the whole run: expired, matching no cell, or removable. A waivers file `lent` to a
-    folder inside cases/ (cases/surface/) names cells of cases/ that folder does not hold: no "matches no cell"."""
-    waived, problems = apply_waivers(records, session.settings.waivers, known_cells=cell_keys(every))
+                           say: Say = lambda line: print(line, file=sys.stderr)) -> list[WaiverProblem]:
+    """The waivers' problems over the whole run, said: expired, matching no cell, or removable. The records are
+    already under the waivers (judging applied them; a resumed run's kept records got today's as it resumed:
+    harness/run/resume.py), and no record file is written here. A waivers file `lent` to a folder inside cases/
+    (cases/surface/) names cells of cases/ that folder does not hold: no "matches no cell"."""
+    problems = waiver_problems(records, session.settings.waivers, known_cells=cell_keys(every))
     if lent:
         problems = [p for p in problems if p.kind != "unmatched"]
-    for before, after in zip(records, waived, strict=True):
-        if after is not before:
-            session.run_dir.write(after)
     for problem in problems:
         say(f"kvmatrix: {problem}")
-    return waived, problems
+    return problems
 
 
 def invalid_case_record(err: CaseError, gpu_name: str) -> JudgedRecord:

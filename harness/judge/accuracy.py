@@ -1,6 +1,6 @@
 """Accuracy → verdict: a cell's per-sample scores against its baseline cell's, paired on the same samples.
 
-The baseline cell (matrix/expand.py: `Cell.baseline_id`) runs first and its record is read from the run folder.
+The baseline cell (matrix/expand.py: `Cell.baseline_id`) runs first; its record is passed in (record/neighbours.py).
 A cell fails when its drop is significant (the interval excludes zero) and larger than the case's `max_drop`;
 under an `expected_drops` rule that same drop is `xfail`, and no drop fails (the loss is gone: update the case).
 Only a cell that otherwise passes is re-judged: a crash or a failed check already decides.
@@ -12,8 +12,9 @@ import math
 from typing import Any
 
 from kvmatrix.harness.judge.paired_stats import divergence, paired_delta
-from kvmatrix.harness.record.files import RunDir, read_json, run_mode
-from kvmatrix.harness.record.model import AccuracyComparison, JudgedRecord, OutcomeRecord, RuleResult, Verdict
+from kvmatrix.harness.judge.verdict import Judgement
+from kvmatrix.harness.record.files import run_mode
+from kvmatrix.harness.record.model import AccuracyComparison, JudgedRecord, OutcomeRecord, RuleResult
 from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.expectations import Accuracy
@@ -50,48 +51,47 @@ def describe(comparison: AccuracyComparison) -> str:
             f"n={comparison['n']}")
 
 
-def judge_accuracy(
-    record: JudgedRecord, cell: Cell, run_dir: RunDir, gpu_name: str, context: dict[str, Any], verdict: Verdict,
-    reason: str, results: list[RuleResult],
-) -> tuple[Verdict, str]:
-    """(verdict, reason) after accuracy; adds `accuracy_vs_baseline` to the record and a row to `results`."""
+def judge_accuracy(record: OutcomeRecord, judgement: Judgement, cell: Cell, baseline: JudgedRecord | None,
+                   context: dict[str, Any]) -> Judgement:
+    """The judgement after accuracy against the cell's `baseline` record (None: not in the run): with
+    `accuracy_vs_baseline` for the record and its rule's row."""
     accuracy, baseline_id = cell.case.accuracy, cell.baseline_id
     assert accuracy is not None and baseline_id is not None, "judged only for a cell with an accuracy baseline"
-    if verdict != "pass":
-        return verdict, reason
+    if judgement.verdict != "pass":
+        return judgement
     if cell.cell_id == baseline_id:
-        return _judge_baseline(record, accuracy, results, verdict, reason)
-    baseline = read_json(run_dir.record_path(baseline_id, gpu_name))
+        return _judge_baseline(record, accuracy, judgement)
     comparison = compare(record, baseline, baseline_id, accuracy.confidence)
-    record["accuracy_vs_baseline"] = comparison
-    rule = f"accuracy vs {cell.baseline_id}: max_drop {accuracy.max_drop}"
+    compared = judgement.then(fields={"accuracy_vs_baseline": comparison})
+    rule, reason = f"accuracy vs {cell.baseline_id}: max_drop {accuracy.max_drop}", judgement.reason
     if "missing" in comparison:
-        results.append({"rule": rule, "ok": True, "detail": comparison["missing"]})
-        return verdict, f"{reason}; {comparison['missing']}"
+        return compared.then(reason=f"{reason}; {comparison['missing']}",
+                             rows=[{"rule": rule, "ok": True, "detail": comparison["missing"]}])
     text = describe(comparison)
     dropped = comparison["significant"] and comparison["delta"] < -accuracy.max_drop
     expected = next((r for r in accuracy.expected_drops if when_matches(r.when, context)), None)
     if expected is not None:
         link = f" ({expected.link})" if expected.link else ""
-        results.append({"rule": f"{rule}, expected drop", "ok": dropped, "detail": text})
+        row: RuleResult = {"rule": f"{rule}, expected drop", "ok": dropped, "detail": text}
         if dropped:
-            return "xfail", f"expected accuracy drop{link}: {text}; {expected.reason}"
-        return "fail", f"expected accuracy drop did not happen{link}: {text}"
-    results.append({"rule": rule, "ok": not dropped, "detail": text})
+            return compared.then("xfail", f"expected accuracy drop{link}: {text}; {expected.reason}", [row])
+        return compared.then("fail", f"expected accuracy drop did not happen{link}: {text}", [row])
+    row = {"rule": rule, "ok": not dropped, "detail": text}
     if dropped:
-        return "fail", f"significant accuracy drop beyond {accuracy.max_drop}: {text}"
-    return verdict, f"{reason}; {text}"
+        return compared.then("fail", f"significant accuracy drop beyond {accuracy.max_drop}: {text}", [row])
+    return compared.then(reason=f"{reason}; {text}", rows=[row])
 
 
-def _judge_baseline(record: OutcomeRecord, accuracy: Accuracy, results: list[RuleResult], verdict: Verdict, reason: str
-                    ) -> tuple[Verdict, str]:
+def _judge_baseline(record: OutcomeRecord, accuracy: Accuracy, judgement: Judgement) -> Judgement:
     mine = record.get("accuracy")
     if not mine:
-        return "error", "an accuracy case's baseline recorded no accuracy"
+        return judgement.then("error", "an accuracy case's baseline recorded no accuracy")
     text = f"baseline accuracy {mine['score']:.3f} (n={mine['n']})"
     if accuracy.pinned is None:
-        return verdict, f"{reason}; {text}"
+        return judgement.then(reason=f"{judgement.reason}; {text}")
     pinned = accuracy.pinned
     ok = math.isclose(mine["score"], pinned.value, rel_tol=pinned.rtol)
-    results.append({"rule": f"accuracy pinned at {pinned.value} (rtol {pinned.rtol})", "ok": ok, "detail": text})
-    return (verdict, f"{reason}; {text}") if ok else ("fail", f"{text}, pinned at {pinned.value} ± {pinned.rtol:.0%}")
+    row: RuleResult = {"rule": f"accuracy pinned at {pinned.value} (rtol {pinned.rtol})", "ok": ok, "detail": text}
+    if ok:
+        return judgement.then(reason=f"{judgement.reason}; {text}", rows=[row])
+    return judgement.then("fail", f"{text}, pinned at {pinned.value} ± {pinned.rtol:.0%}", [row])

@@ -1,6 +1,6 @@
 """Differential cells: a cell whose execution or workload differs from its oracle's (the same configuration run
 eager and plain; matrix/expectations.py Differential, matrix/expand.py `Cell.oracle_on`) against the oracle's
-record, read from the run folder once both exist (the oracle runs first, as an accuracy baseline does).
+record, passed in once both exist (the oracle runs first, as an accuracy baseline does; record/neighbours.py).
 
 In order:
 - a crash (or refusal) in one of the two only fails, naming the mode that crashed;
@@ -29,7 +29,8 @@ from kvmatrix.harness.judge.accuracy import describe as describe_accuracy
 from kvmatrix.harness.judge.answers import compare_answers
 from kvmatrix.harness.judge.answers import describe as describe_answers
 from kvmatrix.harness.judge.teacher_forced import floor_of, floor_problem, judge_forced, unusable
-from kvmatrix.harness.record.files import RunDir, read_json, run_mode
+from kvmatrix.harness.judge.verdict import Judgement
+from kvmatrix.harness.record.files import run_mode
 from kvmatrix.harness.record.model import (
     AccuracyComparison,
     DifferentialComparison,
@@ -93,23 +94,24 @@ def mode_of(record: OutcomeRecord, gpu_device: str | None) -> str:
     return f"{execution}/{axes.get('workload', 'plain')}"
 
 
-def judge_workload(record: OutcomeRecord, verdict: Verdict, reason: str, results: list[RuleResult],
-                   gpu_device: str | None = None) -> tuple[Verdict, str]:
+def judge_workload(record: OutcomeRecord, judgement: Judgement, gpu_device: str | None = None) -> Judgement:
     """A cell that ran but not in its execution mode, or a workload cell that did not take its runtime path, is an
     `error` (it observed nothing); a downgraded CUDA-graph mode is noted."""
     problem = execution_problem(record, gpu_device) if record.get("status") == "ok" else None
     if problem is not None:
         text, tested_nothing = problem
-        results.append({"rule": EXECUTION_RULE, "ok": not tested_nothing, "detail": text})
-        if tested_nothing and verdict == "pass":
-            return "error", f"did not execute as asked: {text}"
+        judgement = judgement.then(rows=[{"rule": EXECUTION_RULE, "ok": not tested_nothing, "detail": text}])
+        if tested_nothing and judgement.verdict == "pass":
+            return judgement.then("error", f"did not execute as asked: {text}")
     facts = record.get("workload_run")
     if not facts or record.get("status") != "ok":
-        return verdict, reason
-    results.append({"rule": WORKLOAD_RULE, "ok": bool(facts.get("reached")), "detail": facts.get("detail", "")})
-    if facts.get("reached") or verdict != "pass":
-        return verdict, reason
-    return "error", f"workload {facts.get('name')} did not take its runtime path: {facts.get('detail')}"
+        return judgement
+    judgement = judgement.then(rows=[{"rule": WORKLOAD_RULE, "ok": bool(facts.get("reached")),
+                                      "detail": facts.get("detail", "")}])
+    if facts.get("reached") or judgement.verdict != "pass":
+        return judgement
+    return judgement.then("error", f"workload {facts.get('name')} did not take its runtime path: "
+                                   f"{facts.get('detail')}")
 
 
 def state_differences(mine: OutcomeRecord, theirs: OutcomeRecord) -> list[str]:
@@ -288,36 +290,43 @@ def _failure(record: OutcomeRecord) -> str:
     return record.get("signature") or record.get("fingerprint") or record.get("status") or "?"
 
 
-def judge_differential(record: JudgedRecord, cell: Cell, run_dir: RunDir, gpu_name: str, gpu_device: str | None,
-                       context: dict[str, Any], verdict: Verdict, reason: str, results: list[RuleResult]
-                       ) -> tuple[Verdict, str]:
-    """(verdict, reason) after the comparison with the cell's oracle; adds `differential` to the record and its
-    rows to `results`."""
+def judge_differential(record: OutcomeRecord, judgement: Judgement, cell: Cell, oracle: JudgedRecord | None,
+                       gpu_name: str, gpu_device: str | None, context: dict[str, Any]) -> Judgement:
+    """The judgement after the comparison with the cell's `oracle` record (None: not in the run): with
+    `differential` for the record and its rows."""
     rule = cell.case.differential
     oracle_id = cell.oracle_on(gpu_name)
     if rule is False or oracle_id is None:
-        return verdict, reason
+        return judgement
     mode = mode_of(record, gpu_device)
     oracle_mode = f"{rule.oracle.execution}/{rule.oracle.workload}"
     if mode == oracle_mode:  # a record that ran as its oracle would (one from before the axes): nothing to compare
-        return verdict, reason
+        return judgement
     pair = f"{mode} vs its oracle {oracle_id} ({oracle_mode})"
-    title = f"differential: {pair}"
     comparison: DifferentialComparison = {"oracle": oracle_id, "mode": mode, "oracle_mode": oracle_mode}
-    record["differential"] = comparison
-    oracle = read_json(run_dir.record_path(oracle_id, gpu_name))
+    rows: list[RuleResult] = []
+    verdict, reason = _differential(record, oracle, cell, rule, context, pair, comparison, rows, judgement)
+    return judgement.then(verdict, reason, rows, {"differential": comparison})
+
+
+def _differential(record: OutcomeRecord, oracle: JudgedRecord | None, cell: Cell, rule: Differential,
+                  context: dict[str, Any], pair: str, comparison: DifferentialComparison, rows: list[RuleResult],
+                  judgement: Judgement) -> tuple[Verdict, str]:
+    """(verdict, reason) after the pair's comparison (into `comparison` and `rows`)."""
+    verdict, reason, oracle_mode = judgement.verdict, judgement.reason, comparison["oracle_mode"]
+    title = f"differential: {pair}"
     missing = _missing(record, oracle)
     if missing:
         comparison["missing"] = missing
-        results.append({"rule": title, "ok": True, "detail": missing})
+        rows.append({"rule": title, "ok": True, "detail": missing})
         return verdict, f"{reason}; not compared with its oracle: {missing}"
     assert oracle is not None, "an absent oracle is missing"
     if _crashed(record) or _crashed(oracle):
-        ok, detail = _crash_comparison(record, oracle, mode, oracle_mode)
+        ok, detail = _crash_comparison(record, oracle, comparison["mode"], oracle_mode)
         comparison["crash"] = detail
-        results.append({"rule": title, "ok": ok, "detail": detail})
+        rows.append({"rule": title, "ok": ok, "detail": detail})
         return (verdict, reason) if ok else ("fail", f"differential {pair}: {detail}")
-    failures = _compared(record, oracle, cell, rule, context, title, comparison, results)
+    failures = _compared(record, oracle, cell, rule, context, title, comparison, rows)
     if failures and verdict in ("pass", "xfail"):
         return "fail", f"differential {pair}: {failures[0]}"
     if verdict == "pass" and "teacher_forced" in comparison:
@@ -331,27 +340,26 @@ def judge_differential(record: JudgedRecord, cell: Cell, run_dir: RunDir, gpu_na
 ORACLE_FLOOR_RULE = "an oracle's decode is reproducible: its noise floor (built in)"
 
 
-def judge_oracle_floor(record: JudgedRecord, cell: Cell, gpu_name: str, verdict: Verdict, reason: str,
-                       results: list[RuleResult]) -> tuple[Verdict, str]:
+def judge_oracle_floor(record: OutcomeRecord, judgement: Judgement, cell: Cell, gpu_name: str) -> Judgement:
     """An oracle's own noise floor (its tokens decoded again, forced, in another batch), summarized into the record
     (`noise_floor_summary`); an oracle whose decode moves with the batch beyond what numerics allow fails: every
     cell compared with it would be compared with noise."""
     rule = cell.case.differential
     noise = record.get("noise_floor")
     if rule is False or not cell.is_oracle_on(gpu_name) or not noise or record.get("status") != "ok":
-        return verdict, reason
+        return judgement
     floor, missing = floor_of(record.get("tokens") or [], record.get("logprobs") or [], noise, rule.tie_tolerance)
     if floor is None:
-        record["noise_floor_summary"] = {"missing": missing}
-        return verdict, reason
+        return judgement.then(fields={"noise_floor_summary": {"missing": missing}})
     problem = floor_problem(floor)
-    record["noise_floor_summary"] = {**floor, "ok": problem is None}
-    results.append({"rule": ORACLE_FLOOR_RULE, "ok": problem is None,
-                    "detail": problem or f"distance {floor['typical']:.3g} typical, {floor['flips']} top-1 flips "
-                                         f"over {floor['positions']} positions in another batch"})
-    if problem is not None and verdict in ("pass", "xfail"):
-        return "fail", f"as an oracle: {problem}"
-    return verdict, reason
+    judgement = judgement.then(
+        rows=[{"rule": ORACLE_FLOOR_RULE, "ok": problem is None,
+               "detail": problem or f"distance {floor['typical']:.3g} typical, {floor['flips']} top-1 flips "
+                                    f"over {floor['positions']} positions in another batch"}],
+        fields={"noise_floor_summary": {**floor, "ok": problem is None}})
+    if problem is not None and judgement.verdict in ("pass", "xfail"):
+        return judgement.then("fail", f"as an oracle: {problem}")
+    return judgement
 
 
 def _crash_comparison(record: OutcomeRecord, oracle: JudgedRecord, mode: str, oracle_mode: str) -> tuple[bool, str]:

@@ -1,7 +1,10 @@
 """The one judging path: an outcome record (fresh from a cell, or a stored record judged again) → its judged
 record: the final verdict and reason, with the per-rule results. Used by both pools (this machine's and Ray's),
-`kvmatrix run`, `rejudge` and `audit`, and the pytest front end, so every front end gives a record the same
-verdict.
+`kvmatrix run`, `rejudge` and `audit`, `qualify`, and the pytest front end, so every front end gives a record the
+same verdict. Without side effects: the outcome, the records the cell is compared with (record/neighbours.py: read
+by the caller, which knows the run folder) and the waivers go in, a new judged record comes out; no file is read
+or written here and no input changes. One `Judgement` (verdict.py) goes through the stages, each returning the
+next with its rule results and the record fields it adds.
 
 In order: the case's expectations (verdict.py); accuracy against the baseline cell (accuracy.py); a workload that
 did not take its runtime path, the comparison with the cell's oracle, and an oracle's own noise floor
@@ -18,73 +21,93 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 from kvmatrix.harness.judge.accuracy import judge_accuracy
 from kvmatrix.harness.judge.differential import judge_differential, judge_oracle_floor, judge_workload
 from kvmatrix.harness.judge.known_failures import explain
 from kvmatrix.harness.judge.speculative import judge_speculative
-from kvmatrix.harness.judge.verdict import judge
+from kvmatrix.harness.judge.verdict import Judgement, judge
 from kvmatrix.harness.judge.waivers import Waiver, waive
-from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.model import JudgedRecord, OutcomeRecord, check_judged
+from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.vllm_compat import (
     ENVIRONMENT_SIGNATURES,
     NOT_EMULABLE_SIGNATURES,
     PLATFORM_REFUSALS,
-    normalize_record,
+    normalized_record,
 )
 from kvmatrix.harness.vllm_compat.declarations import UNQUANTIZED_KV_DTYPES
 from kvmatrix.matrix.conditions import gpu_matches
 
+# What judging decides afresh: a stored record judged again loses them first (and gets them back, at the end of
+# the record, where they still hold).
+REJUDGED_FIELDS = ("waived", "known_failure", "differential", "noise_floor_summary", "speculative", "not_emulable")
 
-def judge_record(outcome: OutcomeRecord, task: Task, run_dir: RunDir, waivers: Sequence[Waiver] = (),
+
+def judge_record(outcome: OutcomeRecord, task: Task, neighbours: Neighbours, waivers: Sequence[Waiver] = (),
                  first_failure: str | None = None, today: datetime.date | None = None) -> JudgedRecord:
-    """The outcome record judged: its final verdict, reason and per-rule results set in place, so its fields
-    keep their order in the JSON; returned checked as a judged record. `first_failure` is the reason an earlier
-    attempt of the same cell failed with (a retry); a stored record judged again keeps its `flaky` mark. Stored
-    records are judged again from scratch: a waiver applied earlier is undone first."""
-    # The parts of the judgement go in as they are decided (a fresh record gets its verdict only at the end):
-    # check_judged holds it to one.
-    record = cast(JudgedRecord, outcome)
-    record.pop("waived", None)
-    record.pop("known_failure", None)
+    """The outcome record judged, as a new record (the outcome is left as it is): its final verdict and reason
+    and the per-rule results, checked as a judged record. Its fields keep the outcome's order, those judging adds
+    follow in the order of the stages. `neighbours`: the records the cell is compared with
+    (record/neighbours.py). `first_failure` is the reason an earlier attempt of the same cell failed with (a
+    retry); a stored record judged again keeps its `flaky` mark. Stored records are judged again from scratch: a
+    waiver applied earlier is undone first. `today` decides which waivers have expired (default: the date now)."""
+    record = normalized_record(cast(OutcomeRecord, {k: v for k, v in outcome.items() if k not in REJUDGED_FIELDS}))
     context = task.context(record.get("vllm_version"))
-    normalize_record(record)
-    judged = judge(record, task.cell.case.expect, context)
-    verdict, reason, results = judged.verdict, judged.reason, judged.results
-    if task.cell.baseline_id is not None:
-        verdict, reason = judge_accuracy(record, task.cell, run_dir, task.gpu_name, context, verdict, reason,
-                                         results)
-    record.pop("differential", None)
-    record.pop("noise_floor_summary", None)
-    verdict, reason = judge_workload(record, verdict, reason, results, task.gpu.device)
-    verdict, reason = judge_differential(record, task.cell, run_dir, task.gpu_name, task.gpu.device, context,
-                                         verdict, reason, results)
-    verdict, reason = judge_oracle_floor(record, task.cell, task.gpu_name, verdict, reason, results)
-    record.pop("speculative", None)
-    verdict, reason = judge_speculative(record, task.cell, run_dir, task.gpu_name, context, verdict, reason, results)
-    record.pop("not_emulable", None)
+    judgement = _compared(record, judge(record, task.cell.case.expect, context), task, neighbours, context)
+    judgement = _not_vllms_fault(record, judgement, task, context)
+    judgement = _flaky(record, judgement, first_failure)
+    judged = cast(JudgedRecord, {**record, **judgement.fields, "expectations": judgement.results,
+                                 "verdict": judgement.verdict, "reason": judgement.reason,
+                                 "tags": list(task.cell.case.tags)})
+    waived, _ = waive(judged, waivers, today)  # a "removable" waiver is reported over the whole run
+    return check_judged(explain(waived, task, today),  # a user's case failing as kvmatrix knows this vLLM fails
+                        f"the judged record of {task.key}")
+
+
+def _compared(record: OutcomeRecord, judgement: Judgement, task: Task, neighbours: Neighbours,
+              context: dict[str, Any]) -> Judgement:
+    """The stages that compare the cell with what it is measured against: its accuracy baseline, its execution
+    and workload, its differential oracle (and an oracle's own noise floor), a draft's twins."""
+    cell, gpu_name = task.cell, task.gpu_name
+    if cell.baseline_id is not None:
+        judgement = judge_accuracy(record, judgement, cell, neighbours.baseline, context)
+    judgement = judge_workload(record, judgement, task.gpu.device)
+    judgement = judge_differential(record, judgement, cell, neighbours.oracle, gpu_name, task.gpu.device, context)
+    judgement = judge_oracle_floor(record, judgement, cell, gpu_name)
+    return judge_speculative(record, judgement, cell, neighbours, gpu_name, context)
+
+
+def _not_vllms_fault(record: OutcomeRecord, judgement: Judgement, task: Task, context: dict[str, Any]
+                     ) -> Judgement:
+    """A failure emulation cannot reproduce is `skip` (marked `not_emulable`), one of the environment `error`, a
+    class's clear refusal of what its hardware cannot run `skip`."""
+    tail = record.get("error_tail")
     if task.emulated_from and record.get("signature") in NOT_EMULABLE_SIGNATURES:
-        verdict, reason = "skip", f"not emulable on {task.emulated_from}: {record.get('error_tail')}"
-        record["not_emulable"] = True
-    elif record.get("signature") in ENVIRONMENT_SIGNATURES:
-        verdict, reason = "error", f"environment, not vLLM: {record.get('error_tail')}"
-    elif verdict == "fail" and _refused_by_platform(record, context):
-        verdict, reason = "skip", f"{task.gpu_name} cannot run this, as vLLM says at start: {record.get('error_tail')}"
-    if first_failure is not None and verdict == "pass":
-        record.update({"flaky": True, "first_failure": first_failure})
-    if record.get("flaky") and verdict == "pass":
-        first = f" ({record['first_failure']})" if record.get("first_failure") else ""
-        verdict, reason = "fail", f"flaky: failed first{first}, then passed"
-    record.update({"expectations": results, "verdict": verdict, "reason": reason, "tags": list(task.cell.case.tags)})
-    waived, _ = waive(record, waivers, today)  # a "removable" waiver is reported over the whole run
-    record.update(explain(waived, task, today))  # a user's case failing as kvmatrix knows this vLLM fails
-    return check_judged(record, f"the judged record of {task.key}")
+        return judgement.then("skip", f"not emulable on {task.emulated_from}: {tail}", fields={"not_emulable": True})
+    if record.get("signature") in ENVIRONMENT_SIGNATURES:
+        return judgement.then("error", f"environment, not vLLM: {tail}")
+    if judgement.verdict == "fail" and _refused_by_platform(record, context):
+        return judgement.then("skip", f"{task.gpu_name} cannot run this, as vLLM says at start: {tail}")
+    return judgement
 
 
-def _refused_by_platform(record: JudgedRecord, context: dict) -> bool:
+def _flaky(record: OutcomeRecord, judgement: Judgement, first_failure: str | None) -> Judgement:
+    """A cell that failed (`first_failure`: this run's earlier attempt; a stored `flaky` mark: an earlier judgement)
+    and then passed stays a failure."""
+    if judgement.verdict != "pass":
+        return judgement
+    if first_failure is not None:
+        judgement = judgement.then(fields={"flaky": True, "first_failure": first_failure})
+    if not (first_failure is not None or record.get("flaky")):
+        return judgement
+    first = first_failure if first_failure is not None else record.get("first_failure")
+    return judgement.then("fail", f"flaky: failed first{f' ({first})' if first else ''}, then passed")
+
+
+def _refused_by_platform(record: OutcomeRecord, context: dict) -> bool:
     """The cell asked for a quantized KV dtype and crashed only with its class's clear refusal of it
     (PLATFORM_REFUSALS), before any layer was seen."""
     refusal = PLATFORM_REFUSALS.get(record.get("signature") or "")

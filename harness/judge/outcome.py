@@ -8,7 +8,6 @@ import signal
 
 from kvmatrix.harness.judge.fingerprint import UNFINGERPRINTED_STATUSES, signal_of, stamp
 from kvmatrix.harness.judge.signatures import classify, last_exception_line
-from kvmatrix.harness.record.files import RunDir, read_tail
 from kvmatrix.harness.record.model import CellOutput, ExceptionInfo, OutcomeRecord
 
 
@@ -53,14 +52,16 @@ def classify_outcome(returncode: int, timed_out: bool, timeout: float, result: C
     return outcome
 
 
-def reclassify(record: OutcomeRecord, run_dir: RunDir) -> None:
-    """Name and fingerprint a stored failure again with the current signature table and fingerprint rules (its
-    exception and log tail are kept); records of earlier harnesses get their fingerprint here."""
+def reclassified(record: OutcomeRecord, log_tail: str) -> OutcomeRecord:
+    """A stored failure named and fingerprinted again with the current signature table and fingerprint rules, from
+    its exception and its log's tail (`RunDir.log_tail`): a new record; records of earlier harnesses get their
+    fingerprint here."""
     if record.get("status") in UNFINGERPRINTED_STATUSES:
-        return
-    log_tail = read_tail(run_dir.root / record["log"]) if record.get("log") else ""
-    if record.get("status") == "crash":
-        text = _failure_text(record.get("exception") or {}, log_tail)
-        died_of = signal_of(record)
-        record["signature"] = classify(text, record.get("vllm_version")) or (f"signal_{died_of}" if died_of else None)
-    stamp(record, log_tail)
+        return record
+    out: OutcomeRecord = {**record}
+    if out.get("status") == "crash":
+        text = _failure_text(out.get("exception") or {}, log_tail)
+        died_of = signal_of(out)
+        out["signature"] = classify(text, out.get("vllm_version")) or (f"signal_{died_of}" if died_of else None)
+    stamp(out, log_tail)
+    return out

@@ -29,8 +29,10 @@ from typing import Any
 
 from kvmatrix.harness.judge.differential import compare_tokens
 from kvmatrix.harness.judge.teacher_forced import MIN_TYPICAL, distance, non_finite_positions, typical
-from kvmatrix.harness.record.files import RunDir, read_json, run_mode
-from kvmatrix.harness.record.model import JudgedRecord, OutcomeRecord, RuleResult, SpeculativeComparison, Verdict
+from kvmatrix.harness.judge.verdict import Judgement
+from kvmatrix.harness.record.files import run_mode
+from kvmatrix.harness.record.model import JudgedRecord, OutcomeRecord, RuleResult, SpeculativeComparison
+from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.expectations import Differential
@@ -49,33 +51,34 @@ MAX_RELATIVE_DROP = 0.5  # a cell accepting under half of what its plain twin ac
 SHARED_CONTEXT_ALLOWED = MIN_TYPICAL["quantized"]
 
 
-def judge_speculative(record: JudgedRecord, cell: Cell, run_dir: RunDir, gpu_name: str, context: dict[str, Any],
-                      verdict: Verdict, reason: str, results: list[RuleResult]) -> tuple[Verdict, str]:
-    """(verdict, reason) after the draft's built-in checks and its two oracles; adds `speculative` to the record
-    and its rows to `results`."""
+def judge_speculative(record: OutcomeRecord, judgement: Judgement, cell: Cell, neighbours: Neighbours,
+                      gpu_name: str, context: dict[str, Any]) -> Judgement:
+    """The judgement after the draft's built-in checks and its two oracles (the `neighbours`' draft twin and
+    plain twin): with `speculative` for the record and its rows."""
     if not cell.axes.get("speculative") or record.get("status") != "ok":
-        return verdict, reason
+        return judgement
     failures: list[str] = []
+    rows: list[RuleResult] = []
     forced = context.get("draft_attention_backend")
     if forced and record.get("layers"):
         ok, detail = _forced_draft_backend(record, forced)
         if not ok and record.get("backend_notes"):
-            return "skip", f"{detail}: the platform cannot offer it (vLLM: {record['backend_notes'][0]})"
-        results.append({"rule": FORCED_DRAFT_BACKEND_RULE, "ok": ok, "detail": detail})
+            return judgement.then("skip", f"{detail}: the platform cannot offer it (vLLM: "
+                                          f"{record['backend_notes'][0]})")
+        rows.append({"rule": FORCED_DRAFT_BACKEND_RULE, "ok": ok, "detail": detail})
         if not ok:
             failures.append(detail)
     comparison: SpeculativeComparison = {}
-    if cell.draft_twin:
-        failures += _greedy_equality(record, cell, run_dir, gpu_name, context, comparison, results)
+    if cell.draft_twin and neighbours.draft_twin is not None:  # none in the run (selected out, or from before twins)
+        failures += _greedy_equality(record, cell, neighbours.draft_twin, context, comparison, rows)
     plain = cell.plain_twin_on(gpu_name)
     method = ((record.get("engine_args") or {}).get("speculative_config") or {}).get("method")
     if plain and method not in MODEL_FREE_DRAFT_METHODS:
-        failures += _acceptance(record, plain, run_dir, gpu_name, comparison, results)
-    if comparison:
-        record["speculative"] = comparison
-    if failures and verdict in ("pass", "xfail"):
-        return "fail", f"speculative: {failures[0]}"
-    return verdict, reason
+        failures += _acceptance(record, plain, neighbours.plain_twin, comparison, rows)
+    judged = judgement.then(rows=rows, fields={"speculative": comparison} if comparison else None)
+    if failures and judged.verdict in ("pass", "xfail"):
+        return judged.then("fail", f"speculative: {failures[0]}")
+    return judged
 
 
 def _forced_draft_backend(record: OutcomeRecord, forced: str) -> tuple[bool, str]:
@@ -95,12 +98,9 @@ def _twin_problem(record: OutcomeRecord, twin: JudgedRecord) -> str | None:
     return None
 
 
-def _greedy_equality(record: OutcomeRecord, cell: Cell, run_dir: RunDir, gpu_name: str, context: dict[str, Any],
+def _greedy_equality(record: OutcomeRecord, cell: Cell, twin: JudgedRecord, context: dict[str, Any],
                      comparison: SpeculativeComparison, results: list[RuleResult]) -> list[str]:
     assert cell.draft_twin is not None, "called for a cell with a twin"
-    twin = read_json(run_dir.record_path(cell.draft_twin, gpu_name))
-    if twin is None:  # not in this run (selected out, or a run from before twins): nothing to say
-        return []
     comparison["twin"] = cell.draft_twin
     missing = _twin_problem(record, twin)
     if missing is not None:
@@ -161,9 +161,8 @@ def _rate(record: OutcomeRecord) -> tuple[float | None, str]:
     return rate, f"{rate:.2f} ({run.get('accepted_tokens')}/{run.get('draft_tokens')} draft tokens)"
 
 
-def _acceptance(record: OutcomeRecord, plain_id: str, run_dir: RunDir, gpu_name: str,
+def _acceptance(record: OutcomeRecord, plain_id: str, plain: JudgedRecord | None,
                 comparison: SpeculativeComparison, results: list[RuleResult]) -> list[str]:
-    plain = read_json(run_dir.record_path(plain_id, gpu_name))
     if plain is None or "spec_decode" not in record:  # a run without it, or a record from before the figures
         return []
     comparison["plain_twin"] = plain_id

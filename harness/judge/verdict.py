@@ -13,7 +13,8 @@ A cell is
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +27,21 @@ from kvmatrix.matrix.expectations import CrashExpected, Expectation, PageSizeRat
 
 @dataclass(frozen=True)
 class Judgement:
-    """A record's verdict under its case's expectations, why, and the result of each applicable rule."""
+    """A record's verdict under its case's expectations, why, and the result of each applicable rule; as the
+    judge's later stages (judge.py) go on from it, the fields each adds to the record too (`accuracy_vs_baseline`,
+    `differential`, ...), in the order they are added: the judged record's JSON keeps that order."""
 
     verdict: Verdict
     reason: str
     results: list[RuleResult]
+    fields: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def then(self, verdict: Verdict | None = None, reason: str | None = None, rows: Iterable[RuleResult] = (),
+             fields: Mapping[str, Any] | None = None) -> Judgement:
+        """The judgement after a stage: its verdict and reason where given (else as they were), with the stage's
+        rule results and record fields added. A new value: a stage never changes the one it was given."""
+        return Judgement(self.verdict if verdict is None else verdict, self.reason if reason is None else reason,
+                         [*self.results, *rows], {**self.fields, **(fields or {})})
 
 
 def select_layers(record: OutcomeRecord, selector: str | list[int], skip_layers: list[str]) -> list[Layer]:

@@ -12,9 +12,11 @@ already reported upstream shows as `xfail` with its link instead of failing ever
   required: a waiver says where the failure is tracked;
 - `until=YYYY-MM-DD` (optional) is the last day the waiver holds; `#` after a space starts a comment.
 
-Applying waivers to a run's records: a waived failure becomes `xfail` (its reason names the link); a waived cell
-that passes is reported as "waiver can be removed"; an expired waiver waives nothing and is an error; a waiver
-that matches no cell of the matrix is an error (a typo, or a cell that was renamed or removed).
+The judge applies the waivers (`waive`, its last stage but one; a run resumed applies today's to the records it
+keeps: harness/run/resume.py): a waived failure becomes `xfail` (its reason names the link). Over a run's records
+(`waiver_problems`): a waived cell that passes is reported as "waiver can be removed"; an expired waiver waives
+nothing and is an error; a waiver that matches no cell of the matrix is an error (a typo, or a cell that was
+renamed or removed).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import datetime
 import fnmatch
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,9 +216,9 @@ def waive(record: JudgedRecord, waivers: Iterable[Waiver], today: datetime.date 
         return record, None
     where = f"{record['cell_id']} @{record.get('gpu_class')}"
     if waiver.expired(today):
-        if record["verdict"] in FAILING_VERDICTS:
-            return {**record, "reason": f"waiver expired on {waiver.until} ({waiver.link}): "
-                                        f"{record.get('reason', '')}"}, None
+        said = f"waiver expired on {waiver.until} ({waiver.link}): "
+        if record["verdict"] in FAILING_VERDICTS and not record.get("reason", "").startswith(said):
+            return {**record, "reason": said + record.get("reason", "")}, None  # said once, however often waived
         return record, None
     if record["verdict"] == "error" and record.get("signature") in ENVIRONMENT_SIGNATURES:
         # A broken install is mended, not waived: a waiver for vLLM's failure must not hide it (seen: a B200 waiver
@@ -233,26 +235,24 @@ def waive(record: JudgedRecord, waivers: Iterable[Waiver], today: datetime.date 
     return record, None
 
 
-def apply_waivers(
-    records: list[JudgedRecord],
-    waivers: list[Waiver],
+def waiver_problems(
+    records: Iterable[JudgedRecord],
+    waivers: Sequence[Waiver],
     today: datetime.date | None = None,
     known_cells: Iterable[tuple[str, str]] | None = None,
-) -> tuple[list[JudgedRecord], list[WaiverProblem]]:
-    """New records with waived failures turned `xfail`, and the problems found. A record is waived by the first
-    waiver that matches it. `known_cells` is the whole matrix (`cell_keys(cells)`); without it, the records'
-    own cells are the matrix, so a waiver for a class this run did not cover counts as unmatched."""
+) -> list[WaiverProblem]:
+    """The waivers' problems over a run's records (judged: the waivers are applied by the judge, `waive`): expired,
+    removable (a waived cell that passes, or that its case already expects to fail), matching no cell.
+    `known_cells` is the whole matrix (`cell_keys(cells)`); without it, the records' own cells are the matrix, so
+    a waiver for a class this run did not cover counts as unmatched."""
     today = today or datetime.date.today()
+    records = list(records)
     problems = [WaiverProblem("expired", w, f"waiver for {w.pattern} expired on {w.until} ({w.link})")
                 for w in waivers if w.expired(today)]
-    out = []
-    for rec in records:
-        waived, problem = waive(rec, waivers, today)
-        out.append(rec if waived == rec else waived)
-        problems += [problem] if problem else []
+    problems += [problem for record in records if (problem := waive(record, waivers, today)[1]) is not None]
     keys = {(r["cell_id"], r.get("gpu_class") or "?") for r in records} | set(known_cells or ())
     for w in waivers:
         if not any(w.matches(*key) for key in keys):
             hint = "" if "[" in w.pattern or "*" in w.pattern else " (cell ids end in [...]: use a * for a case)"
             problems.append(WaiverProblem("unmatched", w, f"waiver for {w.pattern} matches no cell{hint}"))
-    return out, problems
+    return problems

@@ -5,7 +5,6 @@ that the new release has run: kept, removed, bounded below the new release, or w
 
 from __future__ import annotations
 
-import copy
 import fnmatch
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -15,12 +14,13 @@ from packaging.version import InvalidVersion, Version
 
 from kvmatrix.harness.judge.fingerprint import failure_name
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.judge.outcome import reclassify
+from kvmatrix.harness.judge.outcome import reclassified
 from kvmatrix.harness.judge.waivers import Waiver, waive, waiver_for
 from kvmatrix.harness.nightly.diff import Diff, diff_records
 from kvmatrix.harness.qualify.registry import Check
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
 from kvmatrix.harness.record.task import Task
 from kvmatrix.matrix.conditions import matches
@@ -36,12 +36,11 @@ def judged_again(folder: Path, cells: Mapping[str, Cell], pool: Mapping[str, Gpu
     for stored in run_dir.records():
         if not keep(stored):
             continue
-        record = copy.deepcopy(stored)
-        cell, gpu = cells.get(record["cell_id"]), record.get("gpu_class", "")
-        if cell is not None and gpu in pool and record.get("status") != "skipped":
-            reclassify(record, run_dir)
-            record = judge_record(record, Task(cell, gpu, pool[gpu], record.get("emulated_from")), run_dir, ())
-        out.append(record)
+        cell, gpu = cells.get(stored["cell_id"]), stored.get("gpu_class", "")
+        if cell is not None and gpu in pool and stored.get("status") != "skipped":
+            task = Task(cell, gpu, pool[gpu], stored.get("emulated_from"))
+            stored = judge_record(reclassified(stored, run_dir.log_tail(stored)), task, neighbours_of(task, run_dir))
+        out.append(stored)
     return out
 
 

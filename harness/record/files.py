@@ -25,6 +25,7 @@ from kvmatrix.harness.record.model import (
     VERDICTS,
     CellOutput,
     JudgedRecord,
+    OutcomeRecord,
     RecordError,
     check_cell_output,
     check_judged,
@@ -63,6 +64,10 @@ class RunDir:
 
     def log_path(self, cell_id: str, gpu_class: str) -> Path:
         return self.logs / f"{record_stem(cell_id, gpu_class)}.log"
+
+    def log_tail(self, record: OutcomeRecord) -> str:
+        """The tail of the cell log a record names (empty where it names none, or it cannot be read)."""
+        return read_tail(self.root / record["log"]) if record.get("log") else ""
 
     def write(self, record: JudgedRecord) -> Path:
         if record.get("verdict") not in VERDICTS or not isinstance(record.get("cell_id"), str):

@@ -21,7 +21,7 @@ holds only what has happened by then. A TypedDict for every part that cases, jud
 KV-cache groups, attention groups and their builders, timings, accuracy, the crash) is in parts.py. Every part
 is open (total=False, other keys allowed): older records, a newer harness's fields and vLLM's own attribute names
 pass, while each field named here must have its type. Records of old releases carry older names too
-(vllm_compat.normalize_record).
+(vllm_compat.normalized_record).
 """
 
 from __future__ import annotations

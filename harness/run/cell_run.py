@@ -27,6 +27,7 @@ from kvmatrix.harness.record.model import (
     check_outcome,
     finished_now,
 )
+from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.accuracy_plan import accuracy_spec, offline_reason
@@ -166,17 +167,17 @@ def _capability(task: Task) -> list[int] | None:
 
 def finish(record: OutcomeRecord, task: Task, settings: RunSettings, outcome: OutcomeRecord, started: float,
            first_failure: str | None = None) -> JudgedRecord:
-    """The task's record with the attempt's outcome added, judged and timed."""
+    """The task's record with the attempt's outcome added, judged against its neighbours as the run folder holds
+    them now (they ran first: accuracy_plan.py), timed, and stamped with when it finished."""
     record.update(outcome)
     record.setdefault("vllm_version", settings.vllm_version)
     record.setdefault("signature", None)
     timings = (record.get("timings") or Timings()).copy()
     timings["total_s"] = round(time.monotonic() - started, 3)
     record["timings"] = timings
-    judged = judge_record(check_outcome(record, f"the outcome record of {task.key}"), task, settings.run_dir,
-                          settings.waivers, first_failure)
-    judged["finished_at"] = finished_now()
-    return judged
+    judged = judge_record(check_outcome(record, f"the outcome record of {task.key}"), task,
+                          neighbours_of(task, settings.run_dir), settings.waivers, first_failure)
+    return {**judged, "finished_at": finished_now()}
 
 
 def skip_record(task: Task, reason: str, run_id: str) -> JudgedRecord:

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvmatrix.harness.judge.facts import facts
-from kvmatrix.harness.record.files import RunDir, read_json
 from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.accuracy_plan import baseline_gates, baselines_first
@@ -28,12 +27,11 @@ from kvmatrix.harness.run.model_builds import TrainingAhead, trainings_waited_on
 from kvmatrix.harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
 from kvmatrix.harness.run.process import CellProcesses
 from kvmatrix.harness.run.process_start import Exec, ProcessStart
+from kvmatrix.harness.run.resume import OnRecord, finished_records
 from kvmatrix.harness.run.schedule import order_tasks
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.run.template import Templates, remove_stale_socket_folders
 from kvmatrix.harness.vllm_compat import compiles_per_kv_dtype
-
-OnRecord = Callable[[JudgedRecord, int, int, bool], None]
 
 
 class Pool(Protocol):
@@ -41,22 +39,6 @@ class Pool(Protocol):
         """Every task not already recorded in the run folder, run; all records, finished ones too, in task order.
         `on_record(record, done, total, resumed)` is called once per cell as it finishes (progress lines)."""
         ...
-
-
-def finished_records(tasks: list[Task], run_dir: RunDir,
-                     on_record: OnRecord | None = None) -> tuple[dict[str, JudgedRecord], list[Task]]:
-    """Resuming: (the records already in the run folder by task key, the tasks still to run)."""
-    records: dict[str, JudgedRecord] = {}
-    todo = []
-    for task in tasks:
-        existing = read_json(run_dir.record_path(task.cell.cell_id, task.gpu_name))
-        if existing is not None:
-            records[task.key] = existing
-            if on_record:
-                on_record(existing, len(records), len(tasks), True)
-        else:
-            todo.append(task)
-    return records, todo
 
 
 @dataclass
@@ -76,7 +58,7 @@ class LocalPool:
     last_backends: dict[str, str] | None = None
 
     def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[JudgedRecord]:
-        records, todo = finished_records(tasks, settings.run_dir, on_record)
+        records, todo = finished_records(tasks, settings.run_dir, settings.waivers, on_record)
         if self.expected_s is not None:
             todo = order_tasks(todo, self.expected_s, last_verdicts=self.last_verdicts)
         _LocalRun(self, settings, todo, records, len(tasks), on_record).run()

@@ -30,11 +30,12 @@ from typing import Any
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.record.files import RunDir, record_stem
 from kvmatrix.harness.record.model import JudgedRecord, finished_now
+from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.accuracy_plan import baselines_first
 from kvmatrix.harness.run.cell_run import judged_record, skip_record
-from kvmatrix.harness.run.pool import OnRecord, finished_records
 from kvmatrix.harness.run.process import CellProcesses
+from kvmatrix.harness.run.resume import OnRecord, finished_records
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.matrix.schema import GpuClass
 
@@ -82,7 +83,7 @@ def unobserved_record(task: Task, settings: RunSettings, why: str) -> JudgedReco
     record: JudgedRecord = {**skip_record(task, why, settings.run_dir.root.name), "status": "error",
                             "error_tail": why, "vllm_version": settings.vllm_version, "signature": None,
                             "finished_at": finished_now()}
-    return judge_record(record, task, settings.run_dir, settings.waivers)
+    return judge_record(record, task, neighbours_of(task, settings.run_dir), settings.waivers)
 
 
 def run_tasks_on_ray(
@@ -101,7 +102,7 @@ def run_tasks_on_ray(
 
     remote = ray.remote(run_on_node)
     run_dir, total = settings.run_dir, len(tasks)
-    records, todo = finished_records(tasks, run_dir, on_record)
+    records, todo = finished_records(tasks, run_dir, settings.waivers, on_record)
 
     def keep(task: Task, record: JudgedRecord, log: bytes | None, written: bool) -> None:
         if written:

@@ -81,8 +81,8 @@ from kvmatrix.harness.vllm_compat.preimport import AFTER_IMPORT_ENV, ENGINE_MODU
 from kvmatrix.harness.vllm_compat.records import (  # noqa: F401
     BUILDER_FIELD_ALIASES,
     QUERY_DTYPE_FIELDS,
-    normalize_record,
     normalized_builder,
+    normalized_record,
 )
 from kvmatrix.harness.vllm_compat.registry import MODEL_INFO_CHILD_PROCESS, model_info_in_process  # noqa: F401
 from kvmatrix.harness.vllm_compat.signatures import (  # noqa: F401

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from kvmatrix.harness.record.model import Builder, CellOutput
 from kvmatrix.harness.vllm_compat.versions import for_version
+
+CellOutputT = TypeVar("CellOutputT", bound=CellOutput)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record fields that were renamed: each release's record gets the current name too (the raw attribute stays), so
@@ -30,8 +32,13 @@ def normalized_builder(fields: Mapping[str, Any], version: str | None) -> Builde
     return cast(Builder, out)
 
 
-def normalize_record(record: CellOutput) -> None:
-    """Current field names on a stored record of any release (records written before a rename are judged alike)."""
-    for group in record.get("attn_groups") or []:
-        if builder := group.get("builder"):
-            group["builder"] = normalized_builder(builder, record.get("vllm_version"))
+def normalized_record(record: CellOutputT) -> CellOutputT:
+    """The record with the current field names on it, whatever release wrote it (records written before a rename
+    are judged alike): a new record where a name is filled in, the input left as it is."""
+    fields = cast(CellOutput, record)
+    groups, version = fields.get("attn_groups"), fields.get("vllm_version")
+    if not groups:
+        return record
+    return cast(CellOutputT, {**record, "attn_groups": [
+        {**group, "builder": normalized_builder(builder, version)} if (builder := group.get("builder")) else group
+        for group in groups]})
