@@ -172,8 +172,8 @@ def execute(plan: RunPlan, tasks: list[Task], on_record: OnRecord) -> list[Judge
     slots, or the Ray cluster it names; every record, in task order."""
     if plan.options.ray:
         return _on_ray(plan, tasks, on_record)
-    executor = LocalExecutor(plan.slots.count, plan.slots.env, plan.settings.gpus_here or 0, plan.slots.ranks_env,
-                             plan.past)
+    executor = LocalExecutor(slots=plan.slots.count, slot_env=plan.slots.env, devices=plan.settings.gpus_here or 0,
+                             ranks_env=plan.slots.ranks_env, past=plan.past)
     return executor.run(tasks, plan.settings, on_record)
 
 
