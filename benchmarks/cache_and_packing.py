@@ -31,10 +31,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from kvmatrix.harness.cli.selection import cell_selected, load_cells
+from kvmatrix.harness.cli.selection import load_cells
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
+from kvmatrix.harness.run.cases import cell_selected
 from kvmatrix.harness.run.isolation import isolation_differences
-from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.pool import run_locally
 from kvmatrix.harness.run.session import open_session
 
 WARM_UP = "import torch, vllm; torch.cuda.init() if torch.cuda.is_available() else None"
@@ -46,9 +47,9 @@ ARM_TITLES = {
 
 
 def timed_run(session, cells, jobs: int) -> tuple[float, list[dict]]:
-    session.jobs = jobs  # the cores shared among this arm's slots
+    slots = session.slots(jobs)  # the cores shared among this arm's slots
     started = time.monotonic()
-    records = run_tasks(session.tasks(cells), session.settings, jobs=jobs, slot_env=session.slot_env)
+    records = run_locally(session.tasks(cells), session.settings, jobs=jobs, slot_env=slots.env)
     return time.monotonic() - started, records
 
 
@@ -92,7 +93,7 @@ def main() -> None:
     builder.build_models(first.tasks(cells))
     for s in sessions.values():
         s.settings = replace(s.settings, built=builder.settings.built)
-    jobs = args.jobs or max(2, first.slots)
+    jobs = args.jobs or max(2, first.slots().count)
     subprocess.run([sys.executable, "-c", WARM_UP], check=True, cwd=PACKAGE_ROOT)
 
     print(f"cells: {len(first.tasks(cells))} on {first.gpu_name}"

@@ -22,10 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvmatrix.harness.cli.selection import cell_selected, load_cells
+from kvmatrix.harness.cli.selection import load_cells
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
-from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.cases import cell_selected
+from kvmatrix.harness.run.pool import run_locally
 from kvmatrix.harness.run.session import open_session
 from kvmatrix.matrix.axes import DEFAULT_EXECUTION, resolved_execution
 
@@ -72,7 +73,7 @@ def main() -> None:
             for cell in order:
                 fresh = dataclasses.replace(session.settings, run_dir=RunDir(scratch / "runs" / f"{round_name}-{i}"))
                 started = time.monotonic()
-                (record,) = run_tasks(session.tasks([cell]), fresh, jobs=1)
+                (record,) = run_locally(session.tasks([cell]), fresh, jobs=1)
                 seconds[cell.axes["execution"]] = (time.monotonic() - started, record["verdict"])
             (e, ev), (m, mv) = seconds["eager"], seconds[mode]
             print(f"{round_name}  {eager.cell_id.split('@')[0]:60s} eager {e:6.1f} s ({ev})  {mode} {m:6.1f} s "

@@ -1,4 +1,4 @@
-"""What kvmatrix adds to one cell: the same cell run through the harness (`run_tasks` with one task: spec file,
+"""What kvmatrix adds to one cell: the same cell run through the harness (`run_locally` with one task: spec file,
 cell process with its probe and phase records, judging, the record write) against a bare script that starts
 vLLM in-process with the same engine arguments and environment, generates and exits. Runs alternate
 (harness then bare, bare then harness, ...) so that drift in the machine's load hits both sides alike; prints
@@ -26,7 +26,7 @@ from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.run.cell_env import cell_env
 from kvmatrix.harness.run.engine_args import engine_args_for
-from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.pool import run_locally
 from kvmatrix.harness.run.session import open_session
 
 BARE = Path(__file__).with_name("bare_cell.py")
@@ -54,7 +54,7 @@ def main() -> None:
     def through_harness(i: int) -> float:
         fresh = replace(settings, run_dir=RunDir(scratch / f"harness-{i}"))  # a new folder: nothing to resume
         started = time.monotonic()
-        (record,) = run_tasks([task], fresh)
+        (record,) = run_locally([task], fresh)
         took = time.monotonic() - started
         assert record["status"] == "ok", record.get("error_tail")
         phases["harness"].append(record["timings"])

@@ -1,4 +1,4 @@
-"""What probe-only mode saves: the same cells through `run_tasks` in full (the case's prompts and tokens, the
+"""What probe-only mode saves: the same cells through `run_locally` in full (the case's prompts and tokens, the
 class's KV cache) and probe-only (one prompt, 2 tokens, one sequence, the fewest KV blocks), each round in a new
 run folder with shared, warm caches. Rounds alternate which mode goes first, so that drift in the machine's load
 hits both alike; prints each cell's wall time side by side, the totals and their ratio, and whether each cell's
@@ -21,7 +21,7 @@ from pathlib import Path
 from kvmatrix.harness.cli.selection import load_cells
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
-from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.pool import run_locally
 from kvmatrix.harness.run.session import open_session
 from kvmatrix.reports.summary import facts
 
@@ -49,7 +49,7 @@ def main() -> None:
         fresh = replace(settings, run_dir=RunDir(scratch / f"{mode}-{round_}"),  # a new folder: nothing to resume
                         probe_only=mode == "probe")
         started = time.monotonic()
-        records = run_tasks(tasks, fresh)
+        records = run_locally(tasks, fresh)
         total_s[mode].append(time.monotonic() - started)
         for task, record in zip(tasks, records, strict=True):
             cell_s[mode][task.key].append((record.get("timings") or {}).get("total_s") or 0.0)

@@ -1,4 +1,4 @@
-"""Templates: the same real CPU cells run twice in one invocation, side by side, through `LocalPool` (warm workers
+"""Templates: the same real CPU cells run twice in one invocation, side by side, through `LocalExecutor` (warm workers
 and their fresh-process confirmations, as `kvmatrix run` runs them):
 
   exec   every cell process and worker starts as a new interpreter that imports torch and vLLM (`--no-template`)
@@ -55,14 +55,14 @@ def main() -> None:
         parser.error("templates fork only on CPU classes")
     tasks = session.tasks(cells)
     session.build_models(tasks)
-    session.jobs = args.jobs or 0
-    settings, jobs = dataclasses.replace(session.settings, isolation=args.isolation), session.slots
+    slots = session.slots(args.jobs or 0)
+    settings, jobs = dataclasses.replace(session.settings, isolation=args.isolation), slots.count
     print(f"{len(tasks)} cells of {session.gpu_name}, vLLM {settings.vllm_version}, isolation {args.isolation}, "
           f"{jobs} slot(s), {os.cpu_count()} cores, {platform.processor() or platform.machine()}", flush=True)
-    run_arm(tasks[:1], settings, "exec", 1, session.slot_env, scratch / "warm-up")
+    run_arm(tasks[:1], settings, "exec", 1, slots.env, scratch / "warm-up")
     walls, records = {}, {}
     for arm in ARMS:
-        walls[arm], records[arm] = run_arm(tasks, settings, arm, jobs, session.slot_env, scratch)
+        walls[arm], records[arm] = run_arm(tasks, settings, arm, jobs, slots.env, scratch)
     report(walls, records)
     shutil.rmtree(scratch, ignore_errors=True)
 

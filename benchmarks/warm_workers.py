@@ -35,7 +35,7 @@ from kvmatrix.harness.run.cell_env import cell_env
 from kvmatrix.harness.run.cell_run import not_run_reason
 from kvmatrix.harness.run.engine_args import engine_args_for, generation
 from kvmatrix.harness.run.isolation import isolation_differences
-from kvmatrix.harness.run.pool import LocalPool
+from kvmatrix.harness.run.pool import LocalExecutor
 from kvmatrix.harness.run.session import open_session
 
 BARE = Path(__file__).with_name("bare_cell.py")
@@ -73,14 +73,14 @@ def run_arm(tasks, settings, isolation: str, jobs: int, slot_env, scratch: Path)
 
 
 def run_timed(tasks, settings, label: str, jobs: int, slot_env) -> tuple[float, list[dict]]:
-    """The tasks through `LocalPool` (a progress line each, `label` first): the wall time and the records."""
+    """The tasks through `LocalExecutor` (a progress line each, `label` first): the wall time and the records."""
     started = time.monotonic()
 
     def progress(record, done, total, resumed):
         print(f"  [{label} {done:>3}/{total} {time.monotonic() - started:6.1f} s] {record['verdict']:5} "
               f"{record['cell_id']} ({record.get('process_start')})", flush=True)
 
-    records = LocalPool(jobs, slot_env).run(tasks, settings, progress)
+    records = LocalExecutor(jobs, slot_env).run(tasks, settings, progress)
     return time.monotonic() - started, records
 
 
@@ -102,13 +102,13 @@ def main() -> None:
                            cache_dir=Path(args.cache_dir).resolve())
     tasks = session.tasks(cells)
     session.build_models(tasks)
-    settings, jobs = session.settings, args.jobs or session.slots
-    whole_machine = dataclasses.replace(session, jobs=1).slot_env(0)  # the floor's one bare process: every core
-    session.jobs = jobs  # the arms' slots share the cores among `jobs`
+    settings, jobs = session.settings, args.jobs or session.slots().count
+    whole_machine = session.slots(1).env(0)  # the floor's one bare process: every core
+    slot_env = session.slots(jobs).env  # the arms' slots share the cores among `jobs`
     print(f"{len(tasks)} cells of {session.gpu_name}, vLLM {settings.vllm_version}, {jobs} slot(s), "
           f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}", flush=True)
     # Warm the shared caches (and the page cache) with one cell first: no arm pays a cold start the others skip.
-    run_arm(tasks[:1], settings, "process", 1, session.slot_env, scratch / "warm-up")
+    run_arm(tasks[:1], settings, "process", 1, slot_env, scratch / "warm-up")
 
     results: dict = {"cells": len(tasks), "jobs": jobs, "gpu_class": session.gpu_name,
                      "vllm": settings.vllm_version}
@@ -119,7 +119,7 @@ def main() -> None:
         print(f"floor: {wall:.1f} s for {ran} cells in one process", flush=True)
     for isolation in ("process", "worker"):
         if isolation in arms:
-            wall, records[isolation] = run_arm(tasks, settings, isolation, jobs, session.slot_env, scratch)
+            wall, records[isolation] = run_arm(tasks, settings, isolation, jobs, slot_env, scratch)
             ran = sum(r["verdict"] != "skip" for r in records[isolation])
             reruns = sum(bool(r.get("warm_attempt")) for r in records[isolation])
             results[isolation] = {"wall_s": wall, "cells_run": ran, "fresh_reruns": reruns}

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvmatrix.harness import cli
-from kvmatrix.harness.cli import run as cli_run
+from kvmatrix.harness.run import plan as run_plan
 from tests.conftest import CPU_CLASS
 from tests.fault_run import FAKE_CELL, FAKE_TEMPLATE, FAKE_WORKER
 from tests.test_front_ends import fake_sessions
@@ -19,10 +19,10 @@ from tests.test_front_ends import fake_sessions
 
 def main() -> int:
     cases_dir, work = Path(sys.argv[1]), Path(sys.argv[2])
-    fake = fake_sessions(cli_run.open_session, cases_dir, work)
+    fake = fake_sessions(run_plan.open_session, cases_dir, work)
     templates = os.environ.get("FAKE_TEMPLATES") == "1"
     if templates:  # the run takes the fake commands for its own: it forks them from its (fake) template
-        cli_run.CELL_COMMAND, cli_run.WORKER_COMMAND = FAKE_CELL, FAKE_WORKER
+        run_plan.CELL_COMMAND, run_plan.WORKER_COMMAND = FAKE_CELL, FAKE_WORKER
 
     def session(*args, **kwargs):
         opened = fake(*args, **kwargs)
@@ -30,7 +30,7 @@ def main() -> int:
             opened.settings = replace(opened.settings, template_command=FAKE_TEMPLATE)
         return opened
 
-    cli_run.open_session = session
+    run_plan.open_session = session
     return cli.main(["run", "--runs-dir", str(work / "runs"), "--cache-dir", str(work / "cache"), "--gpu", CPU_CLASS,
                      "--db", str(work / "none.sqlite"), "--cases-dir", str(cases_dir), *sys.argv[3:]])
 

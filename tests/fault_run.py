@@ -1,4 +1,4 @@
-"""Runs a matrix of misbehaving fake cells through the real harness (`run_tasks`), as its own process so that
+"""Runs a matrix of misbehaving fake cells through the real harness (`run_locally`), as its own process so that
 tests can interrupt or kill the harness itself. Usage: fault_run.py CASES_DIR RUN_DIR [JOBS [ISOLATION [template]]]
 (`template`: processes forked from the fake template, tests/fake_template.py)."""
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.pool import run_locally
 from kvmatrix.harness.run.session import Session
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.matrix.expand import expand_all
@@ -39,7 +39,7 @@ def main() -> None:
     def show(record, done, total, resumed):
         print(f"[{done}/{total}] {record['verdict']} {record['cell_id']} {'resumed' if resumed else ''}", flush=True)
 
-    run_tasks(session.tasks(cells), settings, jobs=jobs, on_record=show)
+    run_locally(session.tasks(cells), settings, jobs=jobs, on_record=show)
 
 
 if __name__ == "__main__":

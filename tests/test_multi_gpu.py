@@ -15,7 +15,7 @@ from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.cell_run import gpus_reason
 from kvmatrix.harness.run.engine_args import engine_args_for
-from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.pool import run_locally
 from kvmatrix.harness.run.ray_pool import placement
 from kvmatrix.harness.run.session import Session, open_session
 from kvmatrix.harness.run.settings import RunSettings
@@ -63,9 +63,9 @@ def test_a_cell_needing_more_gpus_than_the_machine_has_is_skipped_with_the_count
 
 def test_ray_gives_a_wide_cell_whole_gpus():
     wide = Task(_cells("tp2-llama")["tp2-llama[kv=fp8,skip=-,spec=-,tp=2]"], "H200", POOL["H200"])
-    assert placement(wide, real_gpus=True, pool=POOL)[1]["num_gpus"] == 2
+    assert placement(wide, real_gpus=True, gpu_classes=POOL)[1]["num_gpus"] == 2
     slots = POOL["H200"].slots_per_device
-    assert placement(wide, pool=POOL)[1]["resources"] == {"gpu_class:H200": 2 * slots}
+    assert placement(wide, gpu_classes=POOL)[1]["resources"] == {"gpu_class:H200": 2 * slots}
 
 
 def test_wide_cells_get_whole_gpus_of_their_own_after_the_others(cases_dir, tmp_path):
@@ -79,9 +79,9 @@ def test_wide_cells_get_whole_gpus_of_their_own_after_the_others(cases_dir, tmp_
                            vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL, gpus_here=2)
     tasks = Session(settings, "cpu-avx512", pool["cpu-avx512"], None, pool).tasks(cells)
     order: list[str] = []
-    records = run_tasks(tasks, settings, jobs=2, slot_env=lambda slot: {"CUDA_VISIBLE_DEVICES": str(slot)},
-                        on_record=lambda r, *_: order.append(r["cell_id"]), devices=2,
-                        ranks_env=lambda gpus: ranks_env(POOL["H200"], gpus, 16))
+    records = run_locally(tasks, settings, jobs=2, slot_env=lambda slot: {"CUDA_VISIBLE_DEVICES": str(slot)},
+                          on_record=lambda r, *_: order.append(r["cell_id"]), devices=2,
+                          ranks_env=lambda gpus: ranks_env(POOL["H200"], gpus, 16))
     seen = {r["cell_id"]: r for r in records}
     assert all(r["verdict"] == "pass" for r in records), [r["reason"] for r in records]
     for kv in ("auto", "fp8"):
@@ -95,7 +95,7 @@ def test_wide_cells_get_whole_gpus_of_their_own_after_the_others(cases_dir, tmp_
 
     # The same matrix on a one-GPU machine: the TP=2 cells are skipped, saying why.
     settings = replace(settings, run_dir=RunDir(tmp_path / "one"), gpus_here=1)
-    skipped = [r for r in run_tasks(tasks, settings, jobs=1, devices=1) if r["verdict"] == "skip"]
+    skipped = [r for r in run_locally(tasks, settings, jobs=1, devices=1) if r["verdict"] == "skip"]
     assert [r["cell_id"] for r in skipped] == ["envdump[kv=auto,skip=-,spec=-,tp=2]",
                                               "envdump[kv=fp8,skip=-,spec=-,tp=2]"]
     assert skipped[0]["reason"].startswith("needs 2 ranks (tensor_parallel_size 2 x pipeline_parallel_size 1)")
@@ -136,7 +136,7 @@ def test_a_real_two_rank_engine_reports_both_ranks(tmp_path):
                if c.axes["kv_cache_dtype_skip_layers"] == ["0"] and c.axes["execution"] == "default"]
     tasks = session.tasks([cell])
     session.build_models(tasks)
-    (record,) = run_tasks(tasks, settings, devices=2, ranks_env=session.ranks_env)
+    (record,) = run_locally(tasks, settings, devices=2, ranks_env=session.slots().ranks_env)
     assert record["verdict"] == "pass", record["reason"]
     assert [r["rank"] for r in record["ranks"]] == [0, 1]
     assert {"rule": "every rank resolves each layer alike (built in)", "ok": True, "detail": "2 ranks agree"} in (

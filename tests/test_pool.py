@@ -74,33 +74,34 @@ def session(gpu: str, emulated_from: str | None, devices: int, cores: int = 32, 
 
 def test_slots_pin_one_gpu_each_and_pack_by_the_real_class():
     two_h200 = session("H200", None, 2)
-    assert two_h200.slots == 2 * POOL["H200"].slots_per_device
-    devices = [two_h200.slot_env(s)["CUDA_VISIBLE_DEVICES"] for s in range(two_h200.slots)]
+    assert two_h200.slots().count == 2 * POOL["H200"].slots_per_device
+    devices = [two_h200.slots().env(s)["CUDA_VISIBLE_DEVICES"] for s in range(two_h200.slots().count)]
     assert devices == ["0"] * POOL["H200"].slots_per_device + ["1"] * POOL["H200"].slots_per_device
     as_l4 = session("L4", "H200", 1)  # emulated: packed as the H200 it runs on, not as a 24 GB L4
-    assert as_l4.slots == POOL["H200"].slots_per_device and as_l4.slot_env(3)["CUDA_VISIBLE_DEVICES"] == "0"
-    assert "CUDA_VISIBLE_DEVICES" not in session("cpu-avx512", None, 0).slot_env(0)
+    assert as_l4.slots().count == POOL["H200"].slots_per_device and as_l4.slots().env(3)["CUDA_VISIBLE_DEVICES"] == "0"
+    assert "CUDA_VISIBLE_DEVICES" not in session("cpu-avx512", None, 0).slots().env(0)
 
 
 def test_slots_are_sized_by_the_gpus_memory_and_the_hosts_cores():
-    assert session("H200", None, 1, cores=16, memory_gib=139.8).slots == POOL["H200"].slots_per_device
-    assert session("H200", None, 1, cores=4, memory_gib=139.8).slots == 2, "two cores per slot"
-    assert session("H100", None, 1, cores=16, memory_gib=79.6).slots == min(POOL["H100"].slots_per_device, 4)
-    assert session("L4", "H200", 1, cores=16, memory_gib=20.0).slots == 1, "a small card packs one"
-    assert session("cpu-avx512", None, 0, cores=2).slots == 2, "a CPU cell needs one core"
-    assert session("cpu-avx512", None, 0, cores=1).slots == 1
+    assert session("H200", None, 1, cores=16, memory_gib=139.8).slots().count == POOL["H200"].slots_per_device
+    assert session("H200", None, 1, cores=4, memory_gib=139.8).slots().count == 2, "two cores per slot"
+    assert session("H100", None, 1, cores=16, memory_gib=79.6).slots().count == min(POOL["H100"].slots_per_device, 4)
+    assert session("L4", "H200", 1, cores=16, memory_gib=20.0).slots().count == 1, "a small card packs one"
+    assert session("cpu-avx512", None, 0, cores=2).slots().count == 2, "a CPU cell needs one core"
+    assert session("cpu-avx512", None, 0, cores=1).slots().count == 1
     h200 = session("H200", None, 2, cores=16, memory_gib=139.8)
-    assert [h200.slot_env(s)["OMP_NUM_THREADS"] for s in range(h200.slots)] == ["2"] * 8
+    assert [h200.slots().env(s)["OMP_NUM_THREADS"] for s in range(h200.slots().count)] == ["2"] * 8
 
 
 def test_cpu_slots_bind_their_own_cores():
     cpu = POOL["cpu-avx512"].model_copy(update={"slots_per_device": 2})
     packed = Session(RunSettings(run_dir=RunDir("/nonexistent"), models={}, built={}, vllm_version=None,
                                  cache_dir=None), "cpu-avx512", cpu, None, POOL, 0, 8)
-    assert packed.slots == 2
-    assert [(packed.slot_env(s)["OMP_NUM_THREADS"], packed.slot_env(s)[CPU_THREADS_BIND_ENV]) for s in (0, 1)] == [
+    slots = packed.slots()
+    assert slots.count == 2
+    assert [(slots.env(s)["OMP_NUM_THREADS"], slots.env(s)[CPU_THREADS_BIND_ENV]) for s in (0, 1)] == [
         ("4", "0-3"), ("4", "4-7")]
-    assert CPU_THREADS_BIND_ENV not in session("cpu-avx512", None, 0, cores=1).slot_env(0), "one slot: vLLM's auto"
+    assert CPU_THREADS_BIND_ENV not in session("cpu-avx512", None, 0, cores=1).slots().env(0), "one slot: vLLM's auto"
 
 
 def _h200_record(archive: str, run: str, cell_id: str) -> dict:

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness import cli
-from kvmatrix.harness.cli import run as cli_run
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run import plan as run_plan
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import load_cases, load_models, load_pool
@@ -122,7 +122,7 @@ def test_placement_by_class_resource_or_accelerator_type(cases_dir):
     cell, _eager_twin = expand_all(load_cases([cases_dir / "c.yaml"]), load_models(cases_dir), pool)
     emulated = Task(cell, "L4", pool["L4"], emulated_from="H200")  # runs on an H200, decides as an L4
     assert placement(emulated) == ("gpu_class:H200", {"num_cpus": 0, "resources": {"gpu_class:H200": 1}})
-    assert placement(emulated, real_gpus=True, pool=pool) == (
+    assert placement(emulated, real_gpus=True, gpu_classes=pool) == (
         "accelerator_type:H200", {"num_cpus": 0, "num_gpus": 1 / pool["H200"].slots_per_device,
                                   "accelerator_type": "H200"})  # a share of the GPU per slot
     assert placement(Task(cell, "L4", pool["L4"]), real_gpus=True, accelerator_types={"L4": "NVIDIA_L4"})[0] == (
@@ -143,7 +143,7 @@ def test_cli_runs_cells_on_a_ray_cluster_and_resumes(cpu_cluster, cases_dir, tmp
                                  "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})
     markers = tmp_path / "markers"
     markers.mkdir()
-    real_open_session = cli_run.open_session
+    real_open_session = run_plan.open_session
 
     def fake_cell_session(*args, **kwargs):  # the CLI's session, with fake cells and no model build
         session = real_open_session(*args, **kwargs)
@@ -151,7 +151,7 @@ def test_cli_runs_cells_on_a_ray_cluster_and_resumes(cpu_cluster, cases_dir, tmp
         session.build_models = lambda tasks: session.settings.built.update(llama=cases_dir)
         return session
 
-    monkeypatch.setattr(cli_run, "open_session", fake_cell_session)
+    monkeypatch.setattr(run_plan, "open_session", fake_cell_session)
     argv = ["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / "runs"), "--run-id", "ray",
             "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", "cpu-avx512",
             "--ray", cpu_cluster.address]

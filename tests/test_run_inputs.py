@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness import cli
-from kvmatrix.harness.cli import run as cli_run
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.run import plan as run_plan
 from kvmatrix.harness.run.guards import RUN_META, claim_run_folder, recorded_cases_dir
 from kvmatrix.matrix.load import CASES_DIR
 from tests.conftest import CPU_CLASS, write_case
@@ -23,7 +23,7 @@ CRASH = "crash[kv=fp8,skip=-,spec=-]"
 
 
 def run_fake(cases_dir: Path, tmp_path: Path, monkeypatch, *args: str) -> int:
-    monkeypatch.setattr(cli_run, "open_session", fake_sessions(cli_run.open_session, cases_dir, tmp_path))
+    monkeypatch.setattr(run_plan, "open_session", fake_sessions(run_plan.open_session, cases_dir, tmp_path))
     return cli.main(["run", "--runs-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"),
                      "--db", str(tmp_path / "none.sqlite"), "--gpu", CPU_CLASS, *args])
 

@@ -1,5 +1,5 @@
 """Scheduling: baselines first, the last run's failures first within each wave, cells sharing a model and backend
-together, longest first by the last run's timings from the history; `run_tasks` starts cells in that order and
+together, longest first by the last run's timings from the history; `run_locally` starts cells in that order and
 still returns them in the given one."""
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from kvmatrix.harness.nightly import history
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run import model_builds
+from kvmatrix.harness.run.order.policy import PastRuns
 from kvmatrix.harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
-from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.pool import run_locally
 from kvmatrix.harness.run.schedule import order_tasks
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.matrix.expand import expand_case
@@ -93,8 +94,8 @@ def test_run_tasks_starts_in_schedule_order_and_returns_in_given_order(cases_dir
     settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models=models, built={"llama": cases_dir},
                            vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL)
     started: list[str] = []
-    records = run_tasks(tasks, settings, on_record=lambda r, *_: started.append(r["cell_id"]),
-                        expected_s=expected_s, last_verdicts=last_verdicts)
+    records = run_locally(tasks, settings, on_record=lambda r, *_: started.append(r["cell_id"]),
+                          past=PastRuns(expected_s, last_verdicts or {}))
     assert started == ["ok[kv=fp8,skip=-,spec=-]", "ok[kv=auto,skip=-,spec=-]"]
     assert [r["cell_id"] for r in records] == ids(tasks) and all(r["verdict"] == "pass" for r in records)
 
@@ -172,7 +173,7 @@ def test_a_slow_pilot_holds_back_its_family_only(cases_dir, tmp_path, monkeypatc
     settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models=load_models(cases_dir), built={"llama": cases_dir},
                            vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL)
     finished: list[str] = []
-    run_tasks(tasks, settings, jobs=2, on_record=lambda r, *_: finished.append(r["cell_id"]))
+    run_locally(tasks, settings, jobs=2, on_record=lambda r, *_: finished.append(r["cell_id"]))
     # The other slot ran every cell of the other families while the pilot ran (no barrier after the pilots),
     # and the pilot's family-mate started only after it.
     assert finished == ["ok[kv=auto,skip=-,spec=-]", "ok[kv=fp8,skip=-,spec=-]", "ok[kv=bfloat16,skip=-,spec=-]",
@@ -185,7 +186,7 @@ def test_a_pool_marks_the_families_it_warmed(cases_dir, tmp_path):
     settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models=load_models(cases_dir), built={"llama": cases_dir},
                            vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL)
     assert warm_families(settings) == set()
-    records = run_tasks(tasks, settings, jobs=2)
+    records = run_locally(tasks, settings, jobs=2)
     assert [r["verdict"] for r in records] == ["pass"] * 3
     # Marked by the backend the cells resolved: the fake cell's is prebuilt, so one family holds every KV dtype.
     assert {r["layers"][0]["backend"] for r in records} == {"FAKE"}
@@ -279,7 +280,7 @@ def test_a_free_slot_passes_over_cells_that_would_wait_for_a_running_build(cases
 
     monkeypatch.setattr(model_builds, "_build", training)
     finished: list[str] = []
-    run_tasks(tasks, settings, jobs=2, on_record=lambda r, *_: finished.append(r["cell_id"]))
+    run_locally(tasks, settings, jobs=2, on_record=lambda r, *_: finished.append(r["cell_id"]))
     assert sorted(finished[:3]) == ["ok[kv=auto,skip=-,spec=-]", "ok[kv=bfloat16,skip=-,spec=-]",
                                     "ok[kv=fp8,skip=-,spec=-]"]
     assert finished[3:] == ["accuracy[kv=auto,skip=-,spec=-]", "clipping[kv=auto,skip=-,spec=-]"]
@@ -300,6 +301,6 @@ def test_the_training_starts_with_the_run_while_its_cells_come_last(cases_dir, t
         return cases_dir
 
     monkeypatch.setattr(model_builds, "_build", training)
-    run_tasks(tasks, settings, jobs=1, on_record=lambda r, *_: events.append(r["cell_id"]))
+    run_locally(tasks, settings, jobs=1, on_record=lambda r, *_: events.append(r["cell_id"]))
     assert events[0] == "training trained-llama"
     assert events[-1] == "accuracy[kv=auto,skip=-,spec=-]"

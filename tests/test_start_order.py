@@ -12,7 +12,10 @@ from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.cell_run import expected_not_to_pass
 from kvmatrix.harness.run.last_run import last_run_file, recall, remember
-from kvmatrix.harness.run.pool import prerequisites_first, run_tasks, start_plan
+from kvmatrix.harness.run.order.policy import PastRuns, StartContext
+from kvmatrix.harness.run.order.prerequisites import prerequisites_first
+from kvmatrix.harness.run.order.start_order import start_order
+from kvmatrix.harness.run.pool import run_locally
 from kvmatrix.harness.run.schedule import order_tasks
 from kvmatrix.harness.run.session import Session
 from kvmatrix.harness.run.settings import RunSettings
@@ -40,7 +43,8 @@ def test_a_cold_h200_run_starts_the_flashinfer_pilots_and_every_cell_after_what_
     run's critical path); then each cell comes after every cell it waits for, so the eager oracle of a confirmation
     that starts early (fp8_e5m2 with vLLM's own pick, FlashInfer on the H200: 180 s of builds) starts early too."""
     tasks, settings, expected = shipped_h200(tmp_path)
-    order, waits = start_plan(order_tasks(tasks, {}), settings, expected, jobs=8)
+    planned = start_order(order_tasks(tasks, {}), StartContext(settings, expected, slots=8))
+    order, waits = list(planned.tasks), planned.waits
     ids = [t.cell.cell_id for t in order]
     assert sorted(ids) == sorted(t.cell.cell_id for t in tasks)
     assert ids[:2] == ["flashinfer-qdtype[kv=fp8,skip=-,spec=-,attn=FLASHINFER,exec=eager]",
@@ -55,7 +59,8 @@ def test_a_timed_run_keeps_its_longest_first_order(tmp_path):
     tasks, settings, _ = shipped_h200(tmp_path)
     expected = dict.fromkeys((t.key for t in tasks), None)  # no expected failure: no confirmation goes first
     costs = {t.cell.cell_id: 5.0 for t in tasks} | {"glm5-fp8[kv=auto,skip=-,spec=-,exec=eager]": 400.0}
-    order, waits = start_plan(order_tasks(tasks, costs), settings, expected, jobs=8, timed=True)
+    planned = start_order(order_tasks(tasks, costs), StartContext(settings, expected, slots=8, past=PastRuns(costs)))
+    order, waits = list(planned.tasks), planned.waits
     compared = [t for t in order if t.cell.baseline_id != t.cell.cell_id]  # after the accuracy baselines' wave
     assert compared[0].cell.cell_id == "glm5-fp8[kv=auto,skip=-,spec=-,exec=eager]"
     position = {t.key: i for i, t in enumerate(order)}
@@ -93,7 +98,7 @@ def test_a_case_environments_cells_share_one_worker_while_other_cells_fill_the_o
                            vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL,
                            isolation="worker", worker_command=FAKE_WORKER)
     cells = expand_all(load_cases(sorted(cases_dir.glob("[!_]*.yaml"))), models, pool)
-    records = run_tasks(Session(settings, CPU, pool[CPU], None, pool).tasks(cells), settings, jobs=2)
+    records = run_locally(Session(settings, CPU, pool[CPU], None, pool).tasks(cells), settings, jobs=2)
     env_workers = {r["worker"]["pid"] for r in records if r["case"] == "0-slow"}
     assert len(env_workers) == 1, "; ".join(f'{r["cell_id"]} {r["worker"]["pid"]}/{r["worker"]["cells_before"]}'
                                             for r in records)
@@ -106,7 +111,7 @@ def test_cells_run_beside_the_canary(cases_dir, tmp_path, monkeypatch):
     from dataclasses import replace
 
     from kvmatrix.harness import cli
-    from kvmatrix.harness.cli import run as cli_run
+    from kvmatrix.harness.run import plan as run_plan
     from tests.conftest import CPU_CLASS
 
     monkeypatch.setenv("FAKE_CELL_FLAG", str(tmp_path / "flag"))
@@ -114,7 +119,7 @@ def test_cells_run_beside_the_canary(cases_dir, tmp_path, monkeypatch):
     # Another model: a cell of the canary's own kernel family would wait for it on a cold machine (its pilot).
     write_case(cases_dir, "1-flags", {"model": "ct-llama", "gpus": [CPU_CLASS],
                                       "matrix": {"kv_cache_dtype": ["bfloat16"]}})
-    opened = cli_run.open_session
+    opened = run_plan.open_session
 
     def fake(*args, **kwargs):
         session = opened(*args, **kwargs)
@@ -122,7 +127,7 @@ def test_cells_run_beside_the_canary(cases_dir, tmp_path, monkeypatch):
         session.build_models = lambda tasks: session.settings.built.update({"llama": cases_dir, "ct-llama": cases_dir})
         return session
 
-    monkeypatch.setattr(cli_run, "open_session", fake)
+    monkeypatch.setattr(run_plan, "open_session", fake)
     args = ["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / "runs"), "--run-id", "beside",
             "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", CPU_CLASS,
             "--jobs", "2", "--no-template"]
@@ -164,5 +169,5 @@ def test_an_expected_accuracy_drop_starts_in_a_fresh_process_once_per_case(tmp_p
     assert reason is not None and reason.startswith("the case expects an accuracy drop (the checkpoint's k/v")
     assert expected[compiled.key] == reason
     assert expected[by_id["trained-llama-fp8kv-clipping[kv=bfloat16,skip=-,spec=-]"].key] is None
-    order, waits = start_plan(order_tasks(tasks, {}), settings, expected, jobs=8)
+    waits = start_order(order_tasks(tasks, {}), StartContext(settings, expected, slots=8)).waits
     assert oracle.key in waits[compiled.key]

@@ -180,8 +180,9 @@ def test_cases_waivers_lent_to_a_generated_folder_do_not_miss_cells(tmp_path):
     from kvmatrix.harness.cli.run import known_failure_problems
     from kvmatrix.harness.record.files import RunDir
 
-    session = SimpleNamespace(settings=SimpleNamespace(waivers=waivers(f"ct-lama[kv=bfloat16,*] {LINK}")),
-                              run_dir=RunDir(tmp_path))
-    own = known_failure_problems([failing_bf16()], [], session)
-    lent = known_failure_problems([failing_bf16()], [], session, lent=True)
+    settings = SimpleNamespace(waivers=waivers(f"ct-lama[kv=bfloat16,*] {LINK}"), run_dir=RunDir(tmp_path))
+    own = known_failure_problems([failing_bf16()], SimpleNamespace(
+        settings=settings, cases=SimpleNamespace(every=(), waivers_lent=False)))
+    lent = known_failure_problems([failing_bf16()], SimpleNamespace(
+        settings=settings, cases=SimpleNamespace(every=(), waivers_lent=True)))
     assert [p.kind for p in own] == ["unmatched"] and lent == []

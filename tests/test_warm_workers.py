@@ -18,7 +18,8 @@ from pathlib import Path
 
 from kvmatrix.harness.judge.waivers import parse_waivers
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.order.policy import PastRuns
+from kvmatrix.harness.run.pool import run_locally
 from kvmatrix.harness.run.session import Session
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.matrix.expand import expand_all
@@ -129,7 +130,7 @@ def test_a_known_failure_starts_in_a_fresh_process_and_spares_the_worker(cases_d
     cells = expand_all(load_cases(sorted(cases_dir.glob("[!_]*.yaml"))), models, pool)
     tasks = Session(settings, "cpu-avx512", pool["cpu-avx512"], None, pool).tasks(cells)
     last_verdicts = {"3-crash[kv=auto,skip=-,spec=-]": "fail"}
-    by_case = {r["case"]: r for r in run_tasks(tasks, settings, last_verdicts=last_verdicts)}
+    by_case = {r["case"]: r for r in run_locally(tasks, settings, past=PastRuns(verdicts=last_verdicts))}
     records = {case.split("-", 1)[1]: r for case, r in by_case.items() if case != "4-crash"}
     # The waived segfault, the case's expected failure and last run's failure ran once, in a fresh process, and say why.
     assert records["segv"]["isolation"] == "process" and "warm_attempt" not in records["segv"]
@@ -158,7 +159,7 @@ def test_siblings_of_a_confirmed_expected_failure_stay_in_the_warm_worker(cases_
                            isolation="worker", worker_command=FAKE_WORKER, waivers=waivers)
     cells = expand_all(load_cases(sorted(cases_dir.glob("[!_]*.yaml"))), models, pool)
     tasks = Session(settings, "cpu-avx512", pool["cpu-avx512"], None, pool).tasks(cells)
-    records = {r["cell_id"]: r for r in run_tasks(tasks, settings, jobs=2)}
+    records = {r["cell_id"]: r for r in run_locally(tasks, settings, jobs=2)}
     crash = [r for r in records.values() if r["case"] == "1-crash"]
     assert all(r["verdict"] == "xfail" and r["signature"] == "no_common_block_size" for r in crash)
     # The case's first cell confirmed the crash in a fresh process; its siblings waited for it, crashed alike in
@@ -186,7 +187,7 @@ def test_a_slot_keeps_a_worker_per_environment_and_comes_back_to_it(cases_dir, t
                            isolation="worker", worker_command=FAKE_WORKER)
     cells = expand_all(load_cases(sorted(cases_dir.glob("[!_]*.yaml"))), models, pool)
     tasks = Session(settings, "cpu-avx512", pool["cpu-avx512"], None, pool).tasks(cells)
-    workers = [r["worker"] for r in run_tasks(tasks, settings)]
+    workers = [r["worker"] for r in run_locally(tasks, settings)]
     assert [w["pid"] for w in workers[2:]] == [w["pid"] for w in workers[:2]]
     assert workers[0]["pid"] != workers[1]["pid"]
     assert [w["cells_before"] for w in workers] == [0, 0, 1, 1]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kvmatrix.harness.record.files import write_json_atomic
 from kvmatrix.harness.run.engine_args import engine_args_for, models_needed
-from kvmatrix.harness.run.pool import run_tasks
+from kvmatrix.harness.run.pool import run_locally
 from kvmatrix.harness.run.session import open_session
 from kvmatrix.harness.vllm_compat import known_engine_args, known_kv_cache_dtypes
 from kvmatrix.matrix.expand import Cell, expand_case
@@ -59,7 +59,7 @@ def run(cell_ids: list[str], runs_dir: Path, run_id: str, cache_dir: Path, gpu: 
     known_args = known_engine_args()
     runnable = []
     for task in tasks:
-        # (a model that did not build is left to run_tasks, whose record names it)
+        # (a model that did not build is left to run_locally, whose record names it)
         if known_args and settings.built.keys() >= set(models_needed(task.cell)):
             args = engine_args_for(task.cell, task.gpu, settings.models, settings.built, settings.use_hub)
             unknown = sorted(set(args) - known_args)
@@ -67,7 +67,7 @@ def run(cell_ids: list[str], runs_dir: Path, run_id: str, cache_dir: Path, gpu: 
                 skips[task.cell.cell_id] = f"this vLLM has no engine argument {', '.join(unknown)}"
                 continue
         runnable.append(task)
-    records = run_tasks(runnable, settings) if runnable else []
+    records = run_locally(runnable, settings) if runnable else []
     return {"records": {r["cell_id"]: str(session.run_dir.record_path(r["cell_id"], r["gpu_class"])) for r in records},
             "skips": skips}
 

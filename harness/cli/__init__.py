@@ -16,12 +16,12 @@ from typing import TextIO
 
 from kvmatrix.harness.cli.commands import COMMANDS
 from kvmatrix.harness.cli.exit_codes import INTERRUPTED, TERMINATED, USAGE
-from kvmatrix.harness.cli.selection import SelectionError
 from kvmatrix.harness.cli.version import VersionAction
 from kvmatrix.harness.judge.waivers import WaiverError
 from kvmatrix.harness.nightly.pipelines import PipelineError
 from kvmatrix.harness.record.model import RecordError
 from kvmatrix.harness.run.canary import EnvironmentBroken
+from kvmatrix.harness.run.cases import SelectionError
 from kvmatrix.harness.run.guards import GuardError
 from kvmatrix.matrix.machine import PoolError
 from kvmatrix.matrix.schema import CaseError

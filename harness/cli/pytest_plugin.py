@@ -14,16 +14,15 @@ heavy is imported until a case file is collected: other test suites of the envir
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
-    from kvmatrix.harness.cli.run import PreparedRun
     from kvmatrix.harness.record.model import JudgedRecord
     from kvmatrix.harness.record.task import Task
+    from kvmatrix.harness.run.plan import RunOptions, RunPlan
 
 RUN = pytest.StashKey["KvmatrixRun"]()
 RUN_ID_FOR_WORKERS = "kvmatrix_run_id"  # xdist: the run folder every worker writes, chosen by the controller
@@ -65,69 +64,62 @@ def cases_dir(config: pytest.Config) -> Path | None:
     return Path(default).resolve() if default else None
 
 
-def run_arguments(config: pytest.Config) -> argparse.Namespace:
-    """`kvmatrix run`'s own arguments for this pytest run, parsed by its own parser (the same defaults)."""
-    from kvmatrix.harness.cli import build_parser
+def run_options(config: pytest.Config) -> RunOptions:
+    """This pytest run's options as `kvmatrix run`'s (the same defaults); pytest's own -k selects among the cells."""
+    from kvmatrix.harness.nightly.history import DEFAULT_DB
+    from kvmatrix.harness.record.files import RUNS_DIR
+    from kvmatrix.harness.record.paths import DEFAULT_CACHE
+    from kvmatrix.harness.run.plan import RunOptions
 
-    argv = ["run", "--isolation", config.getoption("kvmatrix_isolation"),
-            "--jobs", str(config.getoption("kvmatrix_jobs"))]
-    folder = cases_dir(config)
-    if config.getoption("kvmatrix_cases") or folder:
-        argv += ["--cases-dir", str(folder)]
     run_id = getattr(config, "workerinput", {}).get(RUN_ID_FOR_WORKERS) or config.getoption("kvmatrix_run_id")
-    for flag, value in (("--gpu", config.getoption("kvmatrix_gpu")), ("--run-id", run_id),
-                        ("--runs-dir", config.getoption("kvmatrix_runs_dir")),
-                        ("--cache-dir", config.getoption("kvmatrix_cache_dir"))):
-        if value:
-            argv += [flag, str(value)]
-    if config.getoption("kvmatrix_resume") and not run_id:
-        argv += ["--resume", config.getoption("kvmatrix_resume")]
-    argv += [flag for flag, on in (("--emulate", config.getoption("kvmatrix_emulate")),
-                                   ("--force", config.getoption("kvmatrix_force"))) if on]
-    return build_parser(argv).parse_args(argv)
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    return RunOptions(
+        gpu=config.getoption("kvmatrix_gpu"), emulate=config.getoption("kvmatrix_emulate"), run_id=run_id,
+        resume=None if run_id else config.getoption("kvmatrix_resume"), cases_dir=cases_dir(config),
+        isolation=config.getoption("kvmatrix_isolation"), jobs=config.getoption("kvmatrix_jobs"),
+        shared_by=int(workers or 1),  # xdist: the machine's slots shared among its workers
+        runs_dir=Path(config.getoption("kvmatrix_runs_dir") or RUNS_DIR),
+        cache_dir=Path(config.getoption("kvmatrix_cache_dir") or DEFAULT_CACHE), history_db=DEFAULT_DB,
+        force=config.getoption("kvmatrix_force"))
 
 
 class KvmatrixRun:
-    """This pytest run's kvmatrix run: prepared as `kvmatrix run` prepares one, its selected cells run by the same
-    pool before the items report, and finished (waivers, reports, findings) at the session's end."""
+    """This pytest run's kvmatrix run: planned as `kvmatrix run` plans one, its selected cells run by the same
+    executor before the items report, and finished (waivers, reports, findings) at the session's end."""
 
     def __init__(self, config: pytest.Config):
         from kvmatrix.harness.cli import USAGE_ERRORS
-        from kvmatrix.harness.cli.run import prepare_run
+        from kvmatrix.harness.cli.run import history_of
         from kvmatrix.harness.run import host_cpu
+        from kvmatrix.harness.run.plan import plan_run
 
         self.config, self.say = config, terminal_line(config)
         self.started = host_cpu.reading()
-        self.args = run_arguments(config)
         try:
             # Invalid case files are collection errors of their own; a listing makes no run folder.
-            self.prepared: PreparedRun = prepare_run(self.args, say=lambda line: None,
-                                                     claim=not config.option.collectonly)
+            self.plan: RunPlan = plan_run(run_options(config), history_of, say=lambda line: None,
+                                          claim=not config.option.collectonly)
         except USAGE_ERRORS as err:  # what `kvmatrix run` says in one line, exit 2
             raise pytest.UsageError(str(err)) from None
         self.records: dict[str, JudgedRecord] = {}
         self.ran: list[JudgedRecord] = []
 
     def tasks_of(self, path: Path) -> list[Task]:
-        return [t for t in self.prepared.tasks if Path(t.cell.source).resolve() == path.resolve()]
+        return [t for t in self.plan.tasks if Path(t.cell.source).resolve() == path.resolve()]
 
     def invalid_of(self, path: Path) -> Any:
-        return next((err for err in self.prepared.invalid if Path(err.file).resolve() == path.resolve()), None)
+        return next((err for err in self.plan.cases.invalid if Path(err.file).resolve() == path.resolve()), None)
 
     def run(self, tasks: list[Task]) -> None:
         from kvmatrix.harness.cli.output import progress_printer
-        from kvmatrix.harness.cli.run import first_line, run_here
+        from kvmatrix.harness.cli.run import first_line
         from kvmatrix.harness.record.files import record_stem
-
-        session = self.prepared.session
-        workers = getattr(self.config, "workerinput", {}).get("workercount")
-        if workers and not self.args.jobs:  # xdist: the machine's slots shared among its workers
-            self.args.jobs = max(1, session.slots // int(workers))
         from kvmatrix.harness.run.canary import EnvironmentBroken
+        from kvmatrix.harness.run.plan import execute
 
-        self.say(first_line(self.args, session, len(tasks)))
+        self.say(first_line(self.plan, len(tasks)))
         try:
-            self.ran = run_here(self.args, tasks, session, progress_printer(self.started.at, self.say))
+            self.ran = execute(self.plan, tasks, progress_printer(self.started.at, self.say))
         except EnvironmentBroken as err:  # the canary: nothing recorded, one line, as `kvmatrix run` says it
             pytest.exit(f"kvmatrix: {err}", returncode=pytest.ExitCode.USAGE_ERROR)
         self.records = {record_stem(r["cell_id"], r["gpu_class"]): r for r in self.ran}
@@ -135,7 +127,7 @@ class KvmatrixRun:
     def finish(self) -> int:
         from kvmatrix.harness.cli.run import finish_run
 
-        return finish_run(self.args, self.ran, self.prepared, self.started, say=self.say, show_report=False)
+        return finish_run(self.plan, self.ran, self.started, say=self.say, show_report=False)
 
 
 def terminal_line(config: pytest.Config):
@@ -167,7 +159,7 @@ def pytest_configure_node(node: Any) -> None:
     config = node.config
     if cases_dir(config) is None:
         return
-    node.workerinput[RUN_ID_FOR_WORKERS] = _run(config).prepared.session.run_dir.root.name
+    node.workerinput[RUN_ID_FOR_WORKERS] = _run(config).plan.settings.run_dir.root.name
 
 
 def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.Collector | None:
@@ -225,7 +217,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not run.ran and not hasattr(config, "workerinput"):  # xdist's controller: the workers ran the cells
         from kvmatrix.harness.record.files import RunDir
 
-        run.ran = RunDir(run.prepared.session.run_dir.root).records()
+        run.ran = RunDir(run.plan.settings.run_dir.root).records()
     if hasattr(config, "workerinput") or not run.ran:
         return
     if run.finish() and session.exitstatus == pytest.ExitCode.OK:
@@ -242,7 +234,7 @@ class CellItem(pytest.Item):
         record = run.records.get(self.task.key)
         if record is None:
             raise CellFailed({"verdict": "error", "reason": "the run did not record this cell", "expectations": []})
-        self.user_properties.append(("record", str(run.prepared.session.run_dir.record_path(
+        self.user_properties.append(("record", str(run.plan.settings.run_dir.record_path(
             self.task.cell.cell_id, self.task.gpu_name))))
         self.user_properties.append(("seconds", (record.get("timings") or {}).get("total_s")))
         report_verdict(record)

@@ -14,7 +14,7 @@ from kvmatrix.harness.audit import runnable_classes
 from kvmatrix.harness.bisect.envs import EnvBuildError
 from kvmatrix.harness.bisect.given import parse_env_args
 from kvmatrix.harness.cli.exit_codes import FAILED, OK, USAGE
-from kvmatrix.harness.cli.selection import SelectionError, cell_selected, load_cells
+from kvmatrix.harness.cli.selection import load_cells
 from kvmatrix.harness.judge.waivers import WaiverError
 from kvmatrix.harness.qualify.bisection import bisect_changes
 from kvmatrix.harness.qualify.compare import advise, compare, judged_again
@@ -25,6 +25,7 @@ from kvmatrix.harness.qualify.sides import Side, SideError, resolve_sides, run_m
 from kvmatrix.harness.record.files import RUNS_DIR, write_json_atomic
 from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
+from kvmatrix.harness.run.cases import SelectionError, cell_selected
 from kvmatrix.harness.run.session import session_waivers
 from kvmatrix.matrix.load import CASES_DIR, load_pool
 from kvmatrix.matrix.schema import CaseError

@@ -5,35 +5,25 @@ from __future__ import annotations
 
 import argparse
 import math
-import sqlite3
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO
 
 from kvmatrix.harness.cli.exit_codes import FAILED, OK
 from kvmatrix.harness.cli.output import progress_printer, write_findings, write_reports
-from kvmatrix.harness.cli.selection import add_selection_options, load_cells
-from kvmatrix.harness.judge.waivers import WAIVERS_FILE, WaiverProblem, cell_keys, waiver_problems
+from kvmatrix.harness.cli.selection import add_selection_options, selection_of
+from kvmatrix.harness.judge.waivers import WaiverProblem, cell_keys, waiver_problems
 from kvmatrix.harness.nightly import history
 from kvmatrix.harness.record.files import RUNS_DIR
 from kvmatrix.harness.record.model import JudgedRecord, check_judged
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
-from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run import host_cpu
-from kvmatrix.harness.run.guards import cases_dir_for, check_free_disk, claim_run_folder, lock_run_folder
-from kvmatrix.harness.run.last_run import last_run_file, recall
-from kvmatrix.harness.run.pool import LocalPool, OnRecord
-from kvmatrix.harness.run.run_ids import LATEST, resumed_run_id
-from kvmatrix.harness.run.session import Session, open_session
-from kvmatrix.harness.run.settings import CELL_COMMAND, WORKER_COMMAND
+from kvmatrix.harness.run.order.policy import PastRuns
+from kvmatrix.harness.run.plan import RunOptions, RunPlan, execute, plan_run
+from kvmatrix.harness.run.run_ids import LATEST
 from kvmatrix.harness.surface.promises import promised, refusals
-from kvmatrix.matrix.expand import Cell
-from kvmatrix.matrix.load import shared_file
-from kvmatrix.matrix.machine import PoolError
 from kvmatrix.matrix.schema import CaseError
 
 # Where a run's lines go: stdout for `kvmatrix run`, pytest's terminal for the plugin.
@@ -103,143 +93,75 @@ def _gib(text: str) -> float:
     return value
 
 
-@dataclass
-class PreparedRun:
-    """A run ready to start: its session (class, folder, settings), the tasks selected, the case files set aside
-    (invalid) and every cell of the matrix (for the waivers' problems)."""
-
-    session: Session
-    tasks: list[Task]
-    invalid: list[CaseError]
-    every: list[Cell]
-    lock: IO[str] | None = None  # `kvmatrix run`'s hold on its folder, kept open for the run (xdist workers share one)
-
-
-def prepare_run(args: argparse.Namespace, say: Say = print, claim: bool = True, lock: bool = False) -> PreparedRun:
-    """The cases loaded, the session opened and its folder claimed, the tasks chosen: everything before the cells,
-    shared by `kvmatrix run` and the pytest plugin (which selects among the tasks with pytest's own -k, and only
-    lists them under --collect-only: `claim` False makes no folder; `lock`: one run writes the folder at a time)."""
-    if args.resume:
-        args.run_id = resumed_run_id(args.resume, Path(args.runs_dir))
-    args.cases_dir = cases_dir_for(args.cases_dir, Path(args.runs_dir) / args.run_id if args.run_id else None)
-    cells, invalid, every = load_cells(args, tolerant=True)
-    for err in invalid:
-        say(f"kvmatrix: {err}")
-    if args.ray and args.emulate:
-        raise PoolError("--emulate with --ray: a Ray pool runs each class on nodes of that class; drop --emulate")
-    session = open_session(gpu=args.gpu, emulate=args.emulate, run_id=args.run_id, runs_dir=Path(args.runs_dir),
-                           cache_dir=Path(args.cache_dir), cases_dir=Path(args.cases_dir), use_hub=args.hub,
-                           timeout_scale=args.timeout_scale, probe_only=args.probe_only, on_ray=bool(args.ray))
-    held = None
-    if claim:
-        check_free_disk(Path(args.runs_dir), args.min_free_gb)
-        held = lock_run_folder(session.run_dir.root) if lock else None
-        claim_run_folder(session.run_dir.root, Path(args.cases_dir), args.force)
-    tasks = session.tasks(cells)
-    if args.declared_only:
-        tasks = promised(tasks, session.settings.vllm_version)
-    if args.refused_only:
-        tasks = refusals(tasks, session.settings.vllm_version)
-    if args.cpu_ranks and (session.host.device != "cpu" or not 1 < args.cpu_ranks <= session.cores):
-        raise PoolError(f"--cpu-ranks takes 2 to {session.cores} (this CPU's cores), on a CPU class")
-    # A template forks the harness's own cell and worker: a run given other commands (a test's) runs those.
-    own_commands = (session.settings.cell_command, session.settings.worker_command) == (CELL_COMMAND, WORKER_COMMAND)
-    session.settings = replace(session.settings, isolation=args.isolation, canary=True,
-                               gpus_here=args.cpu_ranks or session.settings.gpus_here,
-                               fork_from_template=session.host.device == "cpu" and not args.no_template
-                               and own_commands)
-    return PreparedRun(session, tasks, invalid, every, held)
+def run_options(args: argparse.Namespace) -> RunOptions:
+    """`kvmatrix run`'s arguments as a run's options."""
+    only = promised if args.declared_only else refusals if args.refused_only else None
+    return RunOptions(
+        gpu=args.gpu, emulate=args.emulate, run_id=args.run_id, resume=args.resume, runs_dir=Path(args.runs_dir),
+        cache_dir=Path(args.cache_dir), cases_dir=Path(args.cases_dir) if args.cases_dir else None,
+        selection=selection_of(args), use_hub=args.hub, timeout_scale=args.timeout_scale, jobs=args.jobs or 0,
+        isolation=args.isolation, template=not args.no_template, cpu_ranks=args.cpu_ranks, only=only,
+        probe_only=args.probe_only, ray=args.ray, ray_real_gpus=args.ray_real_gpus, history_db=Path(args.db),
+        force=args.force, min_free_gib=args.min_free_gb)
 
 
-def first_line(args: argparse.Namespace, session: Session, cells: int) -> str:
-    settings = session.settings
-    return (f"kvmatrix: {cells} cells for {session.gpu_name}"
-            + (f" (emulated on {session.emulated_from})" if session.emulated_from else "")
-            + (" (probe-only)" if args.probe_only else "")
-            + f", isolation {args.isolation}" + (" (processes forked from templates)" if settings.fork_from_template
-                                                   else "")
-            + f", vLLM {settings.vllm_version}, run {session.run_dir.root}"
-            + (f", on the Ray cluster at {args.ray}" if args.ray else ""))
+def history_of(db: Path, gpu_class: str) -> PastRuns:
+    """What the history database says of a class's cells: their last seconds, verdicts and backends."""
+    connection = history.open_db(db)
+    return PastRuns(history.last_timings(connection, gpu_class), history.last_verdicts(connection, gpu_class),
+                    history.last_backends(connection, gpu_class))
+
+
+def first_line(plan: RunPlan, cells: int) -> str:
+    settings = plan.settings
+    return (f"kvmatrix: {cells} cells for {plan.gpu_name}"
+            + (f" (emulated on {plan.emulated_from})" if plan.emulated_from else "")
+            + (" (probe-only)" if settings.probe_only else "")
+            + f", isolation {settings.isolation}" + (" (processes forked from templates)" if settings.fork_from_template
+                                                       else "")
+            + f", vLLM {settings.vllm_version}, run {settings.run_dir.root}"
+            + (f", on the Ray cluster at {plan.options.ray}" if plan.options.ray else ""))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     started = host_cpu.reading()
-    prepared = prepare_run(args, say=lambda line: print(line, file=sys.stderr), lock=True)
-    print(first_line(args, prepared.session, len(prepared.tasks)), flush=True)
+    plan = plan_run(run_options(args), history_of, say=lambda line: print(line, file=sys.stderr), lock=True)
+    print(first_line(plan, len(plan.tasks)), flush=True)
     # No models built up front: each cell builds what it needs as it starts (harness/run/model_builds.py), so cells
     # of other models run while one trains.
-    run = run_on_ray if args.ray else run_here
-    records = run(args, prepared.tasks, prepared.session, progress_printer(started.at))
-    return finish_run(args, records, prepared, started)
+    records = execute(plan, list(plan.tasks), progress_printer(started.at))
+    return finish_run(plan, records, started)
 
 
-def run_here(args: argparse.Namespace, tasks: list[Task], session: Session, on_record: OnRecord
-             ) -> list[JudgedRecord]:
-    """This machine's slots. Cells that failed last time start first, then longest first, by the history (when
-    there is one): a run's first failures show early and no long cell starts last."""
-    expected, verdicts, backends = {}, {}, {}
-    if Path(args.db).exists():
-        try:
-            db = history.open_db(args.db)
-            expected, verdicts = history.last_timings(db, session.gpu_name), history.last_verdicts(db, session.gpu_name)
-            backends = history.last_backends(db, session.gpu_name)
-        except (sqlite3.Error, ValueError) as err:  # only the order depends on it: never stop a run
-            print(f"kvmatrix: the history {args.db} could not be read ({err}); cells start in the cases' order",
-                  file=sys.stderr)
-    if not expected:  # no history of this class: what the last runs on these caches saw, if any
-        settings = session.settings
-        expected, verdicts, backends = recall(last_run_file(settings.cache_dir, session.gpu_name,
-                                                            settings.vllm_version))
-    session.jobs = args.jobs or 0
-    pool = LocalPool(session.slots, session.slot_env, expected, verdicts,
-                     session.settings.gpus_here or 0, session.ranks_env, backends)
-    return pool.run(tasks, session.settings, on_record)
-
-
-def run_on_ray(args: argparse.Namespace, tasks: list[Task], session: Session, on_record: OnRecord
-               ) -> list[JudgedRecord]:
-    """An existing Ray cluster's nodes of the class (harness/run/ray_pool.py); records land here as local ones do."""
-    import ray  # only a Ray pool needs Ray
-
-    from kvmatrix.harness.run.ray_pool import RayPool
-
-    ray.init(address=args.ray)
-    try:
-        return RayPool(real_gpus=args.ray_real_gpus, pool=session.pool).run(tasks, session.settings, on_record)
-    finally:
-        ray.shutdown()
-
-
-def finish_run(args: argparse.Namespace, records: list[JudgedRecord], prepared: PreparedRun,
-               started: host_cpu.Reading, say: Say = print, show_report: bool = True) -> int:
-    """Waivers, reports and the exit status, whichever pool (or front end) ran the cells."""
-    session = prepared.session
-    lent = shared_file(Path(args.cases_dir), WAIVERS_FILE.name) != Path(args.cases_dir) / WAIVERS_FILE.name
-    problems = known_failure_problems(records, prepared.every, session, lent, say)
-    records = records + [invalid_case_record(err, session.gpu_name) for err in prepared.invalid]
-    paths = write_reports(session.run_dir, records, f"kvmatrix {session.run_dir.root.name}",
+def finish_run(plan: RunPlan, records: list[JudgedRecord], started: host_cpu.Reading, say: Say = print,
+               show_report: bool = True) -> int:
+    """Waivers, reports and the exit status, whichever executor (or front end) ran the cells."""
+    run_dir = plan.settings.run_dir
+    problems = known_failure_problems(records, plan, say)
+    records = records + [invalid_case_record(err, plan.gpu_name) for err in plan.cases.invalid]
+    paths = write_reports(run_dir, records, f"kvmatrix {run_dir.root.name}",
                           header="\n".join(f"- waivers: {p}" for p in problems))
     if show_report:
         say("")
         say(paths["md"].read_text())
     say(f"reports: {paths['md']} {paths['html']} {paths['junit']}  ({time.monotonic() - started.at:.0f} s total)")
-    if not args.ray:  # a Ray pool's cells ran on other hosts
+    if not plan.options.ray:  # a Ray cluster's cells ran on other hosts
         say(host_cpu.summary(started, host_cpu.reading(), records))
-    pages = write_findings(session.run_dir.root, records, {session.run_dir.root.name: Path(args.cases_dir).resolve()})
+    pages = write_findings(run_dir.root, records, {run_dir.root.name: plan.cases.folder.resolve()})
     if pages:
         say(f"{len(pages)} unexplained failures: a findings page for each in {pages[0].parent}")
     failed = any(r["verdict"] in FAILING_VERDICTS for r in records) or any(p.is_error for p in problems)
     return FAILED if failed else OK
 
 
-def known_failure_problems(records: list[JudgedRecord], every: list[Cell], session: Session, lent: bool = False,
+def known_failure_problems(records: list[JudgedRecord], plan: RunPlan,
                            say: Say = lambda line: print(line, file=sys.stderr)) -> list[WaiverProblem]:
     """The waivers' problems over the whole run, said: expired, matching no cell, or removable. The records are
     already under the waivers (judging applied them; a resumed run's kept records got today's as it resumed:
-    harness/run/resume.py), and no record file is written here. A waivers file `lent` to a folder inside cases/
+    harness/run/resume.py), and no record file is written here. A waivers file lent to a folder inside cases/
     (cases/surface/) names cells of cases/ that folder does not hold: no "matches no cell"."""
-    problems = waiver_problems(records, session.settings.waivers, known_cells=cell_keys(every))
-    if lent:
+    problems = waiver_problems(records, plan.settings.waivers, known_cells=cell_keys(list(plan.cases.every)))
+    if plan.cases.waivers_lent:
         problems = [p for p in problems if p.kind != "unmatched"]
     for problem in problems:
         say(f"kvmatrix: {problem}")

@@ -1,20 +1,14 @@
-"""Which cells a command works on: a folder's case files expanded, then `--case`, `-k` and `--cell`."""
+"""Which cells a command works on: `--case`, `-k` and `--cell` as a selection of a folder's cells
+(harness/run/cases.py loads and selects them)."""
 
 from __future__ import annotations
 
 import argparse
-import shlex
 from pathlib import Path
 
-from kvmatrix.harness.judge.waivers import cell_pattern
-from kvmatrix.harness.run.session import vllm_vocabulary
-from kvmatrix.matrix.expand import MAX_CELLS, Cell, expand_case
-from kvmatrix.matrix.load import case_files, load_case, load_models, load_pool
+from kvmatrix.harness.run.cases import CaseSelection, select_cells
+from kvmatrix.matrix.expand import MAX_CELLS, Cell
 from kvmatrix.matrix.schema import CaseError
-
-
-class SelectionError(ValueError):
-    """--case, -k or --cell selected no cell: a typo would otherwise give an empty report and exit 0."""
 
 
 def add_selection_options(p: argparse.ArgumentParser) -> None:
@@ -29,51 +23,13 @@ def add_selection_options(p: argparse.ArgumentParser) -> None:
                         "0: no cap)")
 
 
+def selection_of(args: argparse.Namespace) -> CaseSelection:
+    """The selection options of a command's arguments."""
+    return CaseSelection(tuple(args.case or ()), args.k, tuple(args.cell or ()),
+                         getattr(args, "max_cells", MAX_CELLS))
+
+
 def load_cells(args: argparse.Namespace, tolerant: bool = False, of_installed_vllm: bool = True
                ) -> tuple[list[Cell], list[CaseError], list[Cell]]:
-    """(selected cells, case files set aside, every cell of the matrix). With `tolerant`, a case file that fails
-    to load or expand is set aside as an error (the other cases still run); otherwise it stops the command. A
-    selection that matches no cell raises SelectionError naming it. `of_installed_vllm=False` does not hold the
-    cases to the installed vLLM's names (KV dtypes, engine arguments): judging records another release made, from
-    cases generated for it, runs no vLLM here."""
-    cases_dir = Path(args.cases_dir)
-    files = case_files(cases_dir)
-    models, pool = load_models(cases_dir), load_pool(cases_dir)
-    vocabulary = vllm_vocabulary(models) if of_installed_vllm else None
-    cells: list[Cell] = []
-    errors: list[CaseError] = []
-    cap = getattr(args, "max_cells", MAX_CELLS) or None
-    for path in files:
-        left = None if cap is None else cap - len(cells)  # a case that would pass the cap is set aside unexpanded
-        try:
-            cells.extend(expand_case(load_case(path, vocabulary, left), models, pool, str(path), left))
-        except CaseError as err:
-            if not tolerant:
-                raise
-            errors.append(err)
-    every = cells
-    if args.case:
-        cells = [c for c in cells if c.case.name in args.case]
-        errors = [e for e in errors if e.case in args.case]
-    if args.k:
-        cells = [c for c in cells if cell_selected(c.cell_id, args.k)]
-    if args.cell:
-        cells = [c for c in cells if c.cell_id in args.cell]
-    if not cells and not errors:
-        raise SelectionError(f"no cell of {cases_dir} matches {_selection(args)} (`kvmatrix list` shows the ids)")
-    return cells, errors, every
-
-
-def _selection(args: argparse.Namespace) -> str:
-    said = [("--case", c) for c in args.case or []] + ([("-k", args.k)] if args.k else [])
-    said += [("--cell", c) for c in args.cell or []]
-    return " ".join(f"{flag} {shlex.quote(value)}" for flag, value in said) or "(everything: it has no case files)"
-
-
-def cell_selected(cell_id: str, pattern: str) -> bool:
-    """-k: a whole cell id (`name[...]`) matches only that cell, an id fragment every cell containing it; `*` and
-    `?` are wildcards, `[` and `]` literal (as in the waivers file), so an id from `kvmatrix list` selects itself."""
-    whole_id = "[" in pattern and pattern.endswith("]")
-    if whole_id or set("*?") & set(pattern):
-        return cell_pattern(pattern).fullmatch(cell_id) is not None
-    return pattern in cell_id
+    """(selected cells, case files set aside, every cell of the matrix) of `args.cases_dir` (select_cells)."""
+    return select_cells(Path(args.cases_dir), selection_of(args), tolerant, of_installed_vllm)

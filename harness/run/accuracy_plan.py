@@ -1,6 +1,6 @@
 """What the runner needs for accuracy cases: the cell process's accuracy instructions, and the rule that every
 baseline cell (and every differential cell's oracle) has finished before a cell that is compared with it starts
-(as waves for the Ray pool, as each cell's wait for this machine's pool)."""
+(as waves for the Ray executor, as each cell's wait on this machine's slots: harness/run/order/baselines.py)."""
 
 from __future__ import annotations
 

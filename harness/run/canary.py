@@ -29,7 +29,7 @@ class EnvironmentBroken(RuntimeError):
     """The canary cell did not run: the environment, not vLLM's KV cache, is what fails."""
 
 
-def pick_canary(todo: list[Task], settings: RunSettings, expected: dict[str, str | None],
+def pick_canary(todo: list[Task], settings: RunSettings, expected_failure: dict[str, str | None],
                 finished: list[JudgedRecord]) -> Task | None:
     """The cell to run first: of the first model that has one, a cell with every axis at its default (no KV dtype
     asked, nothing skipped, no draft, vLLM's backend, the plain workload), compared with no other cell, that runs
@@ -38,7 +38,7 @@ def pick_canary(todo: list[Task], settings: RunSettings, expected: dict[str, str
     cell is that plain."""
     if any(r.get("status") == "ok" for r in finished):
         return None
-    plain = [t for t in todo if _plain(t) and expected.get(t.key) is None and not _may_refuse(t, settings)
+    plain = [t for t in todo if _plain(t) and expected_failure.get(t.key) is None and not _may_refuse(t, settings)
              and not_run_reason(t, settings) is None]
     if not plain:
         return None

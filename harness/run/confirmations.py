@@ -58,15 +58,15 @@ def _confirmable(record: JudgedRecord) -> bool:
             and not record.get("signal") and not (record.get("worker") or {}).get("retired"))
 
 
-def confirmation_gates(tasks: Iterable[Task], expected: dict[str, str | None]) -> dict[str, set[str]]:
-    """Which task keys each task waits for: the cells of a case expected not to pass for one reason (`expected`:
+def confirmation_gates(tasks: Iterable[Task], expected_failure: dict[str, str | None]) -> dict[str, set[str]]:
+    """Which task keys each task waits for: the cells of a case expected not to pass for one reason (`expected_failure`:
     task key → why, or None) wait for the first of them in `tasks`' order, whose fresh process confirms it. Cells
     expected to fail for other reasons (other waivers: another crash) do not wait for each other."""
     first: dict[tuple[str, str], str] = {}
     waits: dict[str, set[str]] = {}
     for task in tasks:
         waits[task.key] = set()
-        why = expected.get(task.key)
+        why = expected_failure.get(task.key)
         if why is None:
             continue
         group = (task.cell.case.name, why)

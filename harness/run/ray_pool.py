@@ -5,7 +5,7 @@ declares with its slot count (`ray start --resources '{"gpu_class:L4": 4}'`), or
 `accelerator_type` with a GPU share of 1/slots_per_device (Ray then sets the task's CUDA_VISIBLE_DEVICES, which
 the cell process inherits). A cell goes to a node of the class it really runs on (the host class when emulating)
 and runs there exactly as locally (`judged_record`: one cell process, retries, judging) in a scratch run folder;
-its record and log come back to the driver, which writes them into the run folder as `run_tasks` does (same
+its record and log come back to the driver, which writes them into the run folder as `run_locally` does (same
 `RunDir.write`, same resume: finished cells are not sent again).
 
 A node that dies takes its running cells with it; Ray runs them again on another node of the class
@@ -44,11 +44,11 @@ def host_class(task: Task) -> str:
     return task.emulated_from or task.gpu_name
 
 
-def placement(task: Task, real_gpus: bool = False, pool: dict[str, GpuClass] | None = None,
+def placement(task: Task, real_gpus: bool = False, gpu_classes: dict[str, GpuClass] | None = None,
               accelerator_types: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
     """(the Ray resource that marks nodes of the task's class, the task's Ray options)."""
     host, gpus = host_class(task), task.cell.gpus_needed
-    slots = (pool or {}).get(host, task.gpu).slots_per_device
+    slots = (gpu_classes or {}).get(host, task.gpu).slots_per_device
     if real_gpus:
         accelerator = (accelerator_types or {}).get(host, host)  # pool names are Ray's (H100, A100, L4) by default
         # A cell spanning several GPUs takes them whole (Ray sets its CUDA_VISIBLE_DEVICES to all of them).
@@ -78,7 +78,7 @@ def run_on_node(task: Task, settings: RunSettings, baselines: list[JudgedRecord]
 
 
 def unobserved_record(task: Task, settings: RunSettings, why: str) -> JudgedRecord:
-    """A cell the pool could not run: an `error` for the report, never a record file (a rerun runs it)."""
+    """A cell the cluster could not run: an `error` for the report, never a record file (a rerun runs it)."""
     why = f"{why} (not recorded: a rerun with the same run id runs it again)"
     record: JudgedRecord = {**skip_record(task, why, settings.run_dir.root.name), "status": "error",
                             "error_tail": why, "vllm_version": settings.vllm_version, "signature": None,
@@ -91,14 +91,14 @@ def run_tasks_on_ray(
     settings: RunSettings,
     on_record: OnRecord | None = None,
     real_gpus: bool = False,
-    pool: dict[str, GpuClass] | None = None,
+    gpu_classes: dict[str, GpuClass] | None = None,
     accelerator_types: dict[str, str] | None = None,
     max_retries: int = 3,
     unplaceable_after_s: float = 60.0,
 ) -> list[JudgedRecord]:
-    """`run_tasks` over a Ray cluster the caller has joined (`ray.init(address=...)`); same arguments and
+    """`run_locally` over a Ray cluster the caller has joined (`ray.init(address=...)`); same arguments and
     records, in the order of `tasks`. Cells start baselines first, then the rest, as Ray places them."""
-    import ray  # only a Ray pool needs Ray
+    import ray  # only a Ray cluster needs Ray
 
     remote = ray.remote(run_on_node)
     run_dir, total = settings.run_dir, len(tasks)
@@ -118,7 +118,7 @@ def run_tasks_on_ray(
     for wave in baselines_first(todo):  # a compared cell is judged against its baseline's finished record
         pending: dict = {}
         for task in wave:
-            resource, options = placement(task, real_gpus, pool, accelerator_types)
+            resource, options = placement(task, real_gpus, gpu_classes, accelerator_types)
             ref = remote.options(max_retries=max_retries, retry_exceptions=False, **options).remote(
                 task, settings, _baselines_of(task, records))
             pending[ref] = (task, resource)
@@ -168,17 +168,18 @@ def _drain(ray: Any, pending: dict[Any, tuple[Task, str]], keep: Callable[..., N
                                              f"{unplaceable_after_s:g} s"), None, False)
 
 
-@dataclasses.dataclass
-class RayPool:
-    """`run_tasks_on_ray` as a `Pool` (harness/run/pool.py), for a cluster the caller has joined."""
+@dataclasses.dataclass(frozen=True)
+class RayExecutor:
+    """`run_tasks_on_ray` as an `Executor` (harness/run/pool.py), for a cluster the caller has joined; `gpu_classes`:
+    the pool's classes (cases/_pool.yaml), whose `slots_per_device` share a node's GPUs among cells."""
 
     real_gpus: bool = False
-    pool: dict[str, GpuClass] | None = None
+    gpu_classes: dict[str, GpuClass] | None = None
     accelerator_types: dict[str, str] | None = None
     max_retries: int = 3
     unplaceable_after_s: float = 60.0
 
     def run(self, tasks: list[Task], settings: RunSettings,
             on_record: OnRecord | None = None) -> list[JudgedRecord]:
-        return run_tasks_on_ray(tasks, settings, on_record, self.real_gpus, self.pool, self.accelerator_types,
+        return run_tasks_on_ray(tasks, settings, on_record, self.real_gpus, self.gpu_classes, self.accelerator_types,
                                 self.max_retries, self.unplaceable_after_s)

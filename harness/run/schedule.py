@@ -14,15 +14,15 @@ from kvmatrix.harness.record.task import Task
 DEFAULT_COST_S = 60.0
 
 
-def order_tasks(tasks: list[Task], expected_s: dict[str, float], default_s: float = DEFAULT_COST_S,
+def order_tasks(tasks: list[Task], expected_seconds: dict[str, float], default_s: float = DEFAULT_COST_S,
                 last_verdicts: dict[str, str] | None = None) -> list[Task]:
-    """`expected_s` maps a cell id to its expected seconds on the tasks' GPU class (the tasks of one run share
+    """`expected_seconds` maps a cell id to its expected seconds on the tasks' GPU class (the tasks of one run share
     a class), `last_verdicts` a cell id to its verdict in that class's previous run. Ties keep the given order,
     so an unknown matrix runs as written, grouped."""
     last_verdicts = last_verdicts or {}
 
     def cost(task: Task) -> float:
-        return expected_s.get(task.cell.cell_id, default_s)
+        return expected_seconds.get(task.cell.cell_id, default_s)
 
     def group(task: Task) -> tuple:
         return task.cell.model, task.cell.axes.get("attention_backend")

@@ -17,7 +17,7 @@ from kvmatrix.harness.run.gpu_memory import open_gpu_memory
 from kvmatrix.harness.run.model_builds import build_models
 from kvmatrix.harness.run.run_ids import new_run_id
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.run.slots import ranks_env, slot_count, slot_env
+from kvmatrix.harness.run.slots import Slots, slot_count
 from kvmatrix.harness.vllm_compat import (
     SIGNATURE_FAMILIES,
     SIGNATURES,
@@ -56,7 +56,6 @@ class Session:
     device_count: int = 0
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
     device_memory_gib: float | None = None
-    jobs: int = 0  # the slots asked for (`--jobs`); 0: as the machine allows
 
     @property
     def run_dir(self) -> RunDir:
@@ -70,20 +69,11 @@ class Session:
         """The class of the card cells really run on (the emulated class only steers vLLM's decisions)."""
         return self.pool.get(self.emulated_from, self.gpu) if self.emulated_from else self.gpu
 
-    @property
-    def slots(self) -> int:
-        """Cells at once: `jobs` if asked, else every GPU packed with its class's `slots_per_device` cells, within
+    def slots(self, jobs: int = 0) -> Slots:
+        """`jobs` cells at once if asked, else every GPU packed with its class's `slots_per_device` cells, within
         its memory and the host's cores (harness/run/slots.py)."""
-        return self.jobs or slot_count(self.host, self.device_count, self.cores, self.device_memory_gib)
-
-    def slot_env(self, slot: int) -> dict[str, str]:
-        """Each slot's cells see one GPU (engines on different GPUs never meet) and their share of the cores (of
-        `slots` slots: a run of fewer shares the cores among fewer)."""
-        return slot_env(self.host, slot, self.slots, self.device_count, self.cores)
-
-    def ranks_env(self, devices: list[int]) -> dict[str, str]:
-        """A cell spanning several devices sees them all, and nothing else runs on them meanwhile."""
-        return ranks_env(self.host, devices, self.cores)
+        count = jobs or slot_count(self.host, self.device_count, self.cores, self.device_memory_gib)
+        return Slots(count, self.host, self.device_count, self.cores)
 
     def build_models(self, tasks: list[Task]) -> None:
         """The tiny models of the tasks that will run: a cell skipped here (its class, this vLLM, no lm-eval for
@@ -95,12 +85,17 @@ class Session:
         settings.built.update(build_models(running, settings.models, settings.cache_dir / "models"))
 
 
+def waivers_lent(cases_dir: Path) -> bool:
+    """Whether a cases folder judges with the default case set's waivers file (it has none of its own): its lines
+    name cells of cases/ and classes of the default pool."""
+    return shared_file(cases_dir, WAIVERS_FILE.name) != Path(cases_dir) / WAIVERS_FILE.name
+
+
 def session_waivers(cases_dir: Path, pool: dict[str, GpuClass]) -> list[Waiver]:
     """The known failures of a cases folder: its own waivers file, checked against its pool, or the default case
     set's, checked against the default pool they name classes of; a bad file raises WaiverError."""
-    path = shared_file(cases_dir, WAIVERS_FILE.name)
-    lent = path != Path(cases_dir) / WAIVERS_FILE.name
-    return load_waivers(path, load_pool(CASES_DIR) if lent else pool)
+    lent = waivers_lent(cases_dir)
+    return load_waivers(shared_file(cases_dir, WAIVERS_FILE.name), load_pool(CASES_DIR) if lent else pool)
 
 
 def this_device() -> LocalDevice:

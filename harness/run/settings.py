@@ -1,7 +1,7 @@
-"""A run's settings as every pool and cell process sees them: the run folder, the models, the vLLM version,
+"""A run's settings as every executor and cell process sees them: the run folder, the models, the vLLM version,
 the caches, the cell, worker and template commands and which of them start cells, the waivers that judging applies and
-the GPU-memory check. Frozen: a run that needs other settings makes them with `dataclasses.replace`, so no
-pool or cell sees them change under it (only `built` fills in, as models are built)."""
+the GPU-memory check. Frozen: a run's plan makes them once (harness/run/plan.py), so no executor or cell sees them
+change under it (only `built` fills in, as models are built)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class RunSettings:
     isolation: str = "process"
     worker_command: tuple[str, ...] = WORKER_COMMAND
     # Cell processes and workers forked from a template that imported torch and vLLM once (`template_command`,
-    # harness/run/template.py) instead of each importing them: CPU classes only (`kvmatrix run` sets it; a child
+    # harness/run/template.py) instead of each importing them: CPU classes only (a run's plan sets it; a child
     # forked after CUDA's initialisation cannot use CUDA).
     fork_from_template: bool = False
     template_command: tuple[str, ...] = (sys.executable, "-m", "kvmatrix.harness.cell.template")
@@ -52,6 +52,7 @@ class RunSettings:
     waivers: list[Waiver] = field(default_factory=list)  # known failures (cases/_waivers.txt): judged xfail
     # GPUs of this machine a cell may span (0 on a CPU class); None where a scheduler places cells (Ray).
     gpus_here: int | None = None
-    # The plainest cell first, alone, and the run stopped if it does not run (harness/run/canary.py): `kvmatrix
-    # run` and the pytest front end; off where a run's cells misbehave on purpose (the fault tests).
+    # The plainest cell first, nothing recorded until it ran, and the run stopped if it does not run
+    # (harness/run/canary.py): on in every run plan (`kvmatrix run` and the pytest front end alike,
+    # harness/run/plan.py); off where a run's cells misbehave on purpose (the fault tests).
     canary: bool = False

@@ -5,6 +5,8 @@ in NVML's PCI order) or, on a CPU class with several slots, to its own cores."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvmatrix.harness.vllm_compat import CPU_THREADS_BIND_ENV
 from kvmatrix.matrix.schema import GpuClass
 
@@ -55,3 +57,23 @@ def ranks_env(host: GpuClass, devices: list[int], cores: int) -> dict[str, str]:
                 "OMP_NUM_THREADS": str(share)}
     return {"OMP_NUM_THREADS": str(share),
             CPU_THREADS_BIND_ENV: "|".join(f"{d * share}-{d * share + share - 1}" for d in devices)}
+
+
+@dataclass(frozen=True)
+class Slots:
+    """A run's slots on this machine: `count` cells at once on `host`'s `devices` GPUs (0 on a CPU class) and
+    `cores` cores."""
+
+    count: int
+    host: GpuClass
+    devices: int
+    cores: int
+
+    def env(self, slot: int) -> dict[str, str]:
+        """Each slot's cells see one GPU (engines on different GPUs never meet) and their share of the cores (of
+        `count` slots: a run of fewer shares the cores among fewer)."""
+        return slot_env(self.host, slot, self.count, self.devices, self.cores)
+
+    def ranks_env(self, devices: list[int]) -> dict[str, str]:
+        """A cell spanning several devices sees them all, and nothing else runs on them meanwhile."""
+        return ranks_env(self.host, devices, self.cores)

@@ -1,0 +1,33 @@
+"""The start order: every policy, in the order they apply. The earlier runs' order comes first (the canary is the
+first plain cell in it); each later policy adds waits and moves cells within what the earlier ones decided; the
+last places each cell after what it waits for, with the cells that start ahead of all in front."""
+
+from __future__ import annotations
+
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.order.baselines import BaselinesFirst
+from kvmatrix.harness.run.order.canary import CanaryFirst
+from kvmatrix.harness.run.order.confirmations import ConfirmationsAhead
+from kvmatrix.harness.run.order.longest_first import LongestFirst
+from kvmatrix.harness.run.order.pilots import PilotsAhead
+from kvmatrix.harness.run.order.policy import StartContext, StartOrder, StartPolicy
+from kvmatrix.harness.run.order.prerequisites import PrerequisitesFirst
+from kvmatrix.harness.run.order.wide import WideLast
+
+POLICIES: tuple[StartPolicy, ...] = (
+    LongestFirst(),        # the earlier runs' timings: failed last time first, then longest first
+    CanaryFirst(),         # the plainest cell of the first model, alone ahead of all
+    WideLast(),            # cells spanning several GPUs after the rest, on whole GPUs
+    BaselinesFirst(),      # a compared cell waits for its baseline, oracle or twins
+    PilotsAhead(),         # a cold kernel family's cells wait for its pilot
+    ConfirmationsAhead(),  # a case's expected failures wait for the first, confirmed in a fresh process
+    PrerequisitesFirst(),  # each cell after what it waits for; the cells ahead of all in front
+)
+
+
+def start_order(tasks: list[Task], context: StartContext) -> StartOrder:
+    """The order `tasks` start in and what each waits for, every policy applied."""
+    draft = StartOrder.given(tasks)
+    for policy in POLICIES:
+        draft = policy.order(draft, context)
+    return draft
