@@ -34,9 +34,9 @@ from pathlib import Path
 from kvmatrix.harness.cli.selection import load_cells
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.run.cases import cell_selected
-from kvmatrix.harness.run.isolation import isolation_differences
-from kvmatrix.harness.run.pool import run_locally
+from kvmatrix.harness.run.executor.local import run_locally
 from kvmatrix.harness.run.session import open_session
+from tests.isolation import isolation_differences
 
 WARM_UP = "import torch, vllm; torch.cuda.init() if torch.cuda.is_available() else None"
 ARM_TITLES = {
@@ -107,7 +107,7 @@ def main() -> None:
     ratios = [f"{name} ({x})/({y}): {walls[x] / walls[y]:.2f}x"
               for name, x, y in (("cache sharing", "a", "b"), ("packing", "b", "c"), ("both", "a", "c"))
               if x in walls and y in walls]
-    # Verdicts, resolved state and greedy tokens (harness/run/isolation.py): packing must not change a record.
+    # Verdicts, resolved state and greedy tokens (tests/isolation.py): packing must not change a record.
     differences = {arm: isolation_differences(records[arms[0]], records[arm]) for arm in arms[1:]}
     print("   ".join(ratios) + "   records identical: " + str(not any(differences.values())))
     for arm, lines in differences.items():

@@ -26,7 +26,7 @@ from kvmatrix.harness.cli.selection import load_cells
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.run.cases import cell_selected
-from kvmatrix.harness.run.pool import run_locally
+from kvmatrix.harness.run.executor.local import run_locally
 from kvmatrix.harness.run.session import open_session
 from kvmatrix.matrix.axes import DEFAULT_EXECUTION, resolved_execution
 

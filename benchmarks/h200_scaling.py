@@ -6,9 +6,9 @@
 RUN is a run folder (or a packed one, as benchmarks/h200_phases.py reads them) of one GPU class on one machine.
 Each of its cells costs what it took there (`total_s`), less the start of a warm worker where it was a worker's
 first cell (the imports and a first engine: every slot pays one, whatever it runs first). The model then
-schedules the same cells as the runner does, longest first (harness/run/schedule.py), each compared cell after
-its oracle or baseline, and on a cold run each cell of a kernel family (harness/run/pilots.py) after the family's
-first cell, on `gpus x slots-per-gpu` slots:
+schedules the same cells as the runner does, longest first (harness/run/order/longest_first.py), each compared cell
+after its oracle or baseline, and on a cold run each cell of a kernel family (harness/run/order/pilots.py) after the
+family's first cell, on `gpus x slots-per-gpu` slots:
 
 - one host with G GPUs shares one cache folder: a family's kernels are compiled once, by its first cell;
 - `--hosts H` spreads the GPUs over H hosts (a Ray cluster): each host compiles every family it runs once, so a
@@ -34,9 +34,9 @@ from h200_phases import busy_wall, open_run, records_of  # beside this script
 from kvmatrix.harness.judge.facts import facts
 from kvmatrix.harness.record.phases import breakdown
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.run.accuracy_plan import baseline_gates
-from kvmatrix.harness.run.pilots import kernel_family
-from kvmatrix.harness.run.schedule import order_tasks
+from kvmatrix.harness.run.order.baselines import baseline_gates
+from kvmatrix.harness.run.order.longest_first import order_tasks
+from kvmatrix.harness.run.order.pilots import kernel_family
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import load_cases, load_models, load_pool
 

@@ -24,10 +24,10 @@ from pathlib import Path
 from kvmatrix.harness.cli.selection import load_cells
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
-from kvmatrix.harness.run.cell_env import cell_env
-from kvmatrix.harness.run.engine_args import engine_args_for
-from kvmatrix.harness.run.pool import run_locally
+from kvmatrix.harness.run.executor.local import run_locally
+from kvmatrix.harness.run.process.env import cell_env
 from kvmatrix.harness.run.session import open_session
+from kvmatrix.harness.run.task.spec import engine_args_for
 
 BARE = Path(__file__).with_name("bare_cell.py")
 

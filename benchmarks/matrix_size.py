@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from kvmatrix.harness.judge.verdict import judge
-from kvmatrix.harness.nightly import history
+from kvmatrix.harness.results import history
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import CASES_DIR, load_cases, load_models, load_pool
 from kvmatrix.reports import html, html_details, junit, markdown

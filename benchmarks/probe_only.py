@@ -21,7 +21,7 @@ from pathlib import Path
 from kvmatrix.harness.cli.selection import load_cells
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
-from kvmatrix.harness.run.pool import run_locally
+from kvmatrix.harness.run.executor.local import run_locally
 from kvmatrix.harness.run.session import open_session
 from kvmatrix.reports.summary import facts
 

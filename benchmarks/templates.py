@@ -2,11 +2,11 @@
 and their fresh-process confirmations, as `kvmatrix run` runs them):
 
   exec   every cell process and worker starts as a new interpreter that imports torch and vLLM (`--no-template`)
-  fork   every one is forked from a template that imported them once (harness/run/template.py)
+  fork   every one is forked from a template that imported them once (harness/run/process/template_client.py)
 
 Prints each arm's wall, the ratio exec/fork, how many processes each started and how (the records'
 `process_start`), and checks that both gave every cell the same verdict, resolved state and greedy tokens
-(harness/run/isolation.py). Each arm runs in a fresh run folder on the shared caches, warmed first by one
+(tests/isolation.py). Each arm runs in a fresh run folder on the shared caches, warmed first by one
 unmeasured cell.
 
     python benchmarks/templates.py [-k PATTERN] [--isolation worker|process] [--jobs N] [--gpu CLASS [--emulate]]

@@ -6,7 +6,7 @@
   worker   `--isolation worker`: each slot's cells in a warm worker
 
 Prints each arm's wall and per-cell wall, the ratios worker/floor (goal <= 1.3) and process/worker, and checks
-that both isolations gave every cell the same verdict, resolved state and greedy tokens (harness/run/isolation.py).
+that both isolations gave every cell the same verdict, resolved state and greedy tokens (tests/isolation.py).
 Every arm runs in a fresh run folder; the shared compile caches are the run's cache folder, warmed by a first
 unmeasured cell so that no arm pays a cold JIT the others do not.
 
@@ -30,13 +30,13 @@ from pathlib import Path
 from kvmatrix.harness.cli.selection import load_cells
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
-from kvmatrix.harness.run.accuracy_plan import accuracy_spec
-from kvmatrix.harness.run.cell_env import cell_env
-from kvmatrix.harness.run.cell_run import not_run_reason
-from kvmatrix.harness.run.engine_args import engine_args_for, generation
-from kvmatrix.harness.run.isolation import isolation_differences
-from kvmatrix.harness.run.pool import LocalExecutor
+from kvmatrix.harness.run.executor.local import LocalExecutor
+from kvmatrix.harness.run.process.env import cell_env
 from kvmatrix.harness.run.session import open_session
+from kvmatrix.harness.run.task.accuracy import accuracy_spec
+from kvmatrix.harness.run.task.runner import not_run_reason
+from kvmatrix.harness.run.task.spec import engine_args_for, generation
+from tests.isolation import isolation_differences
 
 BARE = Path(__file__).with_name("bare_cell.py")
 
@@ -146,7 +146,7 @@ def report(results: dict, records: dict) -> None:
 
 
 def print_differences(first: list[dict], second: list[dict], where: str) -> list[str]:
-    """Whether two runs of the same cells resolved alike (harness/run/isolation.py), printed; the differences."""
+    """Whether two runs of the same cells resolved alike (tests/isolation.py), printed; the differences."""
     differences = isolation_differences(first, second)
     print("verdicts, resolved state and tokens: "
           + (f"identical {where}" if not differences else f"{len(differences)} DIFFERENCES"))

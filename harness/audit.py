@@ -18,11 +18,11 @@ from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassified
 from kvmatrix.harness.judge.waivers import waive
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.parts import FAILING_VERDICTS, VERDICTS
 from kvmatrix.harness.record.paths import CELL_CWD
 from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.run.session import session_waivers, this_device
 from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES, installed_vllm_version
 from kvmatrix.matrix.expand import expand_all

@@ -1,7 +1,7 @@
 """What a case expects of its cells' records, and when a cell is skipped: the `when:` clauses and layer
 selectors every rule uses, the `expect:` rules (a crash or refusal, checks of layers, KV groups and attention
 builders, page-size ratios), the `skip:` rules and the `accuracy:` block (baseline comparison, pinned score,
-expected drops). Record fields named here are the ones harness/record/model.py gives layers and KV groups.
+expected drops). Record fields named here are the ones harness/record/types.py gives layers and KV groups.
 """
 
 from __future__ import annotations

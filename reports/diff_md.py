@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvmatrix.harness.nightly.diff import Change, Diff
+from kvmatrix.harness.results.diff import Change, Diff
 from kvmatrix.reports.summary import same_crash_text
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kvmatrix.harness.judge.fingerprint import failure_name
 from kvmatrix.harness.record.files import record_stem
-from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.matrix.load import cases_option
 from kvmatrix.reports.summary import facts
 

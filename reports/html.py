@@ -13,8 +13,8 @@ from typing import Any
 
 import jinja2
 
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.parts import VERDICTS
+from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.reports.diff_md import Comparison, detail, move
 from kvmatrix.reports.html_details import details_json, facts_text
 from kvmatrix.reports.html_grid import History, grids
@@ -40,7 +40,7 @@ def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "
            diff: list[Comparison] | None = None, first_seen: dict[str, str] | None = None,
            history: History | None = None) -> str:
     """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash; `history`
-    (harness/nightly/history.py verdict_history) gives each square a strip of its last runs' verdicts."""
+    (harness/results/history.py verdict_history) gives each square a strip of its last runs' verdicts."""
     gpus = list(dict.fromkeys(r.get("gpu_class", "?") for r in records))
     shown = [facts_text(r) for r in records]  # once per record: the list and the details panel show them
     got = Counter(r["verdict"] for r in records)

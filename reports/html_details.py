@@ -10,7 +10,7 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.vllm_compat import QUERY_DTYPE_FIELDS
 from kvmatrix.reports.findings_pages import page_name, unexplained
 from kvmatrix.reports.html_grid import changed_nights

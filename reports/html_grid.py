@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass, field
 
 from kvmatrix.harness.judge.fingerprint import failure_name
-from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.record.types import JudgedRecord
 
-# (GPU class, cell id) → [(run id, verdict, resolved state)], oldest first (harness/nightly/history.py)
+# (GPU class, cell id) → [(run id, verdict, resolved state)], oldest first (harness/results/history.py)
 History = dict[tuple[str, str], list[tuple[str, str, str]]]
 ROW_AXES = ("kv_cache_dtype", "kv_cache_dtype_skip_layers")
 COLUMN_AXES = ("speculative", "attention_backend", "execution", "workload")  # shown only where the case varies them
@@ -80,7 +80,7 @@ class Grid:
 
     def view(self, records: list[JudgedRecord], history: History | None = None) -> dict:
         """The template's view: header rows (one per column axis), and per row its squares (None: no record).
-        `history`: each square's verdicts in its class's last runs (harness/nightly/history.py verdict_history),
+        `history`: each square's verdicts in its class's last runs (harness/results/history.py verdict_history),
         shown as a strip in the square."""
         header = [{"axis": _SHORT.get(axis, axis), "spans": _spans([c[: depth + 1] for c in self.columns])}
                   for depth, axis in enumerate(self.column_axes)]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvmatrix.harness.record.model import DifferentialComparison, JudgedRecord
 from kvmatrix.harness.record.parts import LISTED_VERDICTS
+from kvmatrix.harness.record.types import DifferentialComparison, JudgedRecord
 from kvmatrix.reports.phases import phase_lines
 from kvmatrix.reports.summary import counts, crash_counts, frame, fresh_reruns, leaks, pivot, same_crash
 
@@ -13,7 +13,7 @@ from kvmatrix.reports.summary import counts, crash_counts, frame, fresh_reruns, 
 def class_differences(records: list[JudgedRecord], reference: str) -> list[str]:
     """Per cell, how each other GPU class's record differs from the reference class's (verdict, backend, KV
     dtype, query dtype, page size, signature): what an emulated or other class decides differently."""
-    from kvmatrix.harness.nightly.diff import what_changed  # reports stay importable without the history modules' deps
+    from kvmatrix.harness.results.diff import what_changed  # reports stay importable without the history modules' deps
 
     by_class: dict[str, dict[str, JudgedRecord]] = {}
     for r in records:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.phases import DETAILS, PART_TITLES, PARTS, summed
+from kvmatrix.harness.record.types import JudgedRecord
 
 DETAIL_TITLES = {
     "flashinfer_jit_s": "FlashInfer JIT builds (nvcc)",

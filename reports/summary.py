@@ -7,8 +7,8 @@ from collections import Counter
 import pandas as pd
 
 from kvmatrix.harness.judge.facts import facts
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.parts import VERDICTS
+from kvmatrix.harness.record.types import JudgedRecord
 
 
 def cell_text(record: JudgedRecord) -> str:
@@ -69,7 +69,7 @@ def counts(df: pd.DataFrame) -> dict[str, int]:
 
 
 def leaks(records: list[JudgedRecord]) -> list[str]:
-    """One line per cell that left GPU memory behind (see harness/run/gpu_check.py)."""
+    """One line per cell that left GPU memory behind (see harness/run/host/gpu_check.py)."""
     return [f"{r['cell_id']} on {r.get('gpu_class', '?')}: {r['leak']}" for r in records if r.get("leak")]
 
 

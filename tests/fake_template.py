@@ -1,6 +1,6 @@
-"""A stand-in for `python -m kvmatrix.harness.cell.template`: the production template loop (`run_template`) forking
-the misbehaving fake cells (tests/fake_cell.py) and fake workers (tests/fake_worker.py) instead of real ones. Its
-"imports" are chosen by FAKE_TEMPLATE: "broken" fails them as a broken environment would (the fake cells then
+"""A stand-in for `python -m kvmatrix.harness.cell.template_server`: the production template loop (`run_template`)
+forking the misbehaving fake cells (tests/fake_cell.py) and fake workers (tests/fake_worker.py) instead of real ones.
+Its "imports" are chosen by FAKE_TEMPLATE: "broken" fails them as a broken environment would (the fake cells then
 record the same import error, tests/fake_cell.py), "thread" leaves a second Python thread alive (unsafe to fork)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from kvmatrix.harness.cell.template import run_template
+from kvmatrix.harness.cell.template_server import run_template
 from tests.fake_cell import broken_environment, run
 from tests.fake_worker import serve_fake_cells
 

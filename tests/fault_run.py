@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.run.pool import run_locally
+from kvmatrix.harness.run.executor.local import run_locally
 from kvmatrix.harness.run.session import Session
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.matrix.expand import expand_all

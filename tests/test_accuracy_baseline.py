@@ -9,7 +9,8 @@ import pytest
 from kvmatrix.harness.judge.accuracy import judge_accuracy
 from kvmatrix.harness.judge.verdict import Judgement
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.run.accuracy_plan import baselines_first, offline_reason
+from kvmatrix.harness.run.order.baselines import baselines_first
+from kvmatrix.harness.run.task.accuracy import offline_reason
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import load_case, load_models, load_pool
 from kvmatrix.matrix.schema import CaseError

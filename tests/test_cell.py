@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness.judge.signatures import classify
-from kvmatrix.harness.record.model import check_cell_output
+from kvmatrix.harness.record.types import check_cell_output
 from kvmatrix.harness.vllm_compat import SIGNATURE_FAMILIES, detect_cpu_isa, installed_vllm_version
 from kvmatrix.matrix.schema import X86_CPU_LEVELS
 from tests.conftest import needs_fp8_kv

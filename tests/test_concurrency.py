@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvmatrix.harness.nightly import history
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.results import history
 from tests.conftest import write_case
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ def test_many_cells_from_several_harnesses_into_one_run_folder_and_history(cases
     assert all(json.loads(p.read_text())["verdict"] == "pass" for p in files)
 
     db_path = tmp_path / "history.sqlite"
-    importer = ("import sys; from pathlib import Path; from kvmatrix.harness.nightly import history; "
+    importer = ("import sys; from pathlib import Path; from kvmatrix.harness.results import history; "
                 "history.import_run(history.open_db(sys.argv[1]), Path(sys.argv[2]))")
     importers = [subprocess.Popen([sys.executable, "-c", importer, str(db_path), str(run)], env=ENV,
                                   stderr=subprocess.PIPE, text=True) for _ in range(4)]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 
 from kvmatrix.harness.cli import main
-from kvmatrix.harness.nightly import history
-from kvmatrix.harness.nightly.diff import diff_records
+from kvmatrix.harness.results import history
+from kvmatrix.harness.results.diff import diff_records
 from kvmatrix.reports import diff_md
 from kvmatrix.reports.html_grid import changed_nights
 from tests.test_history import CPU, captured_record, write_run

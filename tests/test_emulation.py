@@ -6,8 +6,8 @@ from __future__ import annotations
 from kvmatrix.harness.judge.outcome import classify_outcome
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.run.cell_run import finish
 from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.harness.run.task.runner import finish
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import CASES_DIR, load_case, load_models, load_pool
 

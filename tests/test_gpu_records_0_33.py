@@ -3,7 +3,7 @@ files and waivers: the whole default matrix as the real H200 (tests/fixtures/rec
 cells of L4, A100 and B200 emulated on it that the session's GPU time allowed
 (h200-as-{l4,a100,b200}-vllm-0.33.0/). reports/examples/h200-vllm0.33.0.md is the report they come from.
 
-Every cell ran `enforce_eager=True` (harness/run/engine_args.py): none of these records says anything about
+Every cell ran `enforce_eager=True` (harness/run/task/spec.py): none of these records says anything about
 vLLM's default torch.compile + CUDA-graph mode."""
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.run.isolation import isolation_differences
 from tests.conftest import FIXTURES, shipped_matrix
+from tests.isolation import isolation_differences
 
 ACCURACY = FIXTURES / "records" / "accuracy-gpu-vllm-0.26.0"
 COLD_RUN = FIXTURES / "runs" / "h200-cold-vllm-0.26.0-2026-12-01.tar.xz"

@@ -7,8 +7,8 @@ import json
 
 from kvmatrix.harness.judge.outcome import classify_outcome
 from kvmatrix.harness.judge.verdict import judge
-from kvmatrix.harness.nightly import history
 from kvmatrix.harness.record.files import RunDir, record_stem
+from kvmatrix.harness.results import history
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import CASES_DIR, load_case, load_models, load_pool
 from tests.conftest import FIXTURES

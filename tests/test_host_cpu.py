@@ -7,7 +7,7 @@ import json
 import tarfile
 from datetime import datetime, timezone
 
-from kvmatrix.harness.run import host_cpu
+from kvmatrix.harness.run.host import host_cpu
 from tests.conftest import FIXTURES
 
 CPU_ACCOUNTING_RUNS = FIXTURES / "runs" / "h200-cold-cpu-accounting-vllm-0.26.0-2026-12-01.tar.xz"

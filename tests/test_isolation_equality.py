@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.run.isolation import isolation_differences
+from tests.isolation import isolation_differences
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.vllm

@@ -15,7 +15,7 @@ LAYERS = [
     ("kvmatrix.harness.vllm_compat",),
     ("kvmatrix.harness.models",),
     ("kvmatrix.harness.judge", "kvmatrix.harness.cell"),
-    ("kvmatrix.harness.run", "kvmatrix.harness.nightly"),
+    ("kvmatrix.harness.run", "kvmatrix.harness.results", "kvmatrix.harness.pipelines"),
     ("kvmatrix.reports", "kvmatrix.harness.bisect", "kvmatrix.harness.audit", "kvmatrix.harness.repro"),
     ("kvmatrix.harness.pr", "kvmatrix.harness.surface", "kvmatrix.harness.qualify"),
     ("kvmatrix.harness.cli",),

@@ -17,7 +17,7 @@ from kvmatrix.harness.models import tiny, trained
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.run import model_builds
-from kvmatrix.harness.run.cell_env import cell_env
+from kvmatrix.harness.run.process.env import cell_env
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.matrix.schema import ModelEntry
 

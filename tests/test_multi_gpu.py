@@ -13,13 +13,13 @@ import pytest
 from kvmatrix.harness.judge.outcome import classify_outcome
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.run.cell_run import gpus_reason
-from kvmatrix.harness.run.engine_args import engine_args_for
-from kvmatrix.harness.run.pool import run_locally
-from kvmatrix.harness.run.ray_pool import placement
+from kvmatrix.harness.run.executor.local import run_locally
+from kvmatrix.harness.run.executor.ray import placement
+from kvmatrix.harness.run.host.slots import ranks_env
 from kvmatrix.harness.run.session import Session, open_session
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.run.slots import ranks_env
+from kvmatrix.harness.run.task.runner import gpus_reason
+from kvmatrix.harness.run.task.spec import engine_args_for
 from kvmatrix.matrix.expand import expand_all, expand_case
 from kvmatrix.matrix.load import CASES_DIR, case_files, load_case, load_cases, load_models, load_pool
 from tests.conftest import FIXTURES, needs_fp8_kv, write_case

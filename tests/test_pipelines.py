@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import yaml
 
+from kvmatrix.harness import pipelines
 from kvmatrix.harness.cli import main
-from kvmatrix.harness.nightly import pipelines
 from tests.conftest import write_case
 
 ALL_CLASSES = ["cpu-amx", "cpu-avx512", "cpu-avx2", "cpu-arm64",

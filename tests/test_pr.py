@@ -174,7 +174,7 @@ def test_the_backend_name_table_agrees_with_the_installed_vllm_registry():
 
 
 def test_records_may_come_from_the_history_database(tmp_path):
-    from kvmatrix.harness.nightly import history
+    from kvmatrix.harness.results import history
 
     db_path = tmp_path / "history.sqlite"
     db = history.open_db(db_path)

@@ -1,4 +1,4 @@
-"""The typed record (harness/record/model.py): every record captured from real runs (tests/fixtures/records/,
+"""The typed record (harness/record/types.py): every record captured from real runs (tests/fixtures/records/,
 any release, GPU and CPU) and every run folder under reports/runs/ fits its phase, as stored and with renamed
 fields normalized: a judged record, or a bare cell result as the cell process's output; a wrong-typed field is
 refused, on writing and on reading, naming the file and the field. The phases' boundaries:
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness.record.files import RunDir, read_json
-from kvmatrix.harness.record.model import RecordError, check_cell_output, check_judged
+from kvmatrix.harness.record.types import RecordError, check_cell_output, check_judged
 from kvmatrix.harness.vllm_compat import normalized_record
 from tests.conftest import FIXTURES
 

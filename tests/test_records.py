@@ -69,8 +69,8 @@ def test_long_cell_ids_get_file_names_a_file_system_takes(tmp_path):
 
 def test_runs_folder_is_found_from_the_working_directory(tmp_path, monkeypatch):
     """An installed kvmatrix writes its runs where it is run (or to --runs-dir), never into its package."""
-    from kvmatrix.harness.nightly.history import DEFAULT_DB
     from kvmatrix.harness.record.files import RUNS_DIR
+    from kvmatrix.harness.results.history import DEFAULT_DB
     from kvmatrix.harness.run.session import open_session
 
     monkeypatch.chdir(tmp_path)

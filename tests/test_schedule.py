@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from kvmatrix.harness.nightly import history
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.results import history
 from kvmatrix.harness.run import model_builds
+from kvmatrix.harness.run.executor.local import run_locally
+from kvmatrix.harness.run.order.longest_first import order_tasks
+from kvmatrix.harness.run.order.pilots import kernel_family, mark_warm, pilot_gates, warm_families
 from kvmatrix.harness.run.order.policy import PastRuns
-from kvmatrix.harness.run.pilots import kernel_family, mark_warm, pilot_gates, warm_families
-from kvmatrix.harness.run.pool import run_locally
-from kvmatrix.harness.run.schedule import order_tasks
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import load_case, load_models, load_pool

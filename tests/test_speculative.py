@@ -18,8 +18,8 @@ from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.neighbours import Neighbours, neighbours_of
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.run.engine_args import engine_args_for
-from kvmatrix.harness.run.speculative import speculative_reason
+from kvmatrix.harness.run.task.spec import engine_args_for
+from kvmatrix.harness.run.task.speculative import speculative_reason
 from kvmatrix.harness.vllm_compat import missing_speculative_fields, speculative_config_fields
 from kvmatrix.matrix.expand import expand_case
 from kvmatrix.matrix.load import CASES_DIR, load_case, load_models, load_pool

@@ -1,7 +1,8 @@
-"""The start order and the slots of a run (harness/run/pool.py, harness/run/slots.py, harness/run/last_run.py): the
-long JIT pilots first, each cell after what it waits for, cells of a case's own environment kept in the slot that
-has their worker, cells started beside the canary, the last run's timings kept with the caches, and the H200's
-eight slots. Pure logic over the shipped matrix, or fake cells that speak the real protocol (tests/fake_cell.py)."""
+"""The start order and the slots of a run (harness/run/executor/local.py, harness/run/host/slots.py,
+harness/run/last_run.py): the long JIT pilots first, each cell after what it waits for, cells of a case's own
+environment kept in the slot that has their worker, cells started beside the canary, the last run's timings kept with
+the caches, and the H200's eight slots. Pure logic over the shipped matrix, or fake cells that speak the real protocol
+(tests/fake_cell.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,16 @@ from pathlib import Path
 
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.run.cell_run import expected_not_to_pass
+from kvmatrix.harness.run.executor.local import run_locally
+from kvmatrix.harness.run.host.slots import slot_count
 from kvmatrix.harness.run.last_run import last_run_file, recall, remember
+from kvmatrix.harness.run.order.longest_first import order_tasks
 from kvmatrix.harness.run.order.policy import PastRuns, StartContext
 from kvmatrix.harness.run.order.prerequisites import prerequisites_first
 from kvmatrix.harness.run.order.start_order import start_order
-from kvmatrix.harness.run.pool import run_locally
-from kvmatrix.harness.run.schedule import order_tasks
 from kvmatrix.harness.run.session import Session
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.run.slots import slot_count
+from kvmatrix.harness.run.task.runner import expected_not_to_pass
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import load_cases, load_models, load_pool
 from tests.conftest import shipped_matrix, write_case

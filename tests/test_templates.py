@@ -1,9 +1,9 @@
-"""Cell processes and warm workers forked from a template (harness/run/template.py, harness/cell/template.py): a
-forked cell ends in the record a fresh process gives, whatever it does (a crash, a signal, a hang past its
-timeout), and the run goes on; a template that cannot serve (its imports fail, a thread is alive, it dies) makes
-its cells start as processes of their own, said once; no template or child outlives the run, interrupted or not.
-The templates are the production template loop forking the misbehaving fake cells (tests/fake_template.py); what
-real vLLM cells give when forked is checked in test_isolation_equality.py."""
+"""Cell processes and warm workers forked from a template (harness/run/process/template_client.py,
+harness/cell/template_server.py): a forked cell ends in the record a fresh process gives, whatever it does (a crash, a
+signal, a hang past its timeout), and the run goes on; a template that cannot serve (its imports fail, a thread is
+alive, it dies) makes its cells start as processes of their own, said once; no template or child outlives the run,
+interrupted or not. The templates are the production template loop forking the misbehaving fake cells
+(tests/fake_template.py); what real vLLM cells give when forked is checked in test_isolation_equality.py."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.run.process import CellProcesses, run_mark_of
-from kvmatrix.harness.run.process_start import CellFiles, ShareKey
-from kvmatrix.harness.run.template import Templates, template_key
+from kvmatrix.harness.run.process.groups import CellProcesses, run_mark_of
+from kvmatrix.harness.run.process.start import CellFiles, ShareKey
+from kvmatrix.harness.run.process.template_client import Templates, template_key
 from kvmatrix.harness.vllm_compat import CPU_THREADS_BIND_ENV, READ_BY_ENGINE_ENV
 from tests.conftest import write_case
 from tests.fault_run import FAKE_CELL, FAKE_TEMPLATE
@@ -178,7 +178,7 @@ class Recording(type(os.environ)):
         return super().__contains__(key)
 
 os.environ.__class__ = Recording
-from kvmatrix.harness.cell.template import _import_for_cells
+from kvmatrix.harness.cell.template_server import _import_for_cells
 _import_for_cells({"capability": None, "cpu_isa": None})
 print(json.dumps(sorted(k for k in read if isinstance(k, str))))
 """

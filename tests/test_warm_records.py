@@ -10,14 +10,14 @@ import json
 import pytest
 
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.record.model import check_judged
 from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.run.isolation import isolation_differences
+from kvmatrix.harness.record.types import check_judged
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import load_cases, load_models, load_pool
 from kvmatrix.reports import junit, markdown
 from tests.conftest import FIXTURES
+from tests.isolation import isolation_differences
 
 FOLDER = FIXTURES / "records" / "h200-warm-vllm-0.26.0"
 WORKER = {p.stem: json.loads(p.read_text()) for p in sorted(FOLDER.glob("*.json"))}

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from kvmatrix.harness.judge.waivers import parse_waivers
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.run.executor.local import run_locally
 from kvmatrix.harness.run.order.policy import PastRuns
-from kvmatrix.harness.run.pool import run_locally
 from kvmatrix.harness.run.session import Session
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.matrix.expand import expand_all

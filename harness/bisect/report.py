@@ -11,7 +11,7 @@ from tabulate import tabulate
 from kvmatrix.harness.bisect.step import Step
 from kvmatrix.harness.judge.facts import facts
 from kvmatrix.harness.record.files import read_json
-from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.record.types import JudgedRecord
 
 
 @dataclass

@@ -33,8 +33,8 @@ from kvmatrix.harness.bisect.envs import (
 )
 from kvmatrix.harness.bisect.given import GivenEnv, check
 from kvmatrix.harness.record.files import read_json
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.paths import CELL_CWD, import_root
+from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES
 
 OUTCOME = {"pass": "good", "xfail": "good", "fail": "bad", "error": "bad", "skip": "skip"}

@@ -22,7 +22,7 @@ from typing import Any
 
 from kvmatrix.harness.cell import workloads
 from kvmatrix.harness.cell.spec import CellSpec
-from kvmatrix.harness.record.model import CellOutput, ForcedRun
+from kvmatrix.harness.record.types import CellOutput, ForcedRun
 from kvmatrix.harness.vllm_compat import CUDA_ERROR_MARKERS
 from kvmatrix.harness.vllm_compat.forcing import (
     forced_request_args,

@@ -11,7 +11,7 @@ from typing import Any
 
 from lm_eval.api.model import LM
 
-from kvmatrix.harness.record.model import AccuracyResult
+from kvmatrix.harness.record.types import AccuracyResult
 
 
 class EngineLM(LM):

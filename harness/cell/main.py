@@ -27,7 +27,7 @@ from kvmatrix.harness.cell import forced, spec_decode, workloads
 from kvmatrix.harness.cell.probe import probe
 from kvmatrix.harness.cell.spec import CellSpec
 from kvmatrix.harness.record.files import write_json_atomic
-from kvmatrix.harness.record.model import CellOutput, Emulation, ExceptionInfo, Reference, check_cell_output
+from kvmatrix.harness.record.types import CellOutput, Emulation, ExceptionInfo, Reference, check_cell_output
 
 MESSAGE_CAP = 4096
 TRACEBACK_CAP = 4096
@@ -123,7 +123,7 @@ def import_vllm(result: CellResult, capability: list[int] | None, cpu_isa: str |
 
 def preimport_vllm(capability: list[int] | None, cpu_isa: str | None, version: str | None) -> None:
     """torch and vLLM imported under an emulation, as `import_vllm` imports them, for this process's later cells
-    (a template's, harness/cell/template.py)."""
+    (a template's, harness/cell/template_server.py)."""
     _import_under((tuple(capability or ()), cpu_isa), _emulate(capability, cpu_isa, version))
 
 

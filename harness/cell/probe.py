@@ -13,7 +13,7 @@ import re
 from typing import Any, cast
 
 from kvmatrix.harness import vllm_compat as compat
-from kvmatrix.harness.record.model import AttnGroup, Builder, CellOutput, KvGroup, Layer, Runtime
+from kvmatrix.harness.record.types import AttnGroup, Builder, CellOutput, KvGroup, Layer, Runtime
 
 _MISSING = object()
 

@@ -1,5 +1,5 @@
 """A cell process's own process group and its life tied to its parent's: for the processes the harness starts
-(harness/run/process.py) and those a template forks (harness/cell/template.py)."""
+(harness/run/process/groups.py) and those a template forks (harness/cell/template_server.py)."""
 
 from __future__ import annotations
 

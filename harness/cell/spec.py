@@ -1,5 +1,5 @@
 """What the runner tells a cell process (SPEC.json): the one typed contract between the two sides. The runner
-writes it (harness/run/cell_run.py), the cell process reads it (main.py); the JSON keeps its plain shape, so
+writes it (harness/run/task/runner.py), the cell process reads it (main.py); the JSON keeps its plain shape, so
 stand-ins (tests/fake_cell.py, benchmarks/bare_cell.py) read it as a dict."""
 
 from __future__ import annotations

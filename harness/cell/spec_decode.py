@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvmatrix.harness import vllm_compat as compat
-from kvmatrix.harness.record.model import SpecDecodeRun
+from kvmatrix.harness.record.types import SpecDecodeRun
 
 
 def counters(llm: Any, version: str | None) -> dict[str, Any] | None:

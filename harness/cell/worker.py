@@ -2,8 +2,8 @@
 
     python -m kvmatrix.harness.cell.worker REPLY_FD
 
-The runner (harness/run/launch.py) writes one JSON line per cell on stdin: {"spec": ..., "result": ..., "log": ...}.
-For each, the worker points its stdout and stderr (the file descriptors, so vLLM's C++ output follows) at the
+The runner (harness/run/process/launch.py) writes one JSON line per cell on stdin: {"spec": ..., "result": ..., "log":
+...}. For each, the worker points its stdout and stderr (the file descriptors, so vLLM's C++ output follows) at the
 cell's log, runs the cell exactly as `python -m kvmatrix.harness.cell` would (main.py: same phases, same
 RESULT.json), tears the engine down and answers one JSON line on REPLY_FD: {"code": the cell's exit code,
 "teardown_s": ..., "gpu_memory_left_mib": what torch still reserves, "retire": why this worker must not run
@@ -79,7 +79,7 @@ def after_vllm_cell(result_path: str) -> str | None:
 
 def serve_vllm_cells(reply_fd: int) -> None:
     """The worker loop over real cells (main.py), in a process of its own or forked from a template
-    (harness/cell/template.py)."""
+    (harness/cell/template_server.py)."""
     from kvmatrix.harness.cell.main import main as cell_main
 
     os.environ.update(IN_PROCESS_ENGINE_ENV)

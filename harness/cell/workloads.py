@@ -22,7 +22,7 @@ import random
 from typing import Any, TypedDict
 
 from kvmatrix.harness import vllm_compat as compat
-from kvmatrix.harness.record.model import CellOutput, Reference, WorkloadRun
+from kvmatrix.harness.record.types import CellOutput, Reference, WorkloadRun
 from kvmatrix.harness.vllm_compat.forcing import forced_request_args
 
 WORKLOAD_SEED = 34
@@ -42,7 +42,7 @@ def _draw(pool: list[int], n: int, rng: random.Random) -> list[int]:
 
 def workload_prompts(params: dict[str, Any], block_size: int, pool: list[int], max_tokens: int = 8
                      ) -> list[list[int]]:
-    """The token-id prompts of one workload (params: the plan's, harness/run/engine_args.py) for a generation of
+    """The token-id prompts of one workload (params: the plan's, harness/run/task/spec.py) for a generation of
     `max_tokens` tokens."""
     rng = random.Random(f"{WORKLOAD_SEED}-{params['name']}")
     name = params["name"]

@@ -18,11 +18,11 @@ from kvmatrix.harness.cli.commands import COMMANDS
 from kvmatrix.harness.cli.exit_codes import INTERRUPTED, TERMINATED, USAGE
 from kvmatrix.harness.cli.version import VersionAction
 from kvmatrix.harness.judge.waivers import WaiverError
-from kvmatrix.harness.nightly.pipelines import PipelineError
-from kvmatrix.harness.record.model import RecordError
-from kvmatrix.harness.run.canary import EnvironmentBroken
+from kvmatrix.harness.pipelines import PipelineError
+from kvmatrix.harness.record.types import RecordError
 from kvmatrix.harness.run.cases import SelectionError
 from kvmatrix.harness.run.guards import GuardError
+from kvmatrix.harness.run.order.canary import EnvironmentBroken
 from kvmatrix.matrix.machine import PoolError
 from kvmatrix.matrix.schema import CaseError
 from kvmatrix.matrix.spelling import OldSpelling

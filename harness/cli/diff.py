@@ -9,9 +9,9 @@ from pathlib import Path
 
 from kvmatrix.harness.cli.exit_codes import FAILED, OK, USAGE
 from kvmatrix.harness.cli.output import said_unreadable
-from kvmatrix.harness.nightly import history
-from kvmatrix.harness.nightly.diff import Diff, diff_records
 from kvmatrix.harness.record.files import RUNS_DIR
+from kvmatrix.harness.results import history
+from kvmatrix.harness.results.diff import Diff, diff_records
 from kvmatrix.reports import diff_md, html
 
 

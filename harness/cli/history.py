@@ -1,4 +1,4 @@
-"""`kvmatrix history import|runs`: the results history (SQLite, harness/nightly/history.py)."""
+"""`kvmatrix history import|runs`: the results history (SQLite, harness/results/history.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 from kvmatrix.harness.cli.exit_codes import FAILED, OK
 from kvmatrix.harness.cli.output import said_unreadable
-from kvmatrix.harness.nightly import history
 from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.results import history
 
 
 def add_arguments(hist: argparse.ArgumentParser) -> None:

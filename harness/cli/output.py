@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvmatrix.harness.record.files import RunDir, unreadable
-from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.reports import findings_pages, html, junit, markdown
 from kvmatrix.reports.summary import fresh_rerun
 

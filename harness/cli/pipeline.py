@@ -10,9 +10,9 @@ import os
 import sys
 from pathlib import Path
 
+from kvmatrix.harness import pipelines
 from kvmatrix.harness.cli.exit_codes import FAILED, OK
 from kvmatrix.harness.cli.version import kvmatrix_version
-from kvmatrix.harness.nightly import pipelines
 from kvmatrix.harness.record.paths import CHECKOUT
 from kvmatrix.matrix.load import CASES_DIR, case_files
 

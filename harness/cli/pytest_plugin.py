@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from kvmatrix.harness.record.model import JudgedRecord
     from kvmatrix.harness.record.task import Task
+    from kvmatrix.harness.record.types import JudgedRecord
     from kvmatrix.harness.run.plan import RunOptions, RunPlan
 
 RUN = pytest.StashKey["KvmatrixRun"]()
@@ -66,9 +66,9 @@ def cases_dir(config: pytest.Config) -> Path | None:
 
 def run_options(config: pytest.Config) -> RunOptions:
     """This pytest run's options as `kvmatrix run`'s (the same defaults); pytest's own -k selects among the cells."""
-    from kvmatrix.harness.nightly.history import DEFAULT_DB
     from kvmatrix.harness.record.files import RUNS_DIR
     from kvmatrix.harness.record.paths import DEFAULT_CACHE
+    from kvmatrix.harness.results.history import DEFAULT_DB
     from kvmatrix.harness.run.plan import RunOptions
 
     run_id = getattr(config, "workerinput", {}).get(RUN_ID_FOR_WORKERS) or config.getoption("kvmatrix_run_id")
@@ -90,7 +90,7 @@ class KvmatrixRun:
     def __init__(self, config: pytest.Config):
         from kvmatrix.harness.cli import USAGE_ERRORS
         from kvmatrix.harness.cli.run import history_of
-        from kvmatrix.harness.run import host_cpu
+        from kvmatrix.harness.run.host import host_cpu
         from kvmatrix.harness.run.plan import plan_run
 
         self.config, self.say = config, terminal_line(config)
@@ -114,7 +114,7 @@ class KvmatrixRun:
         from kvmatrix.harness.cli.output import progress_printer
         from kvmatrix.harness.cli.run import first_line
         from kvmatrix.harness.record.files import record_stem
-        from kvmatrix.harness.run.canary import EnvironmentBroken
+        from kvmatrix.harness.run.order.canary import EnvironmentBroken
         from kvmatrix.harness.run.plan import execute
 
         self.say(first_line(self.plan, len(tasks)))

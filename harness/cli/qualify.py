@@ -23,8 +23,8 @@ from kvmatrix.harness.qualify.recheck import SCRIPT_TIMEOUT_S, recheck, write_bo
 from kvmatrix.harness.qualify.registry import STATUS_FILE, load_registry, read_status, write_status
 from kvmatrix.harness.qualify.sides import Side, SideError, resolve_sides, run_matrix, stored_run
 from kvmatrix.harness.record.files import RUNS_DIR, write_json_atomic
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
+from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.run.cases import SelectionError, cell_selected
 from kvmatrix.harness.run.session import session_waivers
 from kvmatrix.matrix.load import CASES_DIR, load_pool

@@ -14,12 +14,12 @@ from kvmatrix.harness.cli.exit_codes import FAILED, OK
 from kvmatrix.harness.cli.output import progress_printer, write_findings, write_reports
 from kvmatrix.harness.cli.selection import add_selection_options, selection_of
 from kvmatrix.harness.judge.waivers import WaiverProblem, cell_keys, waiver_problems
-from kvmatrix.harness.nightly import history
 from kvmatrix.harness.record.files import RUNS_DIR
-from kvmatrix.harness.record.model import JudgedRecord, check_judged
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
-from kvmatrix.harness.run import host_cpu
+from kvmatrix.harness.record.types import JudgedRecord, check_judged
+from kvmatrix.harness.results import history
+from kvmatrix.harness.run.host import host_cpu
 from kvmatrix.harness.run.order.policy import PastRuns
 from kvmatrix.harness.run.plan import RunOptions, RunPlan, execute, plan_run
 from kvmatrix.harness.run.run_ids import LATEST
@@ -73,7 +73,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="cells without an accuracy block run one prompt for 2 tokens on the smallest engine "
                           "(same resolved state, much cheaper); accuracy cells still run in full")
     run.add_argument("--ray", metavar="ADDRESS",
-                     help="run the cells as Ray tasks on the cluster at ADDRESS (harness/run/ray_pool.py)")
+                     help="run the cells as Ray tasks on the cluster at ADDRESS (harness/run/executor/ray.py)")
     run.add_argument("--ray-real-gpus", action="store_true",
                      help="with --ray: place cells by Ray's accelerator_type instead of gpu_class:<class>")
     run.set_defaults(func=cmd_run)

@@ -14,7 +14,7 @@ from typing import Any
 from kvmatrix.harness.judge.paired_stats import divergence, paired_delta
 from kvmatrix.harness.judge.verdict import Judgement
 from kvmatrix.harness.record.files import run_mode
-from kvmatrix.harness.record.model import AccuracyComparison, JudgedRecord, OutcomeRecord, RuleResult
+from kvmatrix.harness.record.types import AccuracyComparison, JudgedRecord, OutcomeRecord, RuleResult
 from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.expectations import Accuracy

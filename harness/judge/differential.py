@@ -31,7 +31,7 @@ from kvmatrix.harness.judge.answers import describe as describe_answers
 from kvmatrix.harness.judge.teacher_forced import floor_of, floor_problem, judge_forced, unusable
 from kvmatrix.harness.judge.verdict import Judgement
 from kvmatrix.harness.record.files import run_mode
-from kvmatrix.harness.record.model import (
+from kvmatrix.harness.record.types import (
     AccuracyComparison,
     DifferentialComparison,
     JudgedRecord,

@@ -4,7 +4,7 @@ failure's name): what the reports show in a matrix cell, and what diffs and bise
 from __future__ import annotations
 
 from kvmatrix.harness.judge.fingerprint import failure_name
-from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.vllm_compat import QUERY_DTYPE_FIELDS
 
 

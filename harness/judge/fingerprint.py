@@ -13,8 +13,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from kvmatrix.harness.record.model import ExceptionInfo, OutcomeRecord
 from kvmatrix.harness.record.parts import Crash as CrashPart
+from kvmatrix.harness.record.types import ExceptionInfo, OutcomeRecord
 from kvmatrix.harness.vllm_compat import ENGINE_DEATH_WRAPPER
 
 ID_LENGTH = 8

@@ -29,9 +29,9 @@ from kvmatrix.harness.judge.known_failures import explain
 from kvmatrix.harness.judge.speculative import judge_speculative
 from kvmatrix.harness.judge.verdict import Judgement, judge
 from kvmatrix.harness.judge.waivers import Waiver, waive
-from kvmatrix.harness.record.model import JudgedRecord, OutcomeRecord, check_judged
 from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.record.types import JudgedRecord, OutcomeRecord, check_judged
 from kvmatrix.harness.vllm_compat import (
     ENVIRONMENT_SIGNATURES,
     NOT_EMULABLE_SIGNATURES,

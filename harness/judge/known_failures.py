@@ -23,9 +23,9 @@ from typing import Any
 import yaml
 
 from kvmatrix.harness.judge.waivers import WAIVERS_FILE, Waiver, load_waivers
-from kvmatrix.harness.record.model import JudgedRecord, KnownFailureNote
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.record.types import JudgedRecord, KnownFailureNote
 from kvmatrix.harness.vllm_compat import signature_matches
 from kvmatrix.matrix.axes import AXES, AXIS_DEFAULTS
 from kvmatrix.matrix.conditions import when_matches

@@ -8,7 +8,7 @@ import signal
 
 from kvmatrix.harness.judge.fingerprint import UNFINGERPRINTED_STATUSES, signal_of, stamp
 from kvmatrix.harness.judge.signatures import classify, last_exception_line
-from kvmatrix.harness.record.model import CellOutput, ExceptionInfo, OutcomeRecord
+from kvmatrix.harness.record.types import CellOutput, ExceptionInfo, OutcomeRecord
 
 
 def _failure_text(exception: ExceptionInfo, log_tail: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvmatrix.harness.record.model import AccuracyComparison
+from kvmatrix.harness.record.types import AccuracyComparison
 
 RESAMPLES = 4000
 SEED = 0

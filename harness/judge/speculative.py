@@ -31,8 +31,8 @@ from kvmatrix.harness.judge.differential import compare_tokens
 from kvmatrix.harness.judge.teacher_forced import MIN_TYPICAL, distance, non_finite_positions, typical
 from kvmatrix.harness.judge.verdict import Judgement
 from kvmatrix.harness.record.files import run_mode
-from kvmatrix.harness.record.model import JudgedRecord, OutcomeRecord, RuleResult, SpeculativeComparison
 from kvmatrix.harness.record.neighbours import Neighbours
+from kvmatrix.harness.record.types import JudgedRecord, OutcomeRecord, RuleResult, SpeculativeComparison
 from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.expectations import Differential

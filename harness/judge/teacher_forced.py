@@ -40,7 +40,7 @@ import math
 import statistics
 from typing import Any
 
-from kvmatrix.harness.record.model import ForcedRun, Reference
+from kvmatrix.harness.record.types import ForcedRun, Reference
 
 # Allowed = max(FLOOR_FACTOR x the floor, the minimum of the KV dtype's kind).
 FLOOR_FACTOR = 4.0

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvmatrix.harness.judge.fingerprint import failure_name
-from kvmatrix.harness.record.model import Layer, OutcomeRecord, RankState, RuleResult, Verdict
+from kvmatrix.harness.record.types import Layer, OutcomeRecord, RankState, RuleResult, Verdict
 from kvmatrix.harness.vllm_compat import boundary_keeps_every_layer, signature_matches
 from kvmatrix.matrix.conditions import matches, when_matches
 from kvmatrix.matrix.expectations import CrashExpected, Expectation, PageSizeRatio, RecordCheck, RefusalExpected

@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
+from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES
 from kvmatrix.matrix.conditions import check_condition_value, matches
 from kvmatrix.matrix.expand import Cell

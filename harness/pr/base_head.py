@@ -20,10 +20,10 @@ from pathlib import Path
 
 from kvmatrix.harness.bisect.envs import is_compiled
 from kvmatrix.harness.bisect.step import Plan, run_steps
-from kvmatrix.harness.nightly import history
 from kvmatrix.harness.pr.report import Side, compare
 from kvmatrix.harness.pr.select import Selection, load_records, select
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
+from kvmatrix.harness.results import history
 from kvmatrix.harness.vllm_compat import installed_vllm_distribution
 
 GIT_IDENTITY = ["-c", "user.name=kvmatrix", "-c", "user.email=kvmatrix@localhost", "-c", "commit.gpgsign=false"]

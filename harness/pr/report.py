@@ -10,9 +10,9 @@ from pathlib import Path
 from tabulate import tabulate
 
 from kvmatrix.harness.bisect.step import Step
-from kvmatrix.harness.nightly.diff import Diff, diff_records, what_changed
 from kvmatrix.harness.record.files import read_json
-from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.record.types import JudgedRecord
+from kvmatrix.harness.results.diff import Diff, diff_records, what_changed
 from kvmatrix.reports import diff_md
 
 

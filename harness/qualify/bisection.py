@@ -13,10 +13,10 @@ from kvmatrix.harness.bisect.given import GivenEnv
 from kvmatrix.harness.bisect.report import Result
 from kvmatrix.harness.bisect.search import bisect_ordered
 from kvmatrix.harness.bisect.step import Plan, Step, judge_step, steps_file
-from kvmatrix.harness.nightly.diff import Change
 from kvmatrix.harness.qualify.sides import Side
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.record.types import JudgedRecord
+from kvmatrix.harness.results.diff import Change
 
 Key = tuple[str, str]  # (GPU class, cell id)
 

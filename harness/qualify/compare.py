@@ -1,5 +1,5 @@
 """Two runs side by side, cell by cell: both judged again under the current case files (in memory: a stored run
-folder is read, never written), the diff of harness/nightly/diff.py (new failures, fixes, other verdict changes,
+folder is read, never written), the diff of harness/results/diff.py (new failures, fixes, other verdict changes,
 resolved state that moved: backend, KV dtype, page size, query dtype), and what each waiver should become now
 that the new release has run: kept, removed, bounded below the new release, or widened to it."""
 
@@ -16,13 +16,13 @@ from kvmatrix.harness.judge.fingerprint import failure_name
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassified
 from kvmatrix.harness.judge.waivers import Waiver, waive, waiver_for
-from kvmatrix.harness.nightly.diff import Diff, diff_records
 from kvmatrix.harness.qualify.registry import Check
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
 from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.record.types import JudgedRecord
+from kvmatrix.harness.results.diff import Diff, diff_records
 from kvmatrix.matrix.conditions import matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.schema import GpuClass

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvmatrix.harness.bisect.report import Result
-from kvmatrix.harness.nightly.diff import Change, Diff
 from kvmatrix.harness.qualify.bisection import Key, where
 from kvmatrix.harness.qualify.compare import WaiverAdvice
 from kvmatrix.harness.qualify.registry import Check, Finding, seen_on
 from kvmatrix.harness.qualify.sides import Side
-from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.record.types import JudgedRecord
+from kvmatrix.harness.results.diff import Change, Diff
 from kvmatrix.reports.diff_md import detail, move
 
 # The diff's kinds, as the report lists them: verdict changes first (each bisected), then state. A new `error` is

@@ -27,7 +27,7 @@ from kvmatrix.harness.repro import issue, script
 from kvmatrix.harness.repro.cell_script import find_cell
 from kvmatrix.harness.repro.generate import ReproError
 from kvmatrix.harness.repro.minimal import minimal_spec
-from kvmatrix.harness.run.cell_env import shared_cache_env
+from kvmatrix.harness.run.process.env import shared_cache_env
 from kvmatrix.harness.vllm_compat import installed_vllm_version
 from kvmatrix.matrix.load import CASES_DIR
 from kvmatrix.matrix.schema import CaseError

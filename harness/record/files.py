@@ -4,7 +4,7 @@ directory (or the folder `--runs-dir` names): an installed kvmatrix writes where
 Writes are atomic (a temporary file in the same folder, then `os.replace`), so a run killed at any moment leaves
 each record either whole or absent, and a rerun with the same run id skips exactly the finished cells. Tools
 outside the project read these files: `cell_id` (str) and `verdict` are always at the top level. A record file
-holds a JudgedRecord (harness/record/model.py), checked as it is written and read, and a cell's result file a
+holds a JudgedRecord (harness/record/types.py), checked as it is written and read, and a cell's result file a
 CellOutput, checked as it is read: a malformed one raises RecordError naming the file and the field. A record file
 that cannot be read (torn by a disk, emptied, edited, of the wrong phase) is never dropped: `RunDir.records` shows it
 as an `error` of its cell (`unreadable_record`), and every command that reads runs counts it and exits non-zero.
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from kvmatrix.harness.record.model import (
+from kvmatrix.harness.record.types import (
     VERDICTS,
     CellOutput,
     JudgedRecord,

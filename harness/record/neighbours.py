@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.record.types import JudgedRecord
 
 
 @dataclass(frozen=True)

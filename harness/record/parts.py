@@ -1,4 +1,4 @@
-"""The parts of a cell record (harness/record/model.py, its phases), one TypedDict each, open to other keys: the
+"""The parts of a cell record (harness/record/types.py, its phases), one TypedDict each, open to other keys: the
 axes, what the probe resolved (layers, KV-cache groups, attention groups and their builders), what the cell
 process recorded (exception, timings, emulation, accuracy), the outcome (crash, GPU-memory check), the warm worker
 that ran it, and what judging added (rule results, the accuracy comparison, a waiver)."""
@@ -18,7 +18,7 @@ Verdict = Literal["fail", "error", "xfail", "pass", "skip"]
 Status = Literal["ok", "crash", "timeout", "killed", "error", "skipped"]
 Mode = Literal["full", "probe"]  # probe: `kvmatrix run --probe-only`; records from before the modes ran in full
 # How a cell's process started: its command run ("exec"), or forked from a template that had imported torch and
-# vLLM (harness/run/template.py).
+# vLLM (harness/run/process/template_client.py).
 ProcessStartedBy = Literal["exec", "fork"]
 
 VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
@@ -178,7 +178,7 @@ class Crash(TypedDict, total=False):
 
 @open_to_other_keys
 class GpuMemoryCheck(TypedDict, total=False):
-    """The cell's GPU after it ended, against the run's baseline (harness/run/gpu_check.py)."""
+    """The cell's GPU after it ended, against the run's baseline (harness/run/host/gpu_check.py)."""
 
     gpu_index: int
     baseline_mib: float
@@ -191,8 +191,8 @@ class GpuMemoryCheck(TypedDict, total=False):
 
 @open_to_other_keys
 class WorkerInfo(TypedDict, total=False):
-    """The warm worker that ran the cell (harness/run/launch.py): its pid, how many cells it ran before this one,
-    the engine's teardown, what torch still reserved after it, and why the worker retired after the cell."""
+    """The warm worker that ran the cell (harness/run/process/launch.py): its pid, how many cells it ran before this
+    one, the engine's teardown, what torch still reserved after it, and why the worker retired after the cell."""
 
     pid: int
     cells_before: int
@@ -203,7 +203,7 @@ class WorkerInfo(TypedDict, total=False):
 
 @open_to_other_keys
 class WarmAttempt(TypedDict, total=False):
-    """What a warm worker's run of the cell gave before a fresh process ran it again (harness/run/cell_run.py)."""
+    """What a warm worker's run of the cell gave before a fresh process ran it again (harness/run/task/runner.py)."""
 
     status: Status | None
     verdict: Verdict | None

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.repro import issue, script
 from kvmatrix.harness.repro.generate import NeedsFullScript, ReproError, render, script_spec
 from kvmatrix.harness.repro.minimal import minimal_spec

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.record.types import JudgedRecord
 
 
 def fenced(text: str, language: str = "") -> str:

@@ -22,11 +22,11 @@ from typing import Any
 
 from kvmatrix.harness import vllm_compat
 from kvmatrix.harness.models.trained import BUILDERS as TRAINED_BUILDERS
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.repro.generate import NeedsFullScript, ReproError, emulation
-from kvmatrix.harness.run.engine_args import engine_args_for, models_needed
 from kvmatrix.harness.run.model_builds import build_models
+from kvmatrix.harness.run.task.spec import engine_args_for, models_needed
 from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.expectations import RecordCheck

@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 from kvmatrix.harness.judge.facts import facts
 from kvmatrix.harness.record.files import write_json_atomic
-from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.record.types import JudgedRecord
 
 _lock = threading.Lock()
 

@@ -7,7 +7,7 @@ import threading
 from collections import defaultdict
 from pathlib import Path
 
-from kvmatrix.harness.run.engine_args import models_needed
+from kvmatrix.harness.run.task.spec import models_needed
 from kvmatrix.matrix.schema import ModelEntry
 
 # One builder per model at a time within this harness; other processes are kept apart by build_once's atomic rename.

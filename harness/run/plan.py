@@ -13,18 +13,18 @@ from pathlib import Path
 from typing import IO
 
 from kvmatrix.harness.record.files import RUNS_DIR
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
 from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.run.cases import CaseSelection, select_cells
+from kvmatrix.harness.run.executor.local import LocalExecutor, OnRecord
 from kvmatrix.harness.run.guards import cases_dir_for, check_free_disk, claim_run_folder, lock_run_folder
+from kvmatrix.harness.run.host.slots import Slots
 from kvmatrix.harness.run.last_run import last_run_file, recall
 from kvmatrix.harness.run.order.policy import PastRuns
-from kvmatrix.harness.run.pool import LocalExecutor, OnRecord
 from kvmatrix.harness.run.run_ids import resumed_run_id
 from kvmatrix.harness.run.session import Session, open_session, waivers_lent
 from kvmatrix.harness.run.settings import CELL_COMMAND, WORKER_COMMAND, RunSettings
-from kvmatrix.harness.run.slots import Slots
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.machine import PoolError
 from kvmatrix.matrix.schema import CaseError, GpuClass
@@ -178,10 +178,11 @@ def execute(plan: RunPlan, tasks: list[Task], on_record: OnRecord) -> list[Judge
 
 
 def _on_ray(plan: RunPlan, tasks: list[Task], on_record: OnRecord) -> list[JudgedRecord]:
-    """An existing Ray cluster's nodes of the class (harness/run/ray_pool.py); records land here as local ones do."""
+    """An existing Ray cluster's nodes of the class (harness/run/executor/ray.py); records land here as local ones
+    do."""
     import ray  # only a Ray cluster needs Ray
 
-    from kvmatrix.harness.run.ray_pool import RayExecutor
+    from kvmatrix.harness.run.executor.ray import RayExecutor
 
     ray.init(address=plan.options.ray)
     try:

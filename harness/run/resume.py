@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 
 from kvmatrix.harness.judge.waivers import Waiver, waive
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.record.types import JudgedRecord
 
 OnRecord = Callable[[JudgedRecord, int, int, bool], None]  # (record, done, total, resumed): a progress line
 

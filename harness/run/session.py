@@ -12,12 +12,12 @@ from kvmatrix.harness.models.tiny import layers_of
 from kvmatrix.harness.record.files import RUNS_DIR, RunDir
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.run.cell_run import not_run_reason
-from kvmatrix.harness.run.gpu_memory import open_gpu_memory
+from kvmatrix.harness.run.host.gpu_memory import open_gpu_memory
+from kvmatrix.harness.run.host.slots import Slots, slot_count
 from kvmatrix.harness.run.model_builds import build_models
 from kvmatrix.harness.run.run_ids import new_run_id
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.run.slots import Slots, slot_count
+from kvmatrix.harness.run.task.runner import not_run_reason
 from kvmatrix.harness.vllm_compat import (
     SIGNATURE_FAMILIES,
     SIGNATURES,
@@ -71,7 +71,7 @@ class Session:
 
     def slots(self, jobs: int = 0) -> Slots:
         """`jobs` cells at once if asked, else every GPU packed with its class's `slots_per_device` cells, within
-        its memory and the host's cores (harness/run/slots.py)."""
+        its memory and the host's cores (harness/run/host/slots.py)."""
         count = jobs or slot_count(self.host, self.device_count, self.cores, self.device_memory_gib)
         return Slots(count, self.host, self.device_count, self.cores)
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from kvmatrix.harness.judge.waivers import Waiver
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.run.gpu_memory import GpuMemory
+from kvmatrix.harness.run.host.gpu_memory import GpuMemory
 from kvmatrix.matrix.schema import ModelEntry
 
-# The harness's own cell process and worker: what a template (harness/cell/template.py) forks instead.
+# The harness's own cell process and worker: what a template (harness/cell/template_server.py) forks instead.
 CELL_COMMAND = (sys.executable, "-m", "kvmatrix.harness.cell")
 WORKER_COMMAND = (sys.executable, "-m", "kvmatrix.harness.cell.worker")
 
@@ -42,10 +42,10 @@ class RunSettings:
     isolation: str = "process"
     worker_command: tuple[str, ...] = WORKER_COMMAND
     # Cell processes and workers forked from a template that imported torch and vLLM once (`template_command`,
-    # harness/run/template.py) instead of each importing them: CPU classes only (a run's plan sets it; a child
-    # forked after CUDA's initialisation cannot use CUDA).
+    # harness/run/process/template_client.py) instead of each importing them: CPU classes only (a run's plan sets it; a
+    # child forked after CUDA's initialisation cannot use CUDA).
     fork_from_template: bool = False
-    template_command: tuple[str, ...] = (sys.executable, "-m", "kvmatrix.harness.cell.template")
+    template_command: tuple[str, ...] = (sys.executable, "-m", "kvmatrix.harness.cell.template_server")
     probe_only: bool = False  # cells that need only the resolved state run one short request (cell_mode)
     gpu_memory: GpuMemory | None = None  # where set, each cell's GPU is checked back at its baseline
     gpu_settle_s: float = 15.0  # how long a cell's GPU may take to free its memory before it counts as leaked
@@ -53,6 +53,6 @@ class RunSettings:
     # GPUs of this machine a cell may span (0 on a CPU class); None where a scheduler places cells (Ray).
     gpus_here: int | None = None
     # The plainest cell first, nothing recorded until it ran, and the run stopped if it does not run
-    # (harness/run/canary.py): on in every run plan (`kvmatrix run` and the pytest front end alike,
+    # (harness/run/order/canary.py): on in every run plan (`kvmatrix run` and the pytest front end alike,
     # harness/run/plan.py); off where a run's cells misbehave on purpose (the fault tests).
     canary: bool = False

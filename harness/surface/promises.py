@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.surface.cases import REFUSALS
 from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expand import Cell

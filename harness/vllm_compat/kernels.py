@@ -1,5 +1,6 @@
 """Which attention backends compile their kernels while a cell runs, once per KV-cache dtype: what decides whether
-two cold cells of one model that differ only in their KV dtype compile the same kernels (harness/run/pilots.py)."""
+two cold cells of one model that differ only in their KV dtype compile the same kernels
+(harness/run/order/pilots.py)."""
 
 from __future__ import annotations
 

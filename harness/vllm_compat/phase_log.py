@@ -1,6 +1,6 @@
 """Where an engine's start went, as vLLM's own log lines say it: the seconds each release prints for loading the
 model, torch.compile, CUDA-graph capture, its kernel warm-up and the whole engine core, and the FlashInfer JIT
-builds its log shows. Read from a cell's log after the cell (harness/run/cell_run.py), so one parser serves a
+builds its log shows. Read from a cell's log after the cell (harness/run/task/runner.py), so one parser serves a
 fresh process, a warm worker and the ranks of a multi-GPU cell alike, and old run folders' logs too.
 
 A log line names its process (`(MainProcess pid=N)`, `(Worker_TP1 pid=N)`): a part is summed within a process

@@ -1,4 +1,4 @@
-"""What a template process (harness/cell/template.py) imports before it forks cells, and what a forked cell may
+"""What a template process (harness/cell/template_server.py) imports before it forks cells, and what a forked cell may
 still set after those imports.
 
 A process's first `vllm.LLM(...)` imports most of vLLM lazily (the entry points, the v1 engine, the CPU worker and

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar, cast
 
-from kvmatrix.harness.record.model import Builder, CellOutput
+from kvmatrix.harness.record.types import Builder, CellOutput
 from kvmatrix.harness.vllm_compat.versions import for_version
 
 CellOutputT = TypeVar("CellOutputT", bound=CellOutput)

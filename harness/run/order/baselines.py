@@ -1,11 +1,42 @@
-"""Baselines first (harness/run/accuracy_plan.py): a cell compared with another (its accuracy baseline, its
+"""Baselines first: a cell compared with another (its accuracy baseline, its
 differential oracle, its speculative twins) waits for it; cells that would wait for each other are an error named
 before any runs, not after the rest."""
 
 from __future__ import annotations
 
-from kvmatrix.harness.run.accuracy_plan import baseline_gates, baselines_first
 from kvmatrix.harness.run.order.policy import StartContext, StartOrder
+
+
+def baselines_first(tasks: list) -> list[list]:
+    """Waves (each may run in parallel), each task in the first wave after every task it waits for
+    (`baseline_gates`: its accuracy baseline, its differential oracle): every cell compared with another runs
+    after it. Tasks that wait for each other are an error of the plan, named before anything runs."""
+    gates = baseline_gates(tasks)
+    waves: list[list] = []
+    done: set[str] = set()
+    left = list(tasks)
+    while left:
+        wave = [t for t in left if gates[t.key] <= done]
+        if not wave:
+            raise ValueError(f"cells wait for each other: {[t.key for t in left][:5]}")
+        waves.append(wave)
+        done |= {t.key for t in wave}
+        left = [t for t in left if t.key not in done]
+    return waves
+
+
+def baseline_gates(tasks: list) -> dict[str, set[str]]:
+    """Which task keys each task waits for: a compared cell, its accuracy baseline's task, its differential
+    oracle's and its speculative twins' (Cell.compared_with), when those run too (the same GPU class; one
+    already recorded waits for nothing)."""
+    keys = {(t.cell.cell_id, t.gpu_name): t.key for t in tasks}
+    gates: dict[str, set[str]] = {}
+    for t in tasks:
+        others: set[str | None] = set(t.cell.compared_with(t.gpu_name))
+        if t.cell.baseline_id != t.cell.cell_id:
+            others.add(t.cell.baseline_id)
+        gates[t.key] = {keys[(o, t.gpu_name)] for o in others if o is not None and (o, t.gpu_name) in keys}
+    return gates
 
 
 class BaselinesFirst:

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.run.settings import RunSettings
 
 

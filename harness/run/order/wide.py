@@ -1,5 +1,6 @@
 """Wide cells last: a cell spanning several GPUs runs once the one-GPU cells are done, on whole GPUs of its own;
-one that needs more GPUs than this machine has stays with the rest and is skipped there (cell_run.gpus_reason)."""
+one that needs more GPUs than this machine has stays with the rest and is skipped there (harness/run/task/runner.py
+`gpus_reason`)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from kvmatrix.harness.cell.process_group import die_with_parent, killpg  # noqa: F401  (this module's interface too)
-from kvmatrix.harness.run.gpu_memory import GpuBaseline
+from kvmatrix.harness.run.host.gpu_memory import GpuBaseline
 
 LOG_CAP_BYTES = 2 * 1024 * 1024
 
@@ -65,7 +65,7 @@ class CellProcesses:
                 killpg(pgid)
 
 
-# Set in every cell's environment (harness/run/cell_env.py) to its run folder: a process that carries another
+# Set in every cell's environment (harness/run/process/env.py) to its run folder: a process that carries another
 # value, or none, is not this run's, even where it left its cell's process group (an escaped grandchild keeps it).
 RUN_MARK_ENV = "KVMATRIX_RUN"
 

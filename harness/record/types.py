@@ -2,20 +2,20 @@
 harness, and each phase is a TypedDict extending the one before it (a plain dict: records are read and written as
 before and their JSON is unchanged):
 
-- `CellOutput`: the task's identity, as the runner begins the record (harness/run/cell_run.py), and what the cell
+- `CellOutput`: the task's identity, as the runner begins the record (harness/run/task/runner.py), and what the cell
   process recorded (harness/cell/main.py: its RESULT.json);
 - `OutcomeRecord`: and what only the runner knows once the process ended: the final status, the signal, the
   failure's signature and fingerprint, the log, which isolation and worker ran it and how its process started,
-  the GPU-memory check (harness/judge/outcome.py, fingerprint.py; harness/run/cell_run.py, launch.py,
+  the GPU-memory check (harness/judge/outcome.py, fingerprint.py; harness/run/task/runner.py, launch.py,
   gpu_check.py);
 - `JudgedRecord`: and the judgement, a `verdict` always among it (harness/judge/judge.py): what run folders hold
   (harness/record/files.py), the history stores and reports read.
 
 Each phase is checked (pydantic) at its boundary by a function given where the record is (a file, or what made
 it): `check_cell_output` as the cell process saves its result and as the runner reads it back
-(files.read_result); `check_outcome` where the outcome joins the record, before judging (cell_run.finish);
-`check_judged` as judging returns a record (judge.judge_record), where one is made without judging (a skip), and
-as records are written to and read from run folders and the history. A wrong field raises RecordError naming
+(files.read_result); `check_outcome` where the outcome joins the record, before judging (harness/run/task/runner.py
+`finish`); `check_judged` as judging returns a record (judge.judge_record), where one is made without judging (a skip),
+and as records are written to and read from run folders and the history. A wrong field raises RecordError naming
 `where` and the field; so does a field of a later phase (a cell process's result carrying a `verdict`): a phase
 holds only what has happened by then. A TypedDict for every part that cases, judging and reports read (layers,
 KV-cache groups, attention groups and their builders, timings, accuracy, the crash) is in parts.py. Every part
@@ -74,7 +74,7 @@ from kvmatrix.matrix.schema import validation_problems
 class CellOutput(TypedDict, total=False):
     """A cell up to the end of its process: the runner's identity fields, then what the cell process wrote."""
 
-    # the task (harness/run/cell_run.py)
+    # the task (harness/run/task/runner.py)
     cell_id: str
     case: str
     model: str
@@ -119,7 +119,7 @@ class CellOutput(TypedDict, total=False):
 class OutcomeRecord(CellOutput, total=False):
     """A cell whose process has ended: its output and what happened to it, as the runner saw it."""
 
-    # harness/judge/outcome.py, fingerprint.py; harness/run/gpu_check.py
+    # harness/judge/outcome.py, fingerprint.py; harness/run/host/gpu_check.py
     log: str
     error_tail: str
     signal: str
@@ -128,15 +128,16 @@ class OutcomeRecord(CellOutput, total=False):
     crash: Crash
     gpu_memory: GpuMemoryCheck
     leak: str
-    # which isolation ran the cell (harness/run/launch.py): "worker" or "process"
+    # which isolation ran the cell (harness/run/process/launch.py): "worker" or "process"
     isolation: str
     worker: WorkerInfo
     # how the cell's process (or its worker's) started; absent in records made before templates
     process_start: ProcessStartedBy
-    # how a warm run came to its record, set once the run's attempts are judged (harness/run/cell_run.py). They
+    # how a warm run came to its record, set once the run's attempts are judged (harness/run/task/runner.py). They
     # are the runner's facts, not the judgement's: judging a stored record again redoes the judgement and keeps them.
     fresh_first: str  # why a warm run went straight to a fresh process for this cell (a known failure)
-    confirmed_by: str  # the cell whose fresh process showed this expected failure first (harness/run/confirmations.py)
+    # the cell whose fresh process showed this expected failure first (harness/run/order/confirmations.py)
+    confirmed_by: str
     warm_attempt: WarmAttempt
 
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
 
-from kvmatrix.harness.cell.spec import AccuracySpec, CellSpec
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import classify_outcome
 from kvmatrix.harness.judge.waivers import unwaived
 from kvmatrix.harness.record.files import read_result, read_tail
-from kvmatrix.harness.record.model import (
+from kvmatrix.harness.record.neighbours import neighbours_of
+from kvmatrix.harness.record.parts import FAILING_VERDICTS
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.record.types import (
     CellOutput,
     JudgedRecord,
     OutcomeRecord,
@@ -27,26 +28,22 @@ from kvmatrix.harness.record.model import (
     check_outcome,
     finished_now,
 )
-from kvmatrix.harness.record.neighbours import neighbours_of
-from kvmatrix.harness.record.parts import FAILING_VERDICTS
-from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.run.accuracy_plan import accuracy_spec, offline_reason
-from kvmatrix.harness.run.cell_env import cell_env
-from kvmatrix.harness.run.confirmations import Confirmations
-from kvmatrix.harness.run.engine_args import cell_mode, engine_args_for, generation, workload_plan
-from kvmatrix.harness.run.gpu_check import check_gpu_memory
-from kvmatrix.harness.run.gpu_memory import physical_index
-from kvmatrix.harness.run.launch import FreshProcess, Launcher
+from kvmatrix.harness.run.host.gpu_check import check_gpu_memory
+from kvmatrix.harness.run.host.gpu_memory import physical_index
 from kvmatrix.harness.run.model_builds import ensure_models
-from kvmatrix.harness.run.process import CellProcesses, cap_log
-from kvmatrix.harness.run.process_start import CellFiles, ShareKey
+from kvmatrix.harness.run.order.confirmations import Confirmations
+from kvmatrix.harness.run.process.env import cell_env
+from kvmatrix.harness.run.process.groups import CellProcesses, cap_log
+from kvmatrix.harness.run.process.launch import FreshProcess, Launcher
+from kvmatrix.harness.run.process.start import CellFiles, ShareKey
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.run.speculative import speculative_reason
+from kvmatrix.harness.run.task.accuracy import offline_reason
+from kvmatrix.harness.run.task.spec import cell_mode, cell_spec, engine_args_for
+from kvmatrix.harness.run.task.speculative import speculative_reason
 from kvmatrix.harness.vllm_compat import GRAPH_EXECUTIONS, MULTI_RANK_ENV, engine_phases
-from kvmatrix.harness.vllm_compat.forcing import forcing_method
 from kvmatrix.matrix.axes import resolved_execution
 from kvmatrix.matrix.conditions import when_matches
-from kvmatrix.matrix.expectations import CrashExpected, Differential
+from kvmatrix.matrix.expectations import CrashExpected
 
 
 def base_record(task: Task, run_id: str) -> CellOutput:
@@ -55,45 +52,6 @@ def base_record(task: Task, run_id: str) -> CellOutput:
     record = CellOutput(cell_id=cell.cell_id, case=cell.case.name, model=cell.model, axes=cell.axes,
                         gpu_class=task.gpu_name, emulated_from=task.emulated_from, run_id=run_id)
     return check_cell_output(record, f"the task record of {task.key}")
-
-
-def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mode: str) -> CellSpec:
-    """What the runner tells the cell process (SPEC.json)."""
-    accuracy = accuracy_spec(task.cell, settings.use_hub)
-    cell, version, length = task.cell, settings.vllm_version, engine_args["max_model_len"]
-    differential = cell.case.differential
-    paired = differential is not False and (cell.oracle_on(task.gpu_name) or cell.is_oracle_on(task.gpu_name))
-    top_logprobs = differential.top_logprobs if differential is not False and paired else None
-    if top_logprobs is None and (cell.draft_twin or cell.twin_of_draft):  # the draft's greedy-equality pair
-        top_logprobs = (differential or Differential()).top_logprobs
-    oracle_id = cell.oracle_on(task.gpu_name) if differential is not False else None
-    return CellSpec(
-        forced_tokens=oracle_tokens(task, settings, oracle_id, mode) if oracle_id else None,
-        forced_of=oracle_id,
-        noise_floor=differential is not False and cell.is_oracle_on(task.gpu_name),
-        forcing=forcing_method(version, task.gpu.device),
-        workload=workload_plan(cell.axes["workload"], length, version)[1],
-        references=[workload_plan(w, length, version)[1] for w in cell.references_on(task.gpu_name)],
-        logprobs=top_logprobs,
-        cell_id=task.cell.cell_id,
-        engine_args=engine_args,
-        **generation(task.cell, mode),
-        emulate_capability=_capability(task),
-        emulate_cpu_isa=task.gpu.cpu_isa if task.emulated_from and task.gpu.device == "cpu" else None,
-        accuracy=AccuracySpec(**accuracy) if accuracy is not None else None,
-    )
-
-
-def oracle_tokens(task: Task, settings: RunSettings, oracle_id: str, mode: str) -> list[list[int]] | None:
-    """The greedy tokens the cell's oracle generated for this cell's prompts (its own, or its plain reference run of
-    this cell's workload), which the cell decodes teacher-forced (harness/cell/forced.py); None where the oracle
-    has none in this run folder (it ran first: harness/run/accuracy_plan.py) or ran in another mode."""
-    oracle = settings.run_dir.read(oracle_id, task.gpu_name)
-    if oracle is None or oracle.get("status") != "ok" or (oracle.get("mode") or "full") != mode:
-        return None
-    workload = task.cell.axes["workload"]
-    source = oracle if workload == "plain" else (oracle.get("references") or {}).get(workload) or {}
-    return source.get("tokens") or None
 
 
 def run_attempt(task: Task, settings: RunSettings, processes: CellProcesses, launcher: Launcher,
@@ -158,17 +116,10 @@ def add_engine_phases(outcome: OutcomeRecord, log: Path, vllm_version: str | Non
         outcome["timings"] = {**(outcome.get("timings") or {}), **phases}  # type: ignore[typeddict-item]
 
 
-def _capability(task: Task) -> list[int] | None:
-    if task.emulated_from is None or task.gpu.compute_capability is None:
-        return None
-    major, minor = task.gpu.compute_capability.split(".")
-    return [int(major), int(minor)]
-
-
 def finish(record: OutcomeRecord, task: Task, settings: RunSettings, outcome: OutcomeRecord, started: float,
            first_failure: str | None = None) -> JudgedRecord:
     """The task's record with the attempt's outcome added, judged against its neighbours as the run folder holds
-    them now (they ran first: accuracy_plan.py), timed, and stamped with when it finished."""
+    them now (they ran first: harness/run/order/baselines.py), timed, and stamped with when it finished."""
     record.update(outcome)
     record.setdefault("vllm_version", settings.vllm_version)
     record.setdefault("signature", None)
@@ -237,7 +188,7 @@ def judged_record(task: Task, settings: RunSettings, processes: CellProcesses,
     a worker polluted by an earlier cell can never decide a verdict. Only an expected failure that a fresh
     process of this run already showed for the same case (`confirmations`) is taken from the worker as it is.
     The worker itself goes on after a Python exception (it retired or died by itself after anything harder:
-    harness/run/launch.py). A cell expected not to pass (`fresh_first` says why: a waiver, the last run) starts
+    harness/run/process/launch.py). A cell expected not to pass (`fresh_first` says why: a waiver, the last run) starts
     in a fresh process while no cell of its case expected to fail for that reason has been confirmed yet: its warm
     run would only be repeated."""
     reason = not_run_reason(task, settings)

@@ -1,4 +1,5 @@
-"""From a cell to exactly the keyword arguments given to `vllm.LLM`.
+"""From a cell to what its process is told (`cell_spec`, SPEC.json): exactly the keyword arguments given to
+`vllm.LLM`, its generation and workload, and the oracle's tokens it decodes teacher-forced.
 
 Layers, later ones winning: the harness's base (small, deterministic, eager), the GPU class's engine defaults (KV
 cache sized in bytes), the model registry entry, the case's `engine_args`, then the cell's axes: the execution mode
@@ -10,8 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kvmatrix.harness.cell.spec import AccuracySpec, CellSpec
 from kvmatrix.harness.record.parts import Mode
-from kvmatrix.harness.run.speculative import needs_draft_checkpoint, speculative_config
+from kvmatrix.harness.record.task import Task
+from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.harness.run.task.accuracy import accuracy_spec
+from kvmatrix.harness.run.task.speculative import needs_draft_checkpoint, speculative_config
 from kvmatrix.harness.vllm_compat import (
     PROBE_ONLY_ARG_NAMES,
     SMALLEST_KV_BLOCK_TOKENS,
@@ -19,8 +24,10 @@ from kvmatrix.harness.vllm_compat import (
     for_version,
     probe_only_engine_args,
 )
+from kvmatrix.harness.vllm_compat.forcing import forcing_method
 from kvmatrix.matrix.axes import resolved_execution
 from kvmatrix.matrix.expand import Cell
+from kvmatrix.matrix.expectations import Differential
 from kvmatrix.matrix.schema import GpuClass, ModelEntry
 
 BASE_ENGINE_ARGS: dict[str, Any] = {
@@ -138,3 +145,49 @@ def generation(cell: Cell, mode: str) -> dict[str, Any]:
 
 def models_needed(cell: Cell) -> list[str]:
     return [cell.model] + ([cell.axes["speculative"]] if cell.axes["speculative"] else [])
+
+
+def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mode: str) -> CellSpec:
+    """What the runner tells the cell process (SPEC.json)."""
+    accuracy = accuracy_spec(task.cell, settings.use_hub)
+    cell, version, length = task.cell, settings.vllm_version, engine_args["max_model_len"]
+    differential = cell.case.differential
+    paired = differential is not False and (cell.oracle_on(task.gpu_name) or cell.is_oracle_on(task.gpu_name))
+    top_logprobs = differential.top_logprobs if differential is not False and paired else None
+    if top_logprobs is None and (cell.draft_twin or cell.twin_of_draft):  # the draft's greedy-equality pair
+        top_logprobs = (differential or Differential()).top_logprobs
+    oracle_id = cell.oracle_on(task.gpu_name) if differential is not False else None
+    return CellSpec(
+        forced_tokens=oracle_tokens(task, settings, oracle_id, mode) if oracle_id else None,
+        forced_of=oracle_id,
+        noise_floor=differential is not False and cell.is_oracle_on(task.gpu_name),
+        forcing=forcing_method(version, task.gpu.device),
+        workload=workload_plan(cell.axes["workload"], length, version)[1],
+        references=[workload_plan(w, length, version)[1] for w in cell.references_on(task.gpu_name)],
+        logprobs=top_logprobs,
+        cell_id=task.cell.cell_id,
+        engine_args=engine_args,
+        **generation(task.cell, mode),
+        emulate_capability=_capability(task),
+        emulate_cpu_isa=task.gpu.cpu_isa if task.emulated_from and task.gpu.device == "cpu" else None,
+        accuracy=AccuracySpec(**accuracy) if accuracy is not None else None,
+    )
+
+
+def oracle_tokens(task: Task, settings: RunSettings, oracle_id: str, mode: str) -> list[list[int]] | None:
+    """The greedy tokens the cell's oracle generated for this cell's prompts (its own, or its plain reference run of
+    this cell's workload), which the cell decodes teacher-forced (harness/cell/forced.py); None where the oracle
+    has none in this run folder (it ran first: harness/run/task/accuracy.py) or ran in another mode."""
+    oracle = settings.run_dir.read(oracle_id, task.gpu_name)
+    if oracle is None or oracle.get("status") != "ok" or (oracle.get("mode") or "full") != mode:
+        return None
+    workload = task.cell.axes["workload"]
+    source = oracle if workload == "plain" else (oracle.get("references") or {}).get(workload) or {}
+    return source.get("tokens") or None
+
+
+def _capability(task: Task) -> list[int] | None:
+    if task.emulated_from is None or task.gpu.compute_capability is None:
+        return None
+    major, minor = task.gpu.compute_capability.split(".")
+    return [int(major), int(minor)]

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Protocol
 
 from kvmatrix.harness.record.parts import ProcessStartedBy
 from kvmatrix.harness.record.paths import CELL_CWD
-from kvmatrix.harness.run.process import CellProcesses, die_with_parent, killpg
+from kvmatrix.harness.run.process.groups import CellProcesses, die_with_parent, killpg
 
 
 class ShareKey(NamedTuple):

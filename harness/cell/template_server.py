@@ -1,12 +1,12 @@
 """A template: one process that imports torch and vLLM (and what a first engine imports lazily) once, then forks
 cell processes and warm workers that start with all of it imported.
 
-    python -m kvmatrix.harness.cell.template SOCKET STATUS_FD EMULATION_JSON
+    python -m kvmatrix.harness.cell.template_server SOCKET STATUS_FD EMULATION_JSON
 
-Started by the runner (harness/run/template.py) with the environment of the cells it will fork, it applies their
-emulation before the imports exactly as a cell process does (main.py `import_vllm`), checks that it may fork and
-answers one JSON line on STATUS_FD: {"ready": true} once it listens on the Unix socket SOCKET, or {"refused": why}
-before it exits (an import failed, another Python thread is alive, CUDA is initialised: a forked child of such a
+Started by the runner (harness/run/process/template_client.py) with the environment of the cells it will fork, it
+applies their emulation before the imports exactly as a cell process does (main.py `import_vllm`), checks that it may
+fork and answers one JSON line on STATUS_FD: {"ready": true} once it listens on the Unix socket SOCKET, or {"refused":
+why} before it exits (an import failed, another Python thread is alive, CUDA is initialised: a forked child of such a
 process can hang on a lock another thread held, or find its CUDA context unusable).
 
 Each connection is one launch. The runner sends one JSON line: {"kind": "cell", "spec", "result", "log", "env"}

@@ -1,8 +1,8 @@
 """How a cell's spec becomes a finished cell, behind one `Launcher` protocol: `FreshProcess` starts one process
 per cell (`python -m kvmatrix.harness.cell`), `WarmWorker` hands the cell to a slot's long-lived worker
 (`python -m kvmatrix.harness.cell.worker`, harness/cell/worker.py), which has imported torch and vLLM already.
-Either starts its processes through a `ProcessStart` (harness/run/process_start.py): the command run, or forked
-from one of the run's templates (harness/run/template.py).
+Either starts its processes through a `ProcessStart` (harness/run/process/start.py): the command run, or forked
+from one of the run's templates (harness/run/process/template_client.py).
 
 Either way the cell writes the same RESULT.json and log, and the launcher returns what only the parent knows: the
 exit status (a worker's cell: the code it answered, or the worker's own exit status when it died in the cell),
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Protocol
 
 from kvmatrix.harness.record.parts import ProcessStartedBy, WorkerInfo
-from kvmatrix.harness.run.process import CellProcesses
-from kvmatrix.harness.run.process_start import (
+from kvmatrix.harness.run.process.groups import CellProcesses
+from kvmatrix.harness.run.process.start import (
     CellFiles,
     Exec,
     Process,

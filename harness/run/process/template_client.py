@@ -1,5 +1,5 @@
 """A run's templates, the runner's side: processes that imported torch and vLLM once and fork the run's cell
-processes and warm workers (harness/cell/template.py), as a `ProcessStart` the launchers use like `Exec`.
+processes and warm workers (harness/cell/template_server.py), as a `ProcessStart` the launchers use like `Exec`.
 
 On a 2-core CPU a process start costs about 30 s before its first engine is built (the imports, and the first
 engine's lazy ones); a forked child builds its first engine at once. Forking after the imports is safe only
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvmatrix.harness.run.process import CellProcesses, killpg
-from kvmatrix.harness.run.process_start import CellFiles, Exec, Lines, ShareKey, Started, popen_own_group
+from kvmatrix.harness.run.process.groups import CellProcesses, killpg
+from kvmatrix.harness.run.process.start import CellFiles, Exec, Lines, ShareKey, Started, popen_own_group
 from kvmatrix.harness.vllm_compat import AFTER_IMPORT_ENV
 
 READY_TIMEOUT_S = 600.0  # the imports: ~30 s on a 2-core CPU, more on a busy one
@@ -156,7 +156,7 @@ class _Template:
 @dataclass
 class Templates:
     """The run's templates (shared by its slots' threads), a `ProcessStart`: `command SOCKET STATUS_FD EMULATION`
-    starts one (harness/cell/template.py); `say` tells the run's output that a key's processes fall back."""
+    starts one (harness/cell/template_server.py); `say` tells the run's output that a key's processes fall back."""
 
     command: tuple[str, ...]
     log_dir: Path

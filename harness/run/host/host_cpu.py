@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from kvmatrix.harness.record.model import JudgedRecord
+from kvmatrix.harness.record.types import JudgedRecord
 
 PROC_STAT = Path("/proc/stat")
 

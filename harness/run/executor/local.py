@@ -1,6 +1,6 @@
-"""Executors run tasks to records: this machine's slots (`LocalExecutor`, `run_locally`) or a Ray cluster
-(harness/run/ray_pool.py), behind one `Executor` protocol. Both resume: a task whose record is already in the run
-folder is not run again; both write each record as its cell finishes, and return every record in task order."""
+"""This machine's executor (`LocalExecutor`, `run_locally`): its slots run the cells in the start order
+(harness/run/order/), each in its slot's warm worker or a fresh process, beside the canary; cells spanning several
+GPUs last, on whole GPUs."""
 
 from __future__ import annotations
 
@@ -10,35 +10,27 @@ from collections.abc import Set as AbstractSet
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from kvmatrix.harness.judge.facts import facts
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.run.canary import EnvironmentBroken, canary_failure
-from kvmatrix.harness.run.cell_env import run_mark
-from kvmatrix.harness.run.cell_run import expected_not_to_pass, judged_record, not_run_reason, unwritable_record
-from kvmatrix.harness.run.confirmations import Confirmations
-from kvmatrix.harness.run.gpu_check import pinned_gpus
-from kvmatrix.harness.run.gpu_memory import gpu_baselines
+from kvmatrix.harness.record.types import JudgedRecord
+from kvmatrix.harness.run.host.gpu_check import pinned_gpus
+from kvmatrix.harness.run.host.gpu_memory import gpu_baselines
 from kvmatrix.harness.run.last_run import last_run_file, remember
-from kvmatrix.harness.run.launch import WORKERS_PER_SLOT, FreshProcess, Launcher, WarmWorker
 from kvmatrix.harness.run.model_builds import TrainingAhead, trainings_waited_on
+from kvmatrix.harness.run.order.canary import EnvironmentBroken, canary_failure
+from kvmatrix.harness.run.order.confirmations import Confirmations
+from kvmatrix.harness.run.order.pilots import kernel_family, mark_warm
 from kvmatrix.harness.run.order.policy import PastRuns, StartContext, StartOrder
 from kvmatrix.harness.run.order.start_order import start_order
-from kvmatrix.harness.run.pilots import kernel_family, mark_warm
-from kvmatrix.harness.run.process import CellProcesses
-from kvmatrix.harness.run.process_start import Exec, ProcessStart
+from kvmatrix.harness.run.process.env import run_mark
+from kvmatrix.harness.run.process.groups import CellProcesses
+from kvmatrix.harness.run.process.launch import WORKERS_PER_SLOT, FreshProcess, Launcher, WarmWorker
+from kvmatrix.harness.run.process.start import Exec, ProcessStart
+from kvmatrix.harness.run.process.template_client import Templates, remove_stale_socket_folders
 from kvmatrix.harness.run.resume import OnRecord, finished_records
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.run.template import Templates, remove_stale_socket_folders
-
-
-class Executor(Protocol):
-    def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[JudgedRecord]:
-        """Every task not already recorded in the run folder, run; all records, finished ones too, in task order.
-        `on_record(record, done, total, resumed)` is called once per cell as it finishes (progress lines)."""
-        ...
+from kvmatrix.harness.run.task.runner import expected_not_to_pass, judged_record, not_run_reason, unwritable_record
 
 
 @dataclass(frozen=True)

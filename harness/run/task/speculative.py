@@ -18,7 +18,7 @@ def draft_fields(cell: Cell, models: dict[str, ModelEntry]) -> dict[str, Any]:
     if not name:
         return {}
     draft = models[name].draft
-    if draft is None:  # a KeyError: the cell's record is an error naming it (cell_run.run_attempt)
+    if draft is None:  # a KeyError: the cell's record is an error naming it (runner.run_attempt)
         raise KeyError(f"speculative model {name} has no draft section in the model registry")
     fields: dict[str, Any] = {"method": draft.method, "num_speculative_tokens": draft.num_speculative_tokens,
                               **draft.config, **cell.case.speculative_config}

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from kvmatrix.harness.judge.facts import facts
 from kvmatrix.harness.record.files import run_mode
-from kvmatrix.harness.record.model import JudgedRecord
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
+from kvmatrix.harness.record.types import JudgedRecord
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def _key(record: JudgedRecord) -> tuple[str, str]:
 
 def diff_records(baseline: list[JudgedRecord], current: list[JudgedRecord], first_seen: dict[str, str] | None = None
                  ) -> Diff:
-    """`first_seen`: fingerprint → the run it first appeared in (harness/nightly/history.py first_seen)."""
+    """`first_seen`: fingerprint → the run it first appeared in (harness/results/history.py first_seen)."""
     old = {_key(r): r for r in baseline}
     new = {_key(r): r for r in current}
     shared = Counter(r["fingerprint"] for r in current if r.get("fingerprint"))

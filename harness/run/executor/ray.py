@@ -29,14 +29,14 @@ from typing import Any
 
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.record.files import RunDir, record_stem
-from kvmatrix.harness.record.model import JudgedRecord, finished_now
 from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.run.accuracy_plan import baselines_first
-from kvmatrix.harness.run.cell_run import judged_record, skip_record
-from kvmatrix.harness.run.process import CellProcesses
+from kvmatrix.harness.record.types import JudgedRecord, finished_now
+from kvmatrix.harness.run.order.baselines import baselines_first
+from kvmatrix.harness.run.process.groups import CellProcesses
 from kvmatrix.harness.run.resume import OnRecord, finished_records
 from kvmatrix.harness.run.settings import RunSettings
+from kvmatrix.harness.run.task.runner import judged_record, skip_record
 from kvmatrix.matrix.schema import GpuClass
 
 
@@ -170,8 +170,8 @@ def _drain(ray: Any, pending: dict[Any, tuple[Task, str]], keep: Callable[..., N
 
 @dataclasses.dataclass(frozen=True)
 class RayExecutor:
-    """`run_tasks_on_ray` as an `Executor` (harness/run/pool.py), for a cluster the caller has joined; `gpu_classes`:
-    the pool's classes (cases/_pool.yaml), whose `slots_per_device` share a node's GPUs among cells."""
+    """`run_tasks_on_ray` as an `Executor` (harness/run/executor/local.py), for a cluster the caller has joined;
+    `gpu_classes`: the pool's classes (cases/_pool.yaml), whose `slots_per_device` share a node's GPUs among cells."""
 
     real_gpus: bool = False
     gpu_classes: dict[str, GpuClass] | None = None

@@ -21,7 +21,7 @@ import pandas as pd
 from kvmatrix.harness.judge.facts import facts
 from kvmatrix.harness.judge.fingerprint import fingerprint
 from kvmatrix.harness.record.files import RunDir
-from kvmatrix.harness.record.model import JudgedRecord, check_judged, finished_now
+from kvmatrix.harness.record.types import JudgedRecord, check_judged, finished_now
 
 DEFAULT_DB = Path("reports") / "history.sqlite"  # in the working directory, beside its reports/runs/
 
@@ -260,7 +260,7 @@ def last_verdicts(db: sqlite3.Connection, gpu_class: str) -> dict[str, str]:
 def last_backends(db: sqlite3.Connection, gpu_class: str) -> dict[str, str]:
     """Each cell's attention backend on this GPU class ("A/B" when its layers used several) in the latest run
     that resolved one (a cell that crashed after its engine started resolved it too): which cold cells compile the
-    same kernels (harness/run/pilots.py)."""
+    same kernels (harness/run/order/pilots.py)."""
     rows = db.execute("SELECT x.cell_id, x.record FROM results x JOIN runs r USING (run_id, gpu_class)"
                       " WHERE x.gpu_class = ? ORDER BY r.finished_at DESC, x.run_id DESC", (gpu_class,))
     backends: dict[str, str] = {}

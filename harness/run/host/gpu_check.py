@@ -1,5 +1,5 @@
 """After each cell: is its GPU back at the run's starting baseline? A process still holding memory there that
-was not there before, belongs to no running cell and to no other run (harness/run/process.py: RUN_MARK_ENV),
+was not there before, belongs to no running cell and to no other run (harness/run/process/groups.py: RUN_MARK_ENV),
 or (when no other cell runs on that GPU) memory more than the tolerance above the baseline, is the cell's `leak`.
 Reported, never killed."""
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from kvmatrix.harness.record.model import OutcomeRecord
-from kvmatrix.harness.run.gpu_memory import GpuMemory, physical_index
-from kvmatrix.harness.run.process import CellProcesses, pgid_of, run_mark_of
+from kvmatrix.harness.record.types import OutcomeRecord
+from kvmatrix.harness.run.host.gpu_memory import GpuMemory, physical_index
+from kvmatrix.harness.run.process.groups import CellProcesses, pgid_of, run_mark_of
 
 # Above its baseline by more than this, a GPU no cell runs on holds memory a cell left behind (the driver's and
 # allocator's own usage wobbles a little between runs).

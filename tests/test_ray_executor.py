@@ -26,7 +26,7 @@ ray = pytest.importorskip("ray", reason="ray is not importable: the Ray pool is 
                          exc_type=ImportError)
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from kvmatrix.harness.run.ray_pool import placement, run_tasks_on_ray  # noqa: E402
+from kvmatrix.harness.run.executor.ray import placement, run_tasks_on_ray  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_CELL = REPO / "tests" / "fake_cell.py"

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from kvmatrix.harness.record.paths import import_root
-from kvmatrix.harness.run.process import RUN_MARK_ENV
+from kvmatrix.harness.run.process.groups import RUN_MARK_ENV
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.vllm_compat import BROKEN_WHEN_EMPTY_ENV, IN_PROCESS_ENGINE_ENV, VLLM_CACHE_ENV
 

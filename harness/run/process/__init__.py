@@ -1,0 +1,3 @@
+"""Process mechanics: how a cell process or warm worker is launched (launch.py, behind the `Launcher`
+protocol), started by exec or forked from a template (start.py; the template's client side, template_client.py),
+what environment it gets (env.py), and the process groups that die with the harness (groups.py)."""
