@@ -74,6 +74,19 @@ def test_models_lists_the_registry(cases_dir, capsys):
     assert out.splitlines()[-1] == f"{out.count(chr(10)) - 3} models in {cases_dir / '_models.yaml'}"
 
 
+def test_a_reader_that_stops_reading_is_no_error():
+    """`kvmatrix models | head -1`: the listing ends quietly when its reader goes, as a shell tool's does (once said
+    "kvmatrix: Broken pipe")."""
+    import subprocess
+    import sys
+
+    with subprocess.Popen([sys.executable, "-m", "kvmatrix", "models"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # gone before the table is written
+        assert (proc.wait(timeout=120), proc.stderr.read()) == (cli.BROKEN_PIPE, b"")
+
+
 def test_version_names_kvmatrix_and_the_installed_vllm(capsys):
     from kvmatrix.harness.vllm_compat import installed_vllm_version
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -15,7 +16,7 @@ import warnings
 from typing import TextIO
 
 from kvmatrix.harness.cli.commands import COMMANDS
-from kvmatrix.harness.cli.exit_codes import INTERRUPTED, TERMINATED, USAGE
+from kvmatrix.harness.cli.exit_codes import BROKEN_PIPE, INTERRUPTED, TERMINATED, USAGE
 from kvmatrix.harness.cli.version import VersionAction
 from kvmatrix.harness.judge.waivers import WaiverError
 from kvmatrix.harness.pipelines import PipelineError
@@ -88,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     except USAGE_ERRORS as err:
         print(f"kvmatrix: {err}", file=sys.stderr)
         return USAGE
+    except BrokenPipeError:
+        # The reader stopped reading (`| head`): nothing is wrong and nobody is listening. Python would still flush
+        # stdout into the closed pipe at exit and complain, so stdout goes to /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE
     except OSError as err:  # a file the command writes or reads (a full disk, no permission): said, not a traceback
         print(f"kvmatrix: {err.filename or ''}{': ' if err.filename else ''}{err.strerror or err}", file=sys.stderr)
         return USAGE
