@@ -1,5 +1,5 @@
 """The one judging path: an outcome record (fresh from a cell, or a stored record judged again) → its judged
-record: the final verdict and reason, with the per-rule results. Used by both pools (this machine's and Ray's),
+record: the final verdict and reason, with the per-rule results. Used by both executors (this machine's and Ray's),
 `kvmatrix run`, `rejudge` and `audit`, `qualify`, and the pytest front end, so every front end gives a record the
 same verdict. Without side effects: the outcome, the records the cell is compared with (record/neighbours.py: read
 by the caller, which knows the run folder) and the waivers go in, a new judged record comes out; no file is read

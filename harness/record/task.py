@@ -1,5 +1,5 @@
-"""The task model: one cell of the matrix on one GPU class. What the pools run, the judge judges and the
-schedule orders; the record it ends in is filed under `key`."""
+"""The task model: one cell of the matrix on one GPU class. What the executors run, the judge judges and
+the start order orders; the record it ends in is filed under `key`."""
 
 from __future__ import annotations
 
