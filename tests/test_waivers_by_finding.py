@@ -24,6 +24,7 @@ from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.rejudge import rejudge_run
+from kvmatrix.reports import markdown
 from tests.conftest import FIXTURES, shipped_matrix, unpacked_archive
 
 MATRIX = FIXTURES / "runs" / "h200-vllm-0.34.0-2026-12-04.tar.xz"
@@ -95,6 +96,10 @@ def test_the_run_names_every_cell_a_finding_waived_beyond_the_cells_it_was_writt
         for cell_id, record in records.items():
             assert bool((record.get("waived") or {}).get("beyond")) == any(
                 f" {cell_id} @{gpu}," in d for d in beyond[gpu])
+    shown = markdown.render(list(judged["H100"].values()), "H100")
+    section = shown.split("## Waived by finding beyond the cells the waiver was written for")[1].split("\n## ")[0]
+    assert sorted(line.split("`")[1] for line in section.splitlines() if line.startswith("- ")) == sorted(
+        {*FULL_GRAPHS, DRAFT_KV})
 
 
 def test_a_findings_waiver_holds_only_where_its_finding_shows(judged, tmp_path):

@@ -13,8 +13,9 @@ twin (speculative.py); a failure
 emulation cannot reproduce is `skip`, a failure of the environment (not vLLM) is `error`, a class's clear refusal
 of what its hardware cannot run is `skip`; a cell that failed
 and then passed on a retry stays a (flaky) failure; a known failure (cases/_waivers.txt, waivers.py) is `xfail`
-with its link, and so is a user's case failing as kvmatrix's own cases or waivers know this vLLM fails
-(known_failures.py).
+with its link (a waiver by finding wherever its finding shows), and so is a user's case failing as kvmatrix's own
+cases or waivers know this vLLM fails (known_failures.py: what is known, and the date, are passed in, read by the
+caller). A stored record is judged again from its outcome (record/types.py `outcome_of`): judging again is judging.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, cast
 
 from kvmatrix.harness.judge.accuracy import judge_accuracy
 from kvmatrix.harness.judge.differential import judge_differential, judge_oracle_floor, judge_workload
-from kvmatrix.harness.judge.known_failures import explain
+from kvmatrix.harness.judge.known_failures import NONE_KNOWN, KnownFailures, explain
 from kvmatrix.harness.judge.speculative import judge_speculative
 from kvmatrix.harness.judge.verdict import Judgement, judge
 from kvmatrix.harness.judge.waivers import Waiver, waive
@@ -43,13 +44,14 @@ from kvmatrix.matrix.conditions import gpu_matches
 
 
 def judge_record(outcome: OutcomeRecord, task: Task, neighbours: Neighbours, waivers: Sequence[Waiver] = (),
-                 today: datetime.date | None = None) -> JudgedRecord:
+                 today: datetime.date | None = None, known: KnownFailures = NONE_KNOWN) -> JudgedRecord:
     """The outcome record judged, as a new record (the outcome is left as it is): its final verdict and reason
     and the per-rule results, checked as a judged record. Its fields keep the outcome's order, those judging adds
     follow in the order of the stages. `neighbours`: the records the cell is compared with
     (record/neighbours.py). A stored record is judged again from its outcome (`outcome_of`: everything an earlier
     judgement added is dropped first), so judging it again is judging it. `today` decides which waivers have
-    expired (default: the date now)."""
+    expired (the callers pass their run's date; default: the date now). `known`: what kvmatrix knows fails, for a
+    user's case (known_failures.py `known_failures_for`, read by the caller: judging reads no file)."""
     record = normalized_record(outcome_of(outcome))
     context = task.context(record.get("vllm_version"))
     judgement = _compared(record, judge(record, task.cell.case.expect, context), task, neighbours, context)
@@ -58,8 +60,9 @@ def judge_record(outcome: OutcomeRecord, task: Task, neighbours: Neighbours, wai
     judged = cast(JudgedRecord, {**record, **judgement.fields, "expectations": judgement.results,
                                  "verdict": judgement.verdict, "reason": judgement.reason,
                                  "tags": list(task.cell.case.tags)})
+    today = today or datetime.date.today()
     waived, _ = waive(judged, waivers, today)  # a "removable" waiver is reported over the whole run
-    return check_judged(explain(waived, task, today),  # a user's case failing as kvmatrix knows this vLLM fails
+    return check_judged(explain(waived, task, known, today),  # a user's case failing as kvmatrix knows vLLM fails
                         f"the judged record of {task.key}")
 
 

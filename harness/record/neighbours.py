@@ -35,6 +35,8 @@ def neighbour_ids(cell: Cell, gpu_name: str) -> dict[str, str]:
     the cell itself is never its own neighbour."""
     ids = {"baseline": cell.baseline_id, "oracle": cell.oracle_on(gpu_name), "draft_twin": cell.draft_twin,
            "plain_twin": cell.plain_twin_on(gpu_name)}
+    # Another kind of neighbour (a per-model reference cell, say) is one entry here and a field of Neighbours of
+    # the same name: both executors then ship it and the start order runs it first.
     return {role: cell_id for role, cell_id in ids.items() if cell_id is not None and cell_id != cell.cell_id}
 
 

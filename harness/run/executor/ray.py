@@ -84,7 +84,8 @@ def unobserved_record(task: Task, settings: RunSettings, why: str) -> JudgedReco
     record: JudgedRecord = {**skip_record(task, why, settings.run_dir.root.name), "status": "error",
                             "error_tail": why, "vllm_version": settings.vllm_version, "signature": None,
                             "finished_at": finished_now()}
-    return judge_record(record, task, neighbours_of(task, settings.run_dir), settings.waivers)
+    return judge_record(record, task, neighbours_of(task, settings.run_dir), settings.waivers, settings.today,
+                        settings.known_failures)
 
 
 def run_tasks_on_ray(

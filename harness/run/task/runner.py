@@ -134,8 +134,10 @@ def finish(record: OutcomeRecord, task: Task, settings: RunSettings, outcome: Ou
 
 
 def judged(outcome: OutcomeRecord, task: Task, settings: RunSettings) -> JudgedRecord:
-    """The outcome judged as it is written: against the neighbours the run folder holds, under the run's waivers."""
-    return judge_record(outcome, task, neighbours_of(task, settings.run_dir), settings.waivers)
+    """The outcome judged as it is written: against the neighbours the run folder holds, under the run's waivers
+    and known failures, as of the run's date."""
+    return judge_record(outcome, task, neighbours_of(task, settings.run_dir), settings.waivers, settings.today,
+                        settings.known_failures)
 
 
 def skip_record(task: Task, reason: str, run_id: str) -> JudgedRecord:
