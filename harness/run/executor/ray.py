@@ -104,7 +104,7 @@ def run_tasks_on_ray(
 
     remote = ray.remote(run_on_node)
     run_dir, total = settings.run_dir, len(tasks)
-    records, todo = finished_records(tasks, run_dir, settings.waivers, on_record)
+    records, todo = finished_records(tasks, run_dir, settings.waivers, on_record, settings.today)
 
     def keep(task: Task, record: JudgedRecord, log: bytes | None, written: bool) -> None:
         if written:
