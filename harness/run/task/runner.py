@@ -27,6 +27,7 @@ from kvmatrix.harness.record.types import (
     check_judged,
     check_outcome,
     finished_now,
+    outcome_of,
 )
 from kvmatrix.harness.run.host.gpu_check import check_gpu_memory
 from kvmatrix.harness.run.host.gpu_memory import physical_index
@@ -230,7 +231,7 @@ def judged_record(task: Task, settings: RunSettings, processes: CellProcesses,
     if starts_fresh and fresh_first:
         facts["fresh_first"] = fresh_first
     if facts:  # the record is the judgement of everything it holds: judging it again gives it back
-        record = judged({**record, **facts}, task, settings)
+        record = judged({**outcome_of(record), **facts}, task, settings)
     if confirmations is not None:
         confirmations.add(record, fresh_first)
     return record
