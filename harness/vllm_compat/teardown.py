@@ -22,7 +22,7 @@ CUDA_ERROR_MARKERS = ("CUDA error", "cudaError", "CUBLAS_STATUS_", "CUDNN_STATUS
 # with vLLM 0.26.0, where retiring at 512 MiB restarted a worker after nearly every sparse-MLA cell). What a
 # worker keeps never changes a later cell's state: every GPU class sizes the KV cache explicitly
 # (kv_cache_memory_bytes in cases/_pool.yaml), so vLLM profiles no free memory. The cap bounds what buffers that
-# outlived their engine can add up to: a quarter of a packed slot's share of the GPU (harness/run/host/slots.py).
+# outlived their engine can add up to: half a packed slot's share of the GPU (harness/run/host/slots.py).
 MEMORY_KEPT_CAP_MIB = 4096
 
 

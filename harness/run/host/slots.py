@@ -16,8 +16,10 @@ from kvmatrix.matrix.schema import GpuClass
 # two-core slot, every record equal (benchmarks/README.md).
 MIN_CORES_PER_SLOT = {"cuda": 2, "cpu": 1}
 # What one packed cell may hold of a GPU (CUDA context, a tiny model, the class's 1 GiB KV cache, activations
-# and compile workspaces) with room to spare: a 24 GiB card packs one, an 80 GiB card up to five.
-GPU_GIB_PER_SLOT = 16
+# and compile workspaces, and what its slot's warm workers keep between cells) with room to spare: the busiest
+# moment of the H200's cold vLLM 0.34.0 run (8 slots, tests/fixtures/runs/h200-vllm-0.34.0-2026-12-04.tar.xz) held
+# 47.7 GiB on the card, 6 GiB a slot. An 80 GiB card packs up to nine, a 24 GiB card two.
+GPU_GIB_PER_SLOT = 8
 
 
 def slot_count(host: GpuClass, devices: int, cores: int, device_memory_gib: float | None = None) -> int:
