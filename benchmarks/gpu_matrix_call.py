@@ -2,12 +2,14 @@
 run borrows from an earlier run, and the one line that says how a run went.
 
     PYTHONPATH=. python benchmarks/gpu_matrix_call.py class "NVIDIA H100 80GB HBM3"
+    PYTHONPATH=. python benchmarks/gpu_matrix_call.py slots CLASS MEMORY_MIB CORES
     PYTHONPATH=. python benchmarks/gpu_matrix_call.py reference RUN FOLDER
     PYTHONPATH=. python benchmarks/gpu_matrix_call.py seed REFERENCE CACHE_DIR CLASS
     PYTHONPATH=. python benchmarks/gpu_matrix_call.py summary RUN REFERENCE GOAL_S CALL_S [CALL_S ...]
 
 `class`: the pool class whose names match the driver's name (as `kvmatrix run` picks it; nvidia-smi gives the
 name without importing torch).
+`slots`: how many cells `kvmatrix run` packs on one such GPU (harness/run/host/slots.py), for the scaling model.
 `reference`: RUN (a run folder or `ARCHIVE.tar.xz:FOLDER`, benchmarks/h200_phases.py) judged again under today's
 cases and waivers into FOLDER: what the other two compare with and borrow from (a REFERENCE).
 `seed`: the last-run file of CLASS under CACHE_DIR (harness/run/last_run.py) written from REFERENCE's records
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from h200_phases import busy_wall, open_run, records_of, rejudged, verdict_differences  # beside this script
 
+from kvmatrix.harness.run.host.slots import slot_count
 from kvmatrix.harness.run.last_run import last_run_file, remember
 from kvmatrix.harness.vllm_compat import installed_vllm_version
 from kvmatrix.matrix.load import load_pool
@@ -82,6 +85,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("class").add_argument("driver_name")
+    packing = commands.add_parser("slots")
+    packing.add_argument("gpu")
+    packing.add_argument("memory_mib", type=float)
+    packing.add_argument("cores", type=int)
     judging = commands.add_parser("reference")
     judging.add_argument("run")
     judging.add_argument("folder", type=Path)
@@ -97,6 +104,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "class":
         print(gpu_class(args.driver_name))
+    elif args.command == "slots":
+        print(slot_count(load_pool()[args.gpu], 1, args.cores, args.memory_mib / 1024))
     elif args.command == "reference":
         print(reference(args.run, args.folder))
     elif args.command == "seed":

@@ -46,7 +46,9 @@ if [ "$run" = cold ] && [ ! -e "$runs/cold" ]; then
   rm -rf "$cache" "$calls"  # a cold run starts on empty caches; a resumed one keeps what its first call compiled
 fi
 gpu=${GPU:-$("$py" benchmarks/gpu_matrix_call.py class "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)")}
-{ nproc; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1; echo "class $gpu"; } >> "$log"
+memory=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1)
+slots=$("$py" benchmarks/gpu_matrix_call.py slots "$gpu" "${memory:-81559}" "$(nproc)")
+{ nproc; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1; echo "class $gpu, $slots slots"; } >> "$log"
 "$py" benchmarks/gpu_matrix_call.py reference "$reference" "$before" >> "$log" 2>&1
 if [ "$run" = cold ] && [ ! -s "$calls" ] && [ "${SEED:-}" != none ]; then
   "$py" benchmarks/gpu_matrix_call.py seed "$before" "$cache" "$gpu" >> "$log" 2>&1
@@ -63,6 +65,7 @@ timeout -k 20 "$limit" "$py" -m kvmatrix run --gpu "$gpu" --run-id "$run" --runs
 code=$?
 echo $(( $(date +%s) - started )) >> "$calls"
 echo "kvmatrix run exited $code after $(( $(date +%s) - started )) s" >> "$log"
+du -sh "$cache"/* >> "$log" 2>&1  # which JIT caches the run filled (kept for the warm run)
 goal=480; [ "$run" = warm ] && goal=240
 # shellcheck disable=SC2046  # one number a call
 "$py" benchmarks/gpu_matrix_call.py summary "$runs/$run" "$before" "$goal" $(cat "$calls") >> "$OUT/summary.txt" 2>&1
@@ -70,7 +73,7 @@ tar -cf - -C "$runs" "$run" | xz -T0 > "$OUT/$run.tar.xz"
 done_runs=$(for r in cold warm; do [ -e "$runs/$r" ] && printf '%s ' "$runs/$r"; done)
 # shellcheck disable=SC2086  # the runs are words
 "$py" benchmarks/h200_phases.py "$before" $done_runs --same-as "$before" > "$OUT/phases.txt" 2>&1
-"$py" benchmarks/h200_scaling.py "$runs/$run" > "$OUT/$run-scaling.txt" 2>&1
+"$py" benchmarks/h200_scaling.py "$runs/$run" --slots-per-gpu "$slots" > "$OUT/$run-scaling.txt" 2>&1
 tail -n 2 "$log"
 tail -n 1 "$OUT/summary.txt"
 echo "call took $(( $(date +%s) - call_started )) s"
