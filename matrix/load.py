@@ -8,7 +8,10 @@ may say is bounded (size, UTF-8, no aliases; the cells they expand to, matrix/ex
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+import functools
+import re
+import stat
+from collections.abc import Callable, Hashable, Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from kvmatrix.matrix.case import Case
 from kvmatrix.matrix.expand import MAX_CELLS, check_size, combinations
-from kvmatrix.matrix.messages import did_you_mean, unknown_name
+from kvmatrix.matrix.messages import did_you_mean, excerpt, unknown_name
 from kvmatrix.matrix.schema import (
     CaseError,
     GpuClass,
@@ -29,6 +32,14 @@ from kvmatrix.matrix.schema import (
     wrap_validation_error,
 )
 from kvmatrix.matrix.spelling import current_spelling
+from kvmatrix.matrix.trust import (
+    TRUST_HINT,
+    code_trusted,
+    is_builtin,
+    model_entry_problems,
+    pool_class_problems,
+    speculative_field_problem,
+)
 
 # The default case set: cases/ of the checkout, package data of an installed kvmatrix (wherever it was installed).
 CASES_DIR = Path(str(resources.files("kvmatrix.cases")))
@@ -69,19 +80,36 @@ def shown(path: Path | str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(path))
 
 
-def read_yaml(path: Path) -> Any:
-    """A data file's YAML (nothing in it executed), or CaseError naming the file: unreadable, not a regular file,
-    over MAX_FILE_BYTES, not UTF-8, not YAML, nested past the parser's depth, or with aliases or a key twice."""
+def leaves_its_folder(path: Path) -> bool:
+    """Whether `path` is a link (or goes through one) to a file outside the folder it is named in: reading it
+    would read, and a message might quote, a file the folder's author chose anywhere (`ln -s /etc/shadow x.yaml`)."""
+    return Path(path).resolve().parent != Path(path).parent.resolve()
+
+
+def read_data_file(path: Path) -> bytes:
+    """A case folder's file, read only where it is a regular file of that folder (not a link out of it, a device or
+    a pipe) of at most MAX_FILE_BYTES; else CaseError naming the file."""
     where = shown(path)
     try:
-        if not Path(path).is_file():
+        if not stat.S_ISREG(Path(path).stat().st_mode):  # a device or a pipe would be read forever
             raise CaseError(where, None, None, "not a regular file")
+        if leaves_its_folder(Path(path)):
+            raise CaseError(where, None, None, "a link to a file outside its folder: a case folder's files are "
+                                               "read from that folder only")
         with open(path, "rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as err:
         raise CaseError(where, None, None, f"cannot read: {err.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
         raise CaseError(where, None, None, f"over {MAX_FILE_BYTES >> 10} KiB: no data file needs that much")
+    return data
+
+
+def read_yaml(path: Path) -> Any:
+    """A data file's YAML (nothing in it executed), or CaseError naming the file: unreadable, not a regular file,
+    over MAX_FILE_BYTES, not UTF-8, not YAML, nested past the parser's depth, or with aliases or a key twice."""
+    where = shown(path)
+    data = read_data_file(path)
     try:
         text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:
@@ -170,6 +198,7 @@ def load_case(path: Path, vocabulary: Vocabulary | None = None, max_cells: int |
     except RecursionError:
         raise CaseError(str(path), name, None, "nested too deeply to check") from None
     _check_data_only(path, case)
+    _check_id_values(path, case)
     check_size(case, str(path), max_cells)
     if vocabulary is not None:
         _check_vocabulary(path, case, vocabulary)
@@ -184,6 +213,35 @@ def _check_data_only(path: Path, case: Case) -> None:
     for name, value in case.engine_args.items():
         if problem := case_engine_arg_problem(name, value):
             raise CaseError(str(path), case.name, f"engine_args.{name}", problem)
+    for name, value in case.speculative_config.items():
+        if problem := speculative_field_problem(name, value):
+            raise CaseError(str(path), case.name, f"speculative_config.{name}", problem)
+
+
+# An axis value is part of its cells' ids, and so of every progress line, record file name, report row and waiver
+# line naming them: a word, a number or a dotted version, nothing that breaks a line, escapes the terminal, opens
+# HTML or means something in a cell id (`[`, `,`, `=`).
+_ID_VALUE = re.compile(r"[A-Za-z0-9_.:+-]{1,64}")
+
+
+def _strings(value: Any, where: str) -> Iterable[tuple[str, str]]:
+    """(dotted field, text) for every string inside a dumped model."""
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _strings(item, f"{where}.{i}")
+
+
+def _check_id_values(path: Path, case: Case) -> None:
+    for field, text in _strings(case.matrix.model_dump(), "matrix"):
+        if not _ID_VALUE.fullmatch(text):
+            raise CaseError(str(path), case.name, field,
+                            f"{excerpt(text)}: an axis value is part of cell ids, so it is a word, a number or a "
+                            "version (letters, digits and _ . : + -, at most 64), no space, line break or markup")
 
 
 def _check_vocabulary(path: Path, case: Case, vocabulary: Vocabulary) -> None:
@@ -258,19 +316,34 @@ def load_cases(paths: Iterable[Path] | None = None, vocabulary: Vocabulary | Non
     return [load_case(p, vocabulary) for p in (case_files() if paths is None else paths)]
 
 
-def _load_named(path: Path, cls: type[BaseModel], what: str) -> dict[str, Any]:
+def _load_named(path: Path, cls: type[BaseModel], what: str,
+                untrusted: Callable[[Any], list[tuple[str, str]]] | None = None) -> dict[str, Any]:
+    """A registry or pool file's entries; `untrusted`: each entry's values that load code or files, refused
+    unless the file is the built-in one or the user trusts the folder's code (matrix/trust.py)."""
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise CaseError(str(path), None, None, f"the {what} file is a mapping of name to entry")
+    check = untrusted if untrusted and not is_builtin(path, CASES_DIR) and not code_trusted() else None
+    builtin = _builtin_entries(path.name) if check else {}
     out = {}
     for name, entry in data.items():
         try:
             out[str(name)] = cls.model_validate(entry if entry is not None else {})
         except ValidationError as err:
             problem = wrap_validation_error(err, str(path), None)
-            raise CaseError(str(path), None, f"{name}.{problem.field}" if problem.field else name,
+            raise CaseError(str(path), None, f"{name}.{problem.field}" if problem.field else str(name),
                             problem.message) from None
+        verbatim = name in builtin and builtin[name] == entry  # the built-in's own entry, copied: trusted as it is
+        for field, problem in check(out[str(name)]) if check and not verbatim else []:
+            raise CaseError(str(path), None, f"{name}.{field}", problem + TRUST_HINT)
     return out
+
+
+@functools.cache
+def _builtin_entries(name: str) -> dict:
+    """The built-in registry's or pool's entries as written (`name`: the file's name), for a folder's copies."""
+    data = read_yaml(CASES_DIR / name) if (CASES_DIR / name).is_file() else {}
+    return data if isinstance(data, dict) else {}
 
 
 def shared_file(cases_dir: Path, name: str) -> Path:
@@ -287,8 +360,8 @@ def cases_option(cases_dir: Path | None) -> list[str]:
 
 
 def load_models(cases_dir: Path = CASES_DIR) -> dict[str, ModelEntry]:
-    return _load_named(shared_file(cases_dir, MODELS_FILE), ModelEntry, "model registry")
+    return _load_named(shared_file(cases_dir, MODELS_FILE), ModelEntry, "model registry", model_entry_problems)
 
 
 def load_pool(cases_dir: Path = CASES_DIR) -> dict[str, GpuClass]:
-    return _load_named(shared_file(cases_dir, POOL_FILE), GpuClass, "GPU pool")
+    return _load_named(shared_file(cases_dir, POOL_FILE), GpuClass, "GPU pool", pool_class_problems)

@@ -33,7 +33,9 @@ from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES
 from kvmatrix.matrix.conditions import check_condition_value, matches
 from kvmatrix.matrix.expand import Cell
-from kvmatrix.matrix.load import CASES_DIR
+from kvmatrix.matrix.load import CASES_DIR, read_data_file
+from kvmatrix.matrix.patterns import glob_fullmatch
+from kvmatrix.matrix.schema import CaseError
 
 WAIVERS_FILE = CASES_DIR / "_waivers.txt"
 # Where a waived failure is tracked: an upstream issue, or our own findings page for bugs not yet filed upstream.
@@ -64,17 +66,12 @@ class Waiver:
 
     def matches(self, cell_id: str, gpu_class: str, vllm_version: str | None = None) -> bool:
         """`vllm_version` None (a cell of the matrix, not a record) matches every version scope."""
-        return cell_pattern(self.pattern).fullmatch(cell_id) is not None and (
+        return glob_fullmatch(self.pattern, cell_id) and (
             not self.gpus or any(fnmatch.fnmatchcase(gpu_class, g) for g in self.gpus)) and (
             self.vllm is None or vllm_version is None or matches(self.vllm, vllm_version))
 
     def expired(self, today: datetime.date) -> bool:
         return self.until is not None and today > self.until
-
-
-def cell_pattern(pattern: str) -> re.Pattern:
-    """A cell id with `*` and `?` as wildcards, `[` and `]` literal: what a waiver and `-k` match whole ids with."""
-    return re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."))
 
 
 def parse_waivers(text: str, file: str = "<waivers>", gpu_classes: Iterable[str] | None = None) -> list[Waiver]:
@@ -156,9 +153,9 @@ def _until(fields: dict[str, str], fail: Fail) -> datetime.date | None:
 
 def load_waivers(path: Path = WAIVERS_FILE, gpu_classes: Iterable[str] | None = None) -> list[Waiver]:
     try:
-        data = Path(path).read_bytes()
-    except OSError as err:
-        raise WaiverError(str(path), 0, f"cannot read: {err.strerror}") from None
+        data = read_data_file(Path(path))
+    except CaseError as err:
+        raise WaiverError(str(path), 0, err.message) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
