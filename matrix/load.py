@@ -166,8 +166,8 @@ def _with_includes(path: Path, data: dict, case: str, seen: tuple[Path, ...] = (
 
 # A case's name is its file's: it is part of every cell id, record file name, report row and command line that
 # names a cell. So it is printable UTF-8 text without spaces (a line break split the report's rows, bytes that are
-# not UTF-8 could not be printed) and without what cell ids, report tables and selections give a meaning to.
-NOT_IN_A_CASE_NAME = frozenset("[]|*?")
+# not UTF-8 could not be printed) and without what cell ids, report tables, selections and markup give a meaning to.
+NOT_IN_A_CASE_NAME = frozenset("[]|*?<>&`")
 
 
 def case_name_problem(name: str) -> str | None:

@@ -234,3 +234,13 @@ def test_a_waivers_file_that_is_no_regular_file_is_named(cases_dir):
     with pytest.raises(WaiverError, match="not a regular file"):
         load_waivers(cases_dir / "_waivers.txt")
     shutil.rmtree(cases_dir)
+
+
+def test_matrix_md_shows_a_case_s_markup_as_text(cases_dir):
+    """Before: matrix.md kept raw HTML from case strings (a tag, a reason quoting them); matrix.html escaped it."""
+    from kvmatrix.reports import markdown
+    from tests.test_reports import RECORDS
+
+    hostile = "<img src=x onerror=alert(1)>|x"
+    text = markdown.render([{**RECORDS[1], "reason": hostile, "tags": [hostile]}])
+    assert "<img" not in text and "&lt;img src=x onerror=alert(1)&gt;\\|x" in text
