@@ -334,8 +334,8 @@ def _load_named(path: Path, cls: type[BaseModel], what: str,
             raise CaseError(str(path), None, f"{name}.{problem.field}" if problem.field else str(name),
                             problem.message) from None
         verbatim = name in builtin and builtin[name] == entry  # the built-in's own entry, copied: trusted as it is
-        for field, problem in check(out[str(name)]) if check and not verbatim else []:
-            raise CaseError(str(path), None, f"{name}.{field}", problem + TRUST_HINT)
+        for field, refused in check(out[str(name)]) if check and not verbatim else []:
+            raise CaseError(str(path), None, f"{name}.{field}", refused + TRUST_HINT)
     return out
 
 

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from kvmatrix.matrix.messages import excerpt
+from kvmatrix.matrix.messages import did_you_mean, excerpt
 from kvmatrix.matrix.schema import (
     CASE_ENGINE_ARGS,
     CASE_NESTED_ENGINE_ARGS,
@@ -62,7 +62,8 @@ def speculative_field_problem(name: str, value: Any) -> str | None:
     """Why a case's `speculative_config:` (or an untrusted registry draft's `config:`) may not set `name` to
     `value` (None: it may)."""
     if name not in DATA_SPECULATIVE_FIELDS:
-        return ("not a field a case may set in speculative_config: the draft's method and model are the model "
+        return (f"not a field a case may set in speculative_config{did_you_mean(name, DATA_SPECULATIVE_FIELDS)}: "
+                "the draft's method and model are the model "
                 "registry's (method custom_class imports the model as code), and revisions, load configs and custom "
                 "methods name code or files (matrix/trust.py DATA_SPECULATIVE_FIELDS)")
     if not all(plain_value(v) for v in (value if isinstance(value, list) else [value])):
