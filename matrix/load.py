@@ -2,24 +2,24 @@
 and the GPU pool (`_pool.yaml`). Files whose name starts with `_` are shared data, never cases; a case may pull
 shared blocks in with `include: [_file.yaml]` (the lm-evaluation-harness idea), its own keys winning.
 
-YAML is read with a SafeLoader only (`read_yaml`): case files are data, nothing in them is executed, and what they
-may say is bounded (size, UTF-8, no aliases; the cells they expand to, matrix/expand.py).
+YAML is read with a SafeLoader only (`read_yaml`, matrix/data_file.py): case files are data, nothing in them is
+executed, and what they may say is bounded (size, UTF-8, no aliases; the cells they expand to, matrix/expand.py).
+What a folder other than the built-in one may say is matrix/trust.py's.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-import stat
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from kvmatrix.matrix.case import Case
+from kvmatrix.matrix.data_file import read_yaml, shown
 from kvmatrix.matrix.expand import MAX_CELLS, check_size, combinations
 from kvmatrix.matrix.messages import did_you_mean, excerpt, unknown_name
 from kvmatrix.matrix.schema import (
@@ -47,94 +47,10 @@ MODELS_FILE = "_models.yaml"
 POOL_FILE = "_pool.yaml"
 
 
-# Bounds on a data file: the shipped ones are at most a few KiB, and nothing in one is worth more.
-MAX_FILE_BYTES = 1 << 20
-
-
-class _DataLoader(yaml.SafeLoader):
-    """`yaml.safe_load` without what no data file needs and a hostile one abuses: aliases (`*name`: 600 bytes of
-    nested aliases expand to a 112 MB engine argument) and a key given twice (YAML keeps the last one silently:
-    a second `expect:` would drop the first's rules)."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            raise yaml.MarkedYAMLError(None, None, "an alias (*name): data files repeat nothing by reference; "
-                                       "write the value out, or share a block with include:",
-                                       self.peek_event().start_mark)
-        return super().compose_node(parent, index)
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, Hashable) and key in seen:
-                raise yaml.MarkedYAMLError(None, None, f"key {key!r} appears twice in one mapping",
-                                           key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep)
-
-
-def shown(path: Path | str) -> str:
-    """A path as messages show it: a character that is not printable (a line break, bytes that are not UTF-8)
-    escaped, so that the message stays one line and can be printed."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(path))
-
-
-def leaves_its_folder(path: Path) -> bool:
-    """Whether `path` is a link (or goes through one) to a file outside the folder it is named in: reading it
-    would read, and a message might quote, a file the folder's author chose anywhere (`ln -s /etc/shadow x.yaml`)."""
-    return Path(path).resolve().parent != Path(path).parent.resolve()
-
-
-def read_data_file(path: Path) -> bytes:
-    """A case folder's file, read only where it is a regular file of that folder (not a link out of it, a device or
-    a pipe) of at most MAX_FILE_BYTES; else CaseError naming the file."""
-    where = shown(path)
-    try:
-        if not stat.S_ISREG(Path(path).stat().st_mode):  # a device or a pipe would be read forever
-            raise CaseError(where, None, None, "not a regular file")
-        if leaves_its_folder(Path(path)):
-            raise CaseError(where, None, None, "a link to a file outside its folder: a case folder's files are "
-                                               "read from that folder only")
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as err:
-        raise CaseError(where, None, None, f"cannot read: {err.strerror}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise CaseError(where, None, None, f"over {MAX_FILE_BYTES >> 10} KiB: no data file needs that much")
-    return data
-
-
-def read_yaml(path: Path) -> Any:
-    """A data file's YAML (nothing in it executed), or CaseError naming the file: unreadable, not a regular file,
-    over MAX_FILE_BYTES, not UTF-8, not YAML, nested past the parser's depth, or with aliases or a key twice."""
-    where = shown(path)
-    data = read_data_file(path)
-    try:
-        text = data.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as err:
-        line = data[:err.start].count(b"\n") + 1
-        raise CaseError(where, None, None, f"not UTF-8 text: byte 0x{data[err.start]:02x} on line {line}") from None
-    try:
-        return yaml.load(text, Loader=_DataLoader)  # noqa: S506 - _DataLoader is a SafeLoader
-    except yaml.YAMLError as err:
-        raise CaseError(where, None, None, f"not valid YAML: {_one_line(err)}") from None
-    except RecursionError:
-        raise CaseError(where, None, None, "not valid YAML: nested too deeply to read") from None
-
-
 def case_files(cases_dir: Path = CASES_DIR) -> list[Path]:
     if not Path(cases_dir).is_dir():
         raise CaseError(str(cases_dir), None, None, "no such folder of case files")
     return sorted(p for p in cases_dir.glob("*.yaml") if not p.name.startswith("_"))
-
-
-def _one_line(err: yaml.YAMLError) -> str:
-    """PyYAML's error as one line: what is wrong and where (its own message spans several, with a snippet)."""
-    if not isinstance(err, yaml.MarkedYAMLError):
-        return " ".join(str(err).split())
-    where = f" (line {err.problem_mark.line + 1}, column {err.problem_mark.column + 1})" if err.problem_mark else ""
-    return " ".join(filter(None, [err.context, err.problem])) + where
 
 
 def _with_includes(path: Path, data: dict, case: str, seen: tuple[Path, ...] = ()) -> dict:

@@ -32,8 +32,9 @@ from kvmatrix.harness.record.parts import FAILING_VERDICTS
 from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES
 from kvmatrix.matrix.conditions import check_condition_value, matches
+from kvmatrix.matrix.data_file import read_data_file
 from kvmatrix.matrix.expand import Cell
-from kvmatrix.matrix.load import CASES_DIR, read_data_file
+from kvmatrix.matrix.load import CASES_DIR
 from kvmatrix.matrix.patterns import glob_fullmatch
 from kvmatrix.matrix.schema import CaseError
 

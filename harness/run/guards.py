@@ -14,7 +14,8 @@ from typing import IO
 
 from kvmatrix.harness.judge.waivers import WAIVERS_FILE
 from kvmatrix.harness.record.files import write_json_atomic
-from kvmatrix.matrix.load import CASES_DIR, MODELS_FILE, POOL_FILE, read_data_file, shared_file
+from kvmatrix.matrix.data_file import read_data_file
+from kvmatrix.matrix.load import CASES_DIR, MODELS_FILE, POOL_FILE, shared_file
 from kvmatrix.matrix.schema import CaseError
 
 RUN_META = "run.json"
