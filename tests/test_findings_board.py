@@ -33,6 +33,28 @@ def test_the_committed_board_is_what_the_registry_and_the_status_say():
     assert text.split(BOARD_START, 1)[1].split(BOARD_END, 1)[0].strip() == expected.strip()
 
 
+def entries_of_the_page(text: str) -> list[str]:
+    """The finding entries' headings, in order: the sections between the re-checks and the observations."""
+    body = text.split("\n## Re-checks, session by session\n", 1)[1].split("\n## Observations that are not", 1)[0]
+    return [line[3:] for line in body.splitlines() if line.startswith("## ")]
+
+
+def test_the_page_the_board_and_the_registry_hold_the_same_findings_and_upstream_state():
+    """Each entry of the page has a registry entry and a board row, in the same order, and the entry's upstream
+    line says what the board's upstream column says (both from the registry)."""
+    from kvmatrix.harness.qualify.registry import upstream_text
+
+    findings = load_registry()
+    text = README.read_text()
+    board_ids = [line.split("](#", 1)[0].removeprefix("| [") for line in
+                 text.split(BOARD_START, 1)[1].split(BOARD_END, 1)[0].splitlines() if line.startswith("| [")]
+    assert entries_of_the_page(text) == [f.id for f in findings] == board_ids
+    for finding in findings:
+        section = text.split(f"\n## {finding.id}\n", 1)[1].split("\n## ", 1)[0]
+        assert f"- **Upstream (vLLM's tracker):** {upstream_text(finding.upstream)}\n" in section, finding.id
+    assert f"{sum(bool(f.upstream.known) for f in findings)} of the {len(findings)} entries are known" in text
+
+
 def test_every_entry_of_the_page_is_on_the_board_and_every_script_names_a_cell():
     from kvmatrix.harness.repro.cell_script import find_cell
     from kvmatrix.matrix.load import CASES_DIR
@@ -87,10 +109,13 @@ def test_the_board_replaces_only_its_section():
 
 
 @pytest.mark.parametrize(("text", "field"), [
-    ('- {id: a, bug: "yes", platform: moon, cells: x}', "platform"),
-    ('- {id: a, bug: "yes", platform: gpu, cells: x, seen: {vllm: {"not a version": bad}}}', "not a version"),
-    ('- {id: a, bug: "yes", platform: gpu, cells: x, scripts: [{cell: c, gpu: H200, observe: smell}]}',
-     "scripts.0.observe"),
+    ('- {id: a, bug: "yes", platform: moon, cells: x, upstream: {checked: 2026-12-05}}', "platform"),
+    ('- {id: a, bug: "yes", platform: gpu, cells: x, upstream: {checked: 2026-12-05}, '
+     'seen: {vllm: {"not a version": bad}}}', "not a version"),
+    ('- {id: a, bug: "yes", platform: gpu, cells: x, upstream: {checked: 2026-12-05}, '
+     'scripts: [{cell: c, gpu: H200, observe: smell}]}', "scripts.0.observe"),
+    ('- {id: a, bug: "yes", platform: gpu, cells: x}', "upstream"),
+    ('- {id: a, bug: "yes", platform: gpu, cells: x, upstream: {known: [vllm#1]}}', "upstream.checked"),
 ])
 def test_a_registry_mistake_names_the_file_the_entry_and_the_field(tmp_path, text, field):
     path = tmp_path / "registry.yaml"

