@@ -28,7 +28,7 @@ Outcome = Literal["bad", "good"]
 class Script(Strict):
     cell: str
     gpu: str
-    observe: Literal["runs", "layers", "tokens"]
+    observe: Literal["runs", "crash", "state", "tokens"]
     cases_dir: str | None = None
     weights: bool | None = None  # None: only where the observation is tokens
 

@@ -1,0 +1,117 @@
+"""The `state` observation's text in a minimal reproducer (harness/repro/script.py writes the rest): read inside the
+engine as kvmatrix's probe reads it (harness/cell/probe.py: each attention layer numbered by the first number in its
+name, the drafter's own layers the draft; the attribute paths vLLM's releases use, from harness/vllm_compat, as
+data), then each of the case's layers / groups / builders / page-size rules checked as kvmatrix's judge checks it
+(harness/judge/verdict.py: the layers a rule selects, the groups or builders that hold them, each wanted value a
+glob). Only what the cell's rules name is read: a script about the layers holds no builder code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvmatrix.harness import vllm_compat
+from kvmatrix.harness.repro.generate import ReproError
+
+# What the script reads of a layer for each field a layers rule may name (its index, role, page size always).
+LAYER_READS = {
+    "kv_cache_dtype": 'str(module.kv_cache_dtype)',
+    "spec_dtype": 'str(getattr(spec, "dtype", None)).removeprefix("torch.")',
+    "backend": 'module.get_attn_backend().get_name()',
+    "group": 'groups.index(group)',
+}
+# A value as the record writes it: a dtype without "torch.", an enum by its name.
+PLAIN = 'getattr(v, "_name_", None) or str(v).removeprefix("torch.")'
+
+RESOLVED = '''def resolved(worker):  # inside the engine, read as kvmatrix's record reads it
+    first = lambda obj, key: next((v for v in (functools.reduce(lambda o, a: getattr(o, a, None), p.split("."), obj)
+                                               for p in PATHS.get(key, [])) if v is not None), None)  # noqa: E731
+    runner = first(worker, "runner")
+    groups, draft = first(runner, "kv_cache_config").kv_cache_groups, set(first(runner, "draft") or ())
+    state = {"layers": []}
+    for name, module in first(runner, "forward_context").items():  # the attention layers, numbered as the record does
+        if hasattr(module, "kv_cache_dtype"):
+            group = next((g for g in groups if name in g.layer_names), None)
+            spec = getattr(group, "kv_cache_spec", None)
+            spec = (getattr(spec, "kv_cache_specs", None) or {}).get(name, spec)  # a group of per-layer specs
+            number = re.search(r"(?:^|\\.)(\\d+)(?:\\.|$)", name)
+            state["layers"].append({"layer_names": [name], "index": number and int(number[1]), "role": "draft" if name
+                                    in draft else "target", "page_size_bytes": getattr(spec, "page_size_bytes", None)@READS@})'''
+
+GROUPS = '''    state["groups"] = [{"layer_names": g.layer_names, "spec_type": type(g.kv_cache_spec).__name__} | {
+        f: @PLAIN@ for f in GROUP_FIELDS for v in [getattr(g.kv_cache_spec, f, None)]} for g in groups]'''
+
+BUILDERS = '''    state["builders"] = [{"layer_names": a.layer_names} | {
+        f: @PLAIN@ for f in BUILDER_FIELDS for v in [getattr(a.metadata_builders[0], f, None)]}
+        for subgroups in first(runner, "attn_groups") for a in subgroups]'''
+
+CHOSEN = '''def chosen(select):  # the layers a rule selects, as kvmatrix's judge selects them: by index or by role
+    return [la for la in state["layers"] if la["role"] == select.get("role", la["role"]) and (
+        la["index"] in select["index"] if "index" in select else la["index"] not in select.get("index_not", []))]'''
+
+CHECK = '''wrong = []
+for c in CHECKS if state else []:  # the layers each rule selects, or the KV groups / builders holding them
+    names = {la["layer_names"][0] for la in chosen(c["select"])}
+    held = [x for x in state[c["rule"]] if names & set(x["layer_names"])]
+    wrong += [f"no {c['rule']} of the layers {c['select']}"] if not held else [
+        f"{c['rule']} of {x['layer_names']}: {f} {x.get(f)!r}" for x in held for f, w in c["wanted"].items()
+        if not any(fnmatch.fnmatchcase(str(x.get(f)), str(v)) for v in w)]'''
+
+RATIOS = '''for r in RATIOS if state else []:  # each side's one page size, as kvmatrix's judge divides them
+    pages = [{la["page_size_bytes"] for la in chosen(r[side])} for side in ("of", "to")]
+    if not all(len(p) == 1 and None not in p for p in pages) or abs(min(pages[0]) / min(pages[1]) - r["equals"]) > 1e-9:
+        wrong.append(f"page sizes {pages[0]} / {pages[1]}, not {r['equals']}:1")'''
+
+
+def selector(select: str | list[int], skipped: list[str]) -> dict[str, Any]:
+    """A rule's selector as the script tests it: layer indices (as the record numbers them), indices left out, or a
+    role. The judge counts a layer skipped when its number is one of the skip list's entries."""
+    if isinstance(select, list):
+        return {"index": select}
+    numbers = [int(s) for s in skipped if s.isdigit()]
+    return {"all": {}, "target": {"role": "target"}, "draft": {"role": "draft"}, "skipped": {"index": numbers},
+            "not_skipped": {"index_not": numbers}}[select]
+
+
+def paths(version: str | None, keys: set[str]) -> dict[str, list[str]]:
+    """The attribute paths the probe reads, for this vLLM (harness/vllm_compat/engine.py), as data."""
+    table = {"runner": vllm_compat.MODEL_RUNNER_PATHS, "forward_context": vllm_compat.FORWARD_CONTEXT_PATHS,
+             "kv_cache_config": vllm_compat.KV_CACHE_CONFIG_PATHS, "draft": vllm_compat.DRAFT_LAYER_NAME_PATHS,
+             "attn_groups": vllm_compat.ATTN_GROUPS_PATHS}
+    return {key: [p for alternatives in vllm_compat.for_version(rows, version) for p in alternatives]
+            for key, rows in table.items() if key in keys}
+
+
+def data(checks: list[dict[str, Any]], skipped: list[str], version: str | None, has_draft: bool) -> dict[str, Any]:
+    """The state text's data: CHECKS (layers / groups / builders rules), RATIOS (page-size rules), the paths, the
+    fields a group or builder rule reads."""
+    kinds = {c["rule"] for c in checks}
+    keys = {"runner", "forward_context", "kv_cache_config", *(["draft"] if has_draft else []),
+            *(["attn_groups"] if "builders" in kinds else [])}
+    out: dict[str, Any] = {
+        "CHECKS": [{**c, "select": selector(c["select"], skipped)} for c in checks if c["rule"] != "page_size_ratio"],
+        "RATIOS": [{"of": selector(c["select"], skipped), "to": selector(c["to"], skipped), "equals": c["equals"]}
+                   for c in checks if c["rule"] == "page_size_ratio"],
+        "PATHS": paths(version, keys)}
+    if "groups" in kinds:
+        out["GROUP_FIELDS"] = list(vllm_compat.KV_SPEC_FIELDS)
+    if "builders" in kinds:
+        out["BUILDER_FIELDS"] = list(dict.fromkeys(
+            a for attrs in vllm_compat.for_version(vllm_compat.BUILDER_DTYPE_ATTRS, version) for a in attrs))
+    return {k: v for k, v in out.items() if v or k in ("CHECKS", "PATHS")}
+
+
+def functions(checks: list[dict[str, Any]]) -> list[str]:
+    """`resolved` (reading what the checks name) and `chosen`; a layer field the script cannot read is an error."""
+    fields = {f for c in checks if c["rule"] == "layers" for f in c["wanted"]} - {"index", "role", "page_size_bytes"}
+    unknown = sorted(fields - set(LAYER_READS))
+    if unknown:
+        raise ReproError(f"a layers rule on {unknown[0]!r}: a minimal script does not read it; use --full")
+    kinds = {c["rule"] for c in checks}
+    reads = "".join(f',\n                                    "{f}": {LAYER_READS[f]}' for f in sorted(fields))
+    extra = [GROUPS] * ("groups" in kinds) + [BUILDERS] * ("builders" in kinds)
+    body = "\n".join([RESOLVED.replace("@READS@", reads), *extra, "    return state"]).replace("@PLAIN@", PLAIN)
+    return [body, CHOSEN]
+
+
+def checks_text(checks: list[dict[str, Any]]) -> str:
+    return "\n".join([CHECK, *([RATIOS] if any(c["rule"] == "page_size_ratio" for c in checks) else [])])
