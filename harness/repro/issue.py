@@ -1,19 +1,70 @@
-"""An issue draft beside a minimal reproducer, in the shape of vLLM's bug report form (environment, the bug with
-its script, expected and actual behaviour, the first bad release where a bisection found it, where the finding is
-written up). Markdown only: nothing here is executed, and the script is fenced with more backticks than it holds."""
+"""An issue draft beside a minimal reproducer, in the shape of vLLM's bug report form: a title and a first paragraph
+that say what vLLM did (the exception, its signature and the vLLM function that raised it; or the value it resolved
+against the one it should have), then the environment (vLLM, torch, the GPU, `collect_env`), then the script,
+expected and actual behaviour, the first bad release where a bisection found it, and where the finding is written
+up. Markdown only: nothing here is executed, and the script is fenced with more backticks than it holds."""
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import Any
 
+from kvmatrix.harness.judge.fingerprint import failure_name
+from kvmatrix.harness.judge.signatures import classify
 from kvmatrix.harness.record.types import JudgedRecord
+
+# Engine arguments every minimal script sets to run small (not what the finding is about).
+SMALL_RUN_ARGS = ("dtype", "max_model_len", "enforce_eager", "kv_cache_memory_bytes", "load_format",
+                  "skip_tokenizer_init", "disable_log_stats")
+SITE = re.compile(r" \(raised at (?P<site>[^)]*)\)$")
 
 
 def fenced(text: str, language: str = "") -> str:
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)
     return f"{fence}{language}\n{text.rstrip()}\n{fence}"
+
+
+def configuration(spec: dict[str, Any]) -> str:
+    """The engine arguments that are the finding's own, as a reader types them."""
+    args = {k: v for k, v in spec["engine_args"].items() if k not in SMALL_RUN_ARGS}
+    draft = args.get("speculative_config")
+    if isinstance(draft, dict):
+        args["speculative_config"] = {k: v for k, v in draft.items() if k != "model"}
+    return ", ".join(f"{k}={v!r}" for k, v in args.items()) or "the defaults"
+
+
+def what_vllm_did(record: JudgedRecord | None, said: str | None, version: str | None = None) -> str | None:
+    """One sentence of what happened: from the script's own last words where it ran (the exception, its signature
+    and the vLLM function that raised it; or what it resolved wrong), else from the record; None where neither
+    says (the script has not run, no record)."""
+    observed = (said or "").removeprefix("AssertionError: ").split("; observed: ", 1)
+    if said and len(observed) == 2:
+        return _observed(observed[1], version)
+    if record is None:
+        return None
+    crash = record.get("crash")
+    if crash:
+        phase = f" ({record.get('phase')} phase)" if record.get("phase") else ""
+        return (f"raises `{crash.get('type')}: {crash.get('message')}` in `{crash.get('site') or '?'}`{phase}, "
+                f"signature `{failure_name(record)}`")
+    unmet = [e.get("detail", "") for e in record.get("expectations") or [] if not e.get("ok")]
+    return f"resolves {'; '.join(unmet)}" if unmet else None
+
+
+def _observed(text: str, version: str | None) -> str:
+    """A script's observation in words: an exception with where it was raised, or the list of what is wrong."""
+    site = SITE.search(text)
+    if site:
+        error = SITE.sub("", text)
+        named = classify(error, version)
+        return f"raises `{error}` in `{site['site']}`" + (f", signature `{named}`" if named else "")
+    try:
+        wrong = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return f"does this: {text}"
+    return "resolves " + "; ".join(map(str, wrong)) if isinstance(wrong, list) else f"does this: {text}"
 
 
 def _environment(record: JudgedRecord | None, gpu_class: str, version: str | None) -> str:
@@ -40,21 +91,29 @@ def render(spec: dict[str, Any], script: str, expected: str, record: JudgedRecor
            version: str | None = None) -> str:
     """The draft's Markdown. `first_bad`: the releases' sentence (e.g. "0.26.0 (0.24.0 good)"), `link`: the
     findings entry, `said`: the script's last words where it has run, on vLLM `version`."""
-    observed = (said or "").removeprefix("AssertionError: ").split("; observed: ")[-1]
-    title = f"[Bug]: {spec['cell']} on {spec['gpu_class']}: " + (observed[:120] or f"expected {expected}")
+    seen = version or (record or {}).get("vllm_version")
+    did = what_vllm_did(record, said, seen)
+    where = f"vLLM {seen}" if seen else "vLLM"
+    config = configuration(spec)
+    title = f"[Bug]: {where} {did or 'does not do what ' + expected} with {config} ({spec['gpu_class']})"
+    first = (f"With {config} on {spec['gpu_class']}, {where} {did}; expected: {expected}." if did else
+             f"With {config} on {spec['gpu_class']}, {where} is expected to do this: {expected}. Run the script and "
+             "paste what it says in place of this sentence.")
     lines = [
-        f"<!-- title: {title} -->",
+        f"<!-- title: {title[:250]} -->",
+        first,
+        "",
         "### Your current environment",
         "",
         "<details><summary>The output of <code>python collect_env.py</code></summary>",
         "",
-        fenced(_environment(record, spec["gpu_class"], version), "text"),
+        fenced(_environment(record, spec["gpu_class"], seen), "text"),
         "</details>",
         "",
         "### 🐛 Describe the bug",
         "",
-        f"The script below is standalone (vLLM and torch only; {len(script.splitlines())} lines, tiny random model). "
-        f"Its last line asserts that {expected}; it fails.",
+        f"The script below is standalone (vLLM and torch only; {len(script.splitlines())} lines, a tiny model with "
+        "random weights); it exits 1 with an AssertionError where vLLM behaves so, 0 where it does not.",
         "",
         fenced(script, "python"),
         "",

@@ -66,8 +66,9 @@ def state_checks(cell: Cell, context: dict) -> list[dict[str, Any]]:
         for kind in STATE_RULES:
             check = getattr(rule, kind)
             if check is not None:
-                checks.append({"rule": kind, "select": check.select, "wanted": {
-                    field: _wanted(value, f"{cell.cell_id} {kind}.{field}") for field, value in check.wanted().items()}})
+                wanted = {field: _wanted(value, f"{cell.cell_id} {kind}.{field}")
+                          for field, value in check.wanted().items()}
+                checks.append({"rule": kind, "select": check.select, "wanted": wanted})
         if rule.page_size_ratio is not None:
             ratio = rule.page_size_ratio
             checks.append({"rule": "page_size_ratio", "select": ratio.of, "to": ratio.to, "equals": ratio.equals})

@@ -34,22 +34,32 @@ RESOLVED = '''def resolved(worker):  # inside the engine, read as kvmatrix's rec
             spec = getattr(group, "kv_cache_spec", None)
             spec = (getattr(spec, "kv_cache_specs", None) or {}).get(name, spec)  # a group of per-layer specs
             number = re.search(r"(?:^|\\.)(\\d+)(?:\\.|$)", name)
-            state["layers"].append({"layer_names": [name], "index": number and int(number[1]), "role": "draft" if name
-                                    in draft else "target", "page_size_bytes": getattr(spec, "page_size_bytes", None)@READS@})'''
+            state["layers"].append({"layer_names": [name], "index": number and int(number[1]),
+                                    "role": "draft" if name in draft else "target",
+                                    "page_size_bytes": getattr(spec, "page_size_bytes", None)@READS@})
+'''.rstrip("\n")
 
-GROUPS = '''    state["groups"] = [{"layer_names": g.layer_names, "spec_type": type(g.kv_cache_spec).__name__} | {
-        f: @PLAIN@ for f in GROUP_FIELDS for v in [getattr(g.kv_cache_spec, f, None)]} for g in groups]'''
+PLAIN = '''\
+    plain = lambda v: getattr(v, "_name_", None) or str(v).removeprefix("torch.")  # noqa: E731 - as the record'''
 
-BUILDERS = '''    state["builders"] = [{"layer_names": a.layer_names} | {
-        f: @PLAIN@ for f in BUILDER_FIELDS for v in [getattr(a.metadata_builders[0], f, None)]}
-        for subgroups in first(runner, "attn_groups") for a in subgroups]'''
+GROUPS = '''\
+    state["groups"] = [{f: plain(getattr(g.kv_cache_spec, f, None)) for c in CHECKS if c["rule"] == "groups"
+                        for f in c["wanted"]} | {"layer_names": g.layer_names,
+                                                 "spec_type": type(g.kv_cache_spec).__name__} for g in groups]'''
 
-CHOSEN = '''def chosen(select):  # the layers a rule selects, as kvmatrix's judge selects them: by index or by role
-    return [la for la in state["layers"] if la["role"] == select.get("role", la["role"]) and (
-        la["index"] in select["index"] if "index" in select else la["index"] not in select.get("index_not", []))]'''
+BUILDERS = '''\
+    state["builders"] = [{f: plain(getattr(a.metadata_builders[0], f, None)) for c in CHECKS
+                          if c["rule"] == "builders" for f in c["wanted"]} | {"layer_names": a.layer_names}
+                         for subgroups in first(runner, "attn_groups") for a in subgroups]'''
 
-CHECK = '''wrong = []
-for c in CHECKS if state else []:  # the layers each rule selects, or the KV groups / builders holding them
+CHOSEN = '''\
+chosen = lambda select: [la for la in state["layers"] if la["role"] == select.get("role", la["role"])  # noqa
+                        and (la["index"] in select["index"] if "index" in select else la["index"]
+                             not in select.get("index_not", []))]'''
+
+CHECK = '''wrong = []  # the layers a rule selects, as kvmatrix's judge selects them (by index or role), or the groups /
+@CHOSEN@
+for c in CHECKS if state else []:  # builders that hold them, each with the values the rule wants
     names = {la["layer_names"][0] for la in chosen(c["select"])}
     held = [x for x in state[c["rule"]] if names & set(x["layer_names"])]
     wrong += [f"no {c['rule']} of the layers {c['select']}"] if not held else [
@@ -82,8 +92,8 @@ def paths(version: str | None, keys: set[str]) -> dict[str, list[str]]:
 
 
 def data(checks: list[dict[str, Any]], skipped: list[str], version: str | None, has_draft: bool) -> dict[str, Any]:
-    """The state text's data: CHECKS (layers / groups / builders rules), RATIOS (page-size rules), the paths, the
-    fields a group or builder rule reads."""
+    """The state text's data: CHECKS (layers / groups / builders rules, whose fields the script reads), RATIOS
+    (page-size rules), the attribute paths."""
     kinds = {c["rule"] for c in checks}
     keys = {"runner", "forward_context", "kv_cache_config", *(["draft"] if has_draft else []),
             *(["attn_groups"] if "builders" in kinds else [])}
@@ -92,26 +102,34 @@ def data(checks: list[dict[str, Any]], skipped: list[str], version: str | None, 
         "RATIOS": [{"of": selector(c["select"], skipped), "to": selector(c["to"], skipped), "equals": c["equals"]}
                    for c in checks if c["rule"] == "page_size_ratio"],
         "PATHS": paths(version, keys)}
-    if "groups" in kinds:
-        out["GROUP_FIELDS"] = list(vllm_compat.KV_SPEC_FIELDS)
-    if "builders" in kinds:
-        out["BUILDER_FIELDS"] = list(dict.fromkeys(
-            a for attrs in vllm_compat.for_version(vllm_compat.BUILDER_DTYPE_ATTRS, version) for a in attrs))
     return {k: v for k, v in out.items() if v or k in ("CHECKS", "PATHS")}
 
 
 def functions(checks: list[dict[str, Any]]) -> list[str]:
-    """`resolved` (reading what the checks name) and `chosen`; a layer field the script cannot read is an error."""
+    """`resolved`, reading what the checks name; a layer field the script cannot read is an error."""
     fields = {f for c in checks if c["rule"] == "layers" for f in c["wanted"]} - {"index", "role", "page_size_bytes"}
     unknown = sorted(fields - set(LAYER_READS))
     if unknown:
         raise ReproError(f"a layers rule on {unknown[0]!r}: a minimal script does not read it; use --full")
     kinds = {c["rule"] for c in checks}
-    reads = "".join(f',\n                                    "{f}": {LAYER_READS[f]}' for f in sorted(fields))
-    extra = [GROUPS] * ("groups" in kinds) + [BUILDERS] * ("builders" in kinds)
-    body = "\n".join([RESOLVED.replace("@READS@", reads), *extra, "    return state"]).replace("@PLAIN@", PLAIN)
-    return [body, CHOSEN]
+    reads = _packed([f'"{f}": {LAYER_READS[f]}' for f in sorted(fields)], 36 + 56)
+    extra = [PLAIN] * bool(kinds & {"groups", "builders"}) + [GROUPS] * ("groups" in kinds) + [BUILDERS] * (
+        "builders" in kinds)
+    return ["\n".join([RESOLVED.replace("@READS@", reads), *extra, "    return state"])]
 
 
 def checks_text(checks: list[dict[str, Any]]) -> str:
-    return "\n".join([CHECK, *([RATIOS] if any(c["rule"] == "page_size_ratio" for c in checks) else [])])
+    """The checks after the engine's state is read: CHECKS, then RATIOS where the cell has page-size rules."""
+    return "\n".join([CHECK.replace("@CHOSEN@", CHOSEN), *([RATIOS] if any(c["rule"] == "page_size_ratio"
+                                                                            for c in checks) else [])])
+
+
+def _packed(items: list[str], column: int, indent: int = 36, width: int = 118) -> str:
+    """Items appended to a line that reaches `column`, each after a comma, a new line where one would pass `width`."""
+    out = ""
+    for item in items:
+        if column + len(item) + 2 > width:
+            out, column = out + ",\n" + " " * indent + item, indent + len(item)
+        else:
+            out, column = out + ", " + item, column + len(item) + 2
+    return out
