@@ -129,3 +129,20 @@ def test_the_status_file_is_every_script_run_of_the_registry():
     findings = {f.id: {(s.cell, s.gpu) for s in f.scripts} for f in load_registry()}
     checks = json.loads(STATUS_FILE.read_text())["checks"]
     assert checks and all((c["cell"], c["gpu"]) in findings[c["finding"]] for c in checks)
+
+
+def test_a_script_run_on_another_class_of_its_kind_says_where_it_ran():
+    """The H200's scripts on an H100 (one compute capability: vLLM decides alike, nothing emulated): the board says
+    the class of the machine beside the script's; an A100's script there is emulated."""
+    from kvmatrix.harness.qualify.recheck import decides_alike
+    from kvmatrix.matrix.load import load_pool
+
+    pool = load_pool()
+    assert decides_alike(pool, "H200", "H100") and decides_alike(pool, "H200", "H200")
+    assert not decides_alike(pool, "A100", "H100") and not decides_alike(pool, "cpu-avx512", "cpu-amx")
+    entry = {f.id: f for f in load_registry()}["h200-mla-fp8-skip-no-common-block-size"]
+    on_h100 = Check(entry.id, "deepseek-mla[kv=fp8,skip=0,spec=-,exec=eager]", "H200", "vllm", "0.34.0", "good", 0,
+                    30.0, 42, "OK: ...", "2026-12-05", "H100")
+    (row,) = board_rows([entry], [on_h100])
+    assert row["gpu"] == "0.34.0: fixed / right (script H200 on H100 exit 0, 2026-12-05)"
+    assert row["script"] == "H200 on H100: 42 lines, exit 0"

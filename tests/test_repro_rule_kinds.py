@@ -82,7 +82,7 @@ def test_a_state_script_checks_layers_groups_builders_and_pages(cases_dir, tmp_p
                  for c, n in zip(cells, ("bad", "good"), strict=True))
     check(bad, good, "layers of ['model.layers.0.self_attn.attn']: kv_cache_dtype 'auto'",
           "groups of ['model.layers.0.self_attn.attn'", "builders of ['model.layers.0.self_attn.attn'",
-          "not 2:1")
+          "not 2.0:1")
 
 
 @pytest.mark.vllm

@@ -67,11 +67,11 @@ def selected(findings: list[Finding], classes: list[str], only: list[str] | None
 def write_script(finding: Finding, chosen: Script, folder: Path, version: str, cache_dir: Path,
                  native: str | None = None, said: str | None = None) -> Path:
     """The finding's script for this vLLM version, and its issue draft beside it (with what the script `said`
-    where it has run); emulating its class unless it is `native`, this machine's own."""
+    where it has run); emulating its class unless `native`, this machine's own class, decides as it does."""
     cases_dir = (CHECKOUT or Path.cwd()) / chosen.cases_dir if chosen.cases_dir else CASES_DIR
     cell, models, pool = find_cell(cases_dir, chosen.cell)
     spec = minimal_spec(Task(cell, chosen.gpu, pool[chosen.gpu]), models, cache_dir, version, chosen.observe,
-                        chosen.weights, emulate=chosen.gpu != native)
+                        chosen.weights, emulate=not decides_alike(pool, chosen.gpu, native))
     text = script.render(spec)
     path = folder / f"{finding.id}--{chosen.gpu}.py"
     path.write_text(text)
@@ -82,6 +82,16 @@ def write_script(finding: Finding, chosen: Script, folder: Path, version: str, c
                          first_bad=None if first_bad == "-" else f"{package} {first_bad}")
     path.with_suffix(".issue.md").write_text(draft)
     return path
+
+
+def decides_alike(pool: dict, gpu: str, native: str | None) -> bool:
+    """Whether vLLM takes `gpu`'s decisions on a machine of class `native` unpatched: the same class, or CUDA
+    classes of one compute capability (an H200's script on an H100)."""
+    if native is None or native not in pool:
+        return False
+    mine, theirs = pool[gpu], pool[native]
+    return gpu == native or (mine.device == theirs.device == "cuda"
+                             and str(mine.compute_capability) == str(theirs.compute_capability))
 
 
 def run_script(path: Path, env: GivenEnv, cache_dir: Path, timeout_s: float) -> tuple[int | None, float, str]:
@@ -143,13 +153,14 @@ def recheck(findings: list[Finding], classes: list[str], env: GivenEnv, folder: 
             path = write_script(finding, chosen, folder, version, cache_dir, native)
         except (ReproError, CaseError, KeyError) as err:
             return Check(finding.id, chosen.cell, chosen.gpu, package, version, "no verdict", None, 0.0, 0,
-                         f"no script: {err}", today)
+                         f"no script: {err}", today, native if native != chosen.gpu else None)
         code, seconds, said = run_script(path, env, cache_dir, timeout_s)
         if outcome_of(code, said) == "bad":  # the issue draft, with what the script said
             write_script(finding, chosen, folder, version, cache_dir, native, said)
         check = Check(finding.id, chosen.cell, chosen.gpu, package, version, outcome_of(code, said), code,
-                      round(seconds, 1), len(path.read_text().splitlines()), said, today)
-        print(f"{check.outcome:10} {finding.id} ({chosen.gpu}, vLLM {version}): exit {code}, {seconds:.0f} s: "
+                      round(seconds, 1), len(path.read_text().splitlines()), said, today,
+                      native if native != chosen.gpu else None)
+        print(f"{check.outcome:10} {finding.id} ({check.where}, vLLM {version}): exit {code}, {seconds:.0f} s: "
               f"{said[:160]}", flush=True)
         return check
 

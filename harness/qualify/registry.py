@@ -98,6 +98,12 @@ class Check:
     lines: int
     said: str  # the script's last words: its assertion message or "OK: ..."
     date: str
+    ran_on: str | None = None  # the class of the machine it ran on, where that is another (None: its own class)
+
+    @property
+    def where(self) -> str:
+        """The script's class, and the machine's where it ran on another (an H200 script on an H100)."""
+        return f"{self.gpu} on {self.ran_on}" if self.ran_on and self.ran_on != self.gpu else self.gpu
 
 
 def read_status(path: Path = STATUS_FILE) -> list[Check]:
@@ -114,10 +120,11 @@ def read_status(path: Path = STATUS_FILE) -> list[Check]:
 
 
 def write_status(checks: list[Check], findings: list[Finding], path: Path = STATUS_FILE) -> None:
-    """The checks of the findings' current scripts, one per (finding, cell, class, package, version): a later run
-    of the same script replaces it; a script the registry no longer names is dropped with its runs."""
+    """The checks of the findings' current scripts, one per (finding, cell, class, package, version, machine's
+    class): a later run of the same script there replaces it; a script the registry no longer names is dropped with
+    its runs."""
     scripts = {(f.id, s.cell, s.gpu) for f in findings for s in f.scripts}
-    latest = {(c.finding, c.cell, c.gpu, c.package, c.version): c for c in checks
+    latest = {(c.finding, c.cell, c.gpu, c.package, c.version, c.ran_on): c for c in checks
               if (c.finding, c.cell, c.gpu) in scripts}
     ordered = sorted(latest.values(), key=lambda c: (c.finding, c.package, _order(c.version), c.gpu, c.cell))
     write_json_atomic(Path(path), {"checks": [asdict(c) for c in ordered]})
@@ -170,7 +177,7 @@ def newest_state(finding: Finding, checks: list[Check], package: str) -> str:
     mine = [c for c in runs if c.version == newest]
     state = {"bad": "**reproduces**", "good": "fixed / right"}.get(seen.get(newest, ""), "no verdict")
     if mine:
-        exits = ", ".join(f"{c.gpu} exit {c.exit}" for c in mine)
+        exits = ", ".join(f"{c.where} exit {c.exit}" for c in mine)
         return f"{newest}: {state} (script {exits}, {max(c.date for c in mine)})"
     return f"{newest}: {state} (sessions)"
 
@@ -182,8 +189,8 @@ def board_rows(findings: list[Finding], checks: list[Check]) -> list[dict[str, s
         firsts = {p: first_bad_and_fixed(seen_on(finding, checks, p)) for p in PACKAGES}
         latest = {}  # the newest run of each of its scripts
         for check in sorted((c for c in checks if c.finding == finding.id), key=lambda c: (_order(c.version), c.date)):
-            latest[check.gpu] = check
-        script = ("; ".join(f"{gpu}: {c.lines} lines, exit {c.exit}" for gpu, c in latest.items()) if latest else
+            latest[check.where] = check
+        script = ("; ".join(f"{c.where}: {c.lines} lines, exit {c.exit}" for c in latest.values()) if latest else
                   finding.no_script or ("not run yet" if finding.scripts else "none"))
         rows.append({
             "finding": finding.id, "cells": finding.cells, "bug": finding.bug,

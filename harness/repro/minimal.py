@@ -70,6 +70,20 @@ def checkpoint_data(folder: Path, weights: bool) -> dict[str, Any]:
     return {**out, "scalars": scalar_patterns(scalars)}
 
 
+def draft_data(folder: Path, weights: bool) -> dict[str, Any]:
+    """A draft's config.json, and with `weights` its tensors' names and shapes: the script draws them at random (a
+    draft's own loader reads them; what a finding shows of a draft is not its trained values)."""
+    out = checkpoint_data(folder, False)
+    if not weights:
+        return out
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as stored:
+        if any(stored.get_slice(name).get_dtype() != "BF16" for name in stored.keys()):
+            raise NeedsFullScript(f"{folder.name} holds other than bf16 tensors: the full script writes them exactly")
+        return {**out, "tensors": {name: stored.get_slice(name).get_shape() for name in sorted(stored.keys())}}
+
+
 def scalar_patterns(scalars: dict[str, float]) -> list[list]:
     """Scalars in few entries: [name with {} for its one number, value, [start, stop]] wherever consecutive
     numbers share a value (every layer's k_scale); a name without a number stands alone."""
@@ -165,17 +179,15 @@ def minimal_spec(task: Task, models: dict[str, ModelEntry], cache_dir: Path, ver
     oracle = oracle_args(task, models, local, version, weights)
     needs = rules.observations(cell, context) | ({"tokens"} if oracle is not None else set())
     observe = _checked_observation(observe or observation_of(record, needs), task, needs)
-    if weights is None:  # a config-only model runs on dummy weights in its cells too
-        weights = observe == "tokens" and (built.target / "model.safetensors").exists()
-    if built.draft is not None and (weights or built.draft_method in vllm_compat.DRAFT_METHODS_NEEDING_WEIGHTS):
-        raise NeedsFullScript(f"{cell.cell_id}: its draft needs real weights ({built.draft_method} drafts set "
-                              "themselves up from them), which minimal scripts do not write")
+    draft_needs_weights = built.draft is not None and built.draft_method in vllm_compat.DRAFT_METHODS_NEEDING_WEIGHTS
+    if weights is None:  # a config-only model runs on dummy weights in its cells too; a DFlash draft never does
+        weights = (observe == "tokens" or draft_needs_weights) and (built.target / "model.safetensors").exists()
     patterns, required = rules.refusals(cell, context, version)
     spec: dict[str, Any] = {
         "cell": cell.cell_id, "gpu_class": task.gpu_name, "observe": observe, "weights": weights,
         "env": {**vllm_compat.IN_PROCESS_ENGINE_ENV, **cell.case.env}, "emulate": emulation(gpu) if emulate else {},
         "model": checkpoint_data(built.target, weights),
-        "draft": checkpoint_data(built.draft, False) if built.draft else None,
+        "draft": draft_data(built.draft, weights) if built.draft else None,
         "engine_args": own_engine_args(engine_args_for(cell, gpu, models, local, vllm_version=version),
                                        built.draft_is_target, weights),
         "prompts": prompt_ids(built.target, list(cell.case.generate.prompts)),

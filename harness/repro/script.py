@@ -62,6 +62,13 @@ OWN_CONFIG = """\
 with open(os.path.join(model, "config.json"), "w") as f:  # the checkpoint's own, its quantization included
     json.dump(CONFIG, f)"""
 
+DRAFT_WEIGHTS = """\
+draft = tempfile.mkdtemp()  # the draft's config.json and tensors of its shapes drawn at random (it loads them itself)
+with open(os.path.join(draft, "config.json"), "w") as f:
+    json.dump(DRAFT_CONFIG, f)
+tensors = {name: torch.randn(shape, dtype=torch.bfloat16) * 0.02 for name, shape in DRAFT_TENSORS.items()}
+safetensors.torch.save_file(tensors, os.path.join(draft, "model.safetensors"), metadata={"format": "pt"})"""
+
 START = """try:
     llm = vllm.LLM(model=model, **ENGINE_ARGS)"""
 
@@ -219,6 +226,8 @@ def _data(spec: dict[str, Any]) -> list[str]:
     values["CONFIG"] = spec["model"]["config"]
     if spec.get("draft"):  # the keys where the draft's config.json differs from the target's
         values["DRAFT_CONFIG"] = _draft_config(spec["model"]["config"], spec["draft"]["config"])
+    if (spec.get("draft") or {}).get("tensors"):
+        values["DRAFT_TENSORS"] = spec["draft"]["tensors"]
     if spec["model"].get("scalars"):
         values["SCALARS"] = spec["model"]["scalars"]
     values["ENGINE_ARGS"] = spec["engine_args"]
@@ -268,7 +277,8 @@ def _preamble(spec: dict[str, Any]) -> list[str]:
     if spec["emulate"].get("compute_capability"):
         lines.append(CUDA_EMULATION)
     if spec["weights"]:
-        lines.append(WEIGHT_IMPORTS)
+        lines.append(WEIGHT_IMPORTS + ("\nimport safetensors.torch  # noqa: E402" if (spec.get("draft") or {}).get(
+            "tensors") else ""))
     if spec["observe"] == "tokens":
         lines.append("from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: E402")
     return lines
@@ -284,6 +294,7 @@ def _model(spec: dict[str, Any]) -> str:
         lines = [WITH_DRAFT if spec.get("draft") else CONFIG_ONLY]
     draft = (spec["engine_args"].get("speculative_config") or {}).get("model")
     if draft is not None:  # the draft's folder: the target's own (an MTP layer) or its own config
+        lines += [DRAFT_WEIGHTS] if spec["weights"] and draft != "@MODEL@" else []
         source = "model" if draft == "@MODEL@" else "draft"
         args = ["ENGINE_ARGS"] + (["ORACLE_ENGINE_ARGS"] if spec["observe"] == "tokens" else [])
         lines += [f'{name}["speculative_config"]["model"] = {source}' for name in args]
