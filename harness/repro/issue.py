@@ -11,13 +11,14 @@ import re
 from typing import Any
 
 from kvmatrix.harness.judge.fingerprint import failure_name
-from kvmatrix.harness.judge.signatures import classify
+from kvmatrix.harness.judge.signatures import classify, last_exception_line
 from kvmatrix.harness.record.types import JudgedRecord
 
 # Engine arguments every minimal script sets to run small (not what the finding is about).
 SMALL_RUN_ARGS = ("dtype", "max_model_len", "enforce_eager", "kv_cache_memory_bytes", "load_format",
                   "skip_tokenizer_init", "disable_log_stats")
 SITE = re.compile(r" \(raised at (?P<site>[^)]*)\)$")
+EXCEPTION = re.compile(r"(?:\w+\.)*\w*(?:Error|Exception|Interrupt): ")
 
 
 def fenced(text: str, language: str = "") -> str:
@@ -45,10 +46,10 @@ def what_vllm_did(record: JudgedRecord | None, said: str | None, version: str | 
     if record is None:
         return None
     crash = record.get("crash")
-    if crash:
+    if crash:  # the message as vLLM wrote it (the fingerprint's is normalized), where it was raised, its name
+        message = last_exception_line(record.get("error_tail") or "") or f"{crash.get('type')}: {crash.get('message')}"
         phase = f" ({record.get('phase')} phase)" if record.get("phase") else ""
-        return (f"raises `{crash.get('type')}: {crash.get('message')}` in `{crash.get('site') or '?'}`{phase}, "
-                f"signature `{failure_name(record)}`")
+        return f"raises `{message}` in `{crash.get('site') or '?'}`{phase}, signature `{failure_name(record)}`"
     unmet = [e.get("detail", "") for e in record.get("expectations") or [] if not e.get("ok")]
     return f"resolves {'; '.join(unmet)}" if unmet else None
 
@@ -56,10 +57,11 @@ def what_vllm_did(record: JudgedRecord | None, said: str | None, version: str | 
 def _observed(text: str, version: str | None) -> str:
     """A script's observation in words: an exception with where it was raised, or the list of what is wrong."""
     site = SITE.search(text)
-    if site:
+    if site or EXCEPTION.match(text):
         error = SITE.sub("", text)
         named = classify(error, version)
-        return f"raises `{error}` in `{site['site']}`" + (f", signature `{named}`" if named else "")
+        return (f"raises `{error}`" + (f" in `{site['site']}`" if site else "")
+                + (f", signature `{named}`" if named else ""))
     try:
         wrong = ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -95,12 +97,13 @@ def render(spec: dict[str, Any], script: str, expected: str, record: JudgedRecor
     did = what_vllm_did(record, said, seen)
     where = f"vLLM {seen}" if seen else "vLLM"
     config = configuration(spec)
-    title = f"[Bug]: {where} {did or 'does not do what ' + expected} with {config} ({spec['gpu_class']})"
+    short = (did or f"does not do what it should ({expected})").split(", signature")[0]
+    title = f"[Bug]: {where} {short} with {config} on {spec['gpu_class']}"
     first = (f"With {config} on {spec['gpu_class']}, {where} {did}; expected: {expected}." if did else
              f"With {config} on {spec['gpu_class']}, {where} is expected to do this: {expected}. Run the script and "
              "paste what it says in place of this sentence.")
     lines = [
-        f"<!-- title: {title[:250]} -->",
+        f"<!-- title: {title} -->",
         first,
         "",
         "### Your current environment",

@@ -217,12 +217,7 @@ def _imports(spec: dict[str, Any]) -> str:
 
 def _data(spec: dict[str, Any]) -> list[str]:
     values: dict[str, Any] = {"CELL": spec["cell"], "GPU_CLASS": spec["gpu_class"], "EXPECTED": expected_text(spec),
-                              "ENV": spec["env"]}
-    emulate = spec["emulate"]
-    if emulate.get("cpu_isa_probes_off"):
-        values["CPU_PROBES_OFF"] = emulate["cpu_isa_probes_off"]
-    if emulate.get("compute_capability"):
-        values["CAPABILITY"] = emulate["compute_capability"]
+                              "ENV": spec["env"], **_emulation_data(spec["emulate"])}
     values["CONFIG"] = spec["model"]["config"]
     if spec.get("draft"):  # the keys where the draft's config.json differs from the target's
         values["DRAFT_CONFIG"] = _draft_config(spec["model"]["config"], spec["draft"]["config"])
@@ -245,6 +240,12 @@ def _data(spec: dict[str, Any]) -> list[str]:
         values |= spec["state_data"]
     return [f"{name} = {value.text}" if isinstance(value, _Source) else f"{name} = {literal(value, len(name) + 3)}"
             for name, value in values.items()]
+
+
+def _emulation_data(emulate: dict[str, Any]) -> dict[str, Any]:
+    """What the script patches to decide as its class: the CPU probes it turns off, the compute capability."""
+    names = {"cpu_isa_probes_off": "CPU_PROBES_OFF", "compute_capability": "CAPABILITY"}
+    return {name: emulate[key] for key, name in names.items() if emulate.get(key)}
 
 
 class _Source:
