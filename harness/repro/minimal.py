@@ -180,11 +180,13 @@ def minimal_spec(task: Task, models: dict[str, ModelEntry], cache_dir: Path, ver
     needs = rules.observations(cell, context) | ({"tokens"} if oracle is not None else set())
     observe = _checked_observation(observe or observation_of(record, needs), task, needs)
     draft_needs_weights = built.draft is not None and built.draft_method in vllm_compat.DRAFT_METHODS_NEEDING_WEIGHTS
+    checks = rules.state_checks(cell, context) if observe == "state" else []
     if weights is None:  # a config-only model runs on dummy weights in its cells too; a DFlash draft never does
-        weights = (observe == "tokens" or draft_needs_weights) and (built.target / "model.safetensors").exists()
+        weights = (observe == "tokens" or draft_needs_weights or rules.needs_weights(checks)) and (
+            built.target / "model.safetensors").exists()
     patterns, required = rules.refusals(cell, context, version)
     spec: dict[str, Any] = {
-        "cell": cell.cell_id, "gpu_class": task.gpu_name, "observe": observe, "weights": weights,
+        "cell": cell.cell_id, "gpu_class": task.gpu_name, "observe": observe, "weights": weights, "version": version,
         "env": {**vllm_compat.IN_PROCESS_ENGINE_ENV, **cell.case.env}, "emulate": emulation(gpu) if emulate else {},
         "model": checkpoint_data(built.target, weights),
         "draft": draft_data(built.draft, weights) if built.draft else None,
@@ -194,7 +196,7 @@ def minimal_spec(task: Task, models: dict[str, ModelEntry], cache_dir: Path, ver
         "max_tokens": cell.case.generate.max_tokens, "refusals": patterns, "refusal_required": required,
     }
     if observe == "state":
-        spec["checks"] = rules.state_checks(cell, context)
+        spec["checks"] = checks
         skipped = [str(s) for s in cell.axes["kv_cache_dtype_skip_layers"] or []]
         spec["state_data"] = state_text.data(spec["checks"], skipped, version, built.draft_method is not None)
     if observe == "crash":

@@ -26,6 +26,12 @@ OBSERVATIONS = ("runs", "crash", "state", "tokens")
 RULE_OBSERVATION = {"refuse": "runs", "crash": "runs", "layers": "state", "groups": "state", "builders": "state",
                     "page_size_ratio": "state", "tokens": "tokens"}
 STATE_RULES = ("layers", "groups", "builders")  # checks of records of these kinds, each by the layers it selects
+WEIGHTED_FIELDS = ("k_scale", "v_scale")  # layer fields whose values come from a checkpoint's weights, not its config
+
+
+def needs_weights(checks: list[dict[str, Any]]) -> bool:
+    """Whether a state check reads what only written weights hold (the checkpoint's KV scales)."""
+    return any(f in WEIGHTED_FIELDS for c in checks if c["rule"] == "layers" for f in c["wanted"])
 
 
 def kinds_of(rule: Expectation) -> list[str]:

@@ -190,7 +190,8 @@ def render(spec: dict[str, Any]) -> str:
     assert_state = ASSERT_STATE.replace("@REFUSED@", "refused or " if spec["refusals"] else "").replace(
         "@REQUIRED@", " and not REFUSAL_REQUIRED" if spec["refusals"] else "")
     head = [HEADER + "\n" + _imports(spec), "\n".join(_data(spec)), "\n".join(_preamble(spec))]
-    functions = {"state": state_text.functions(spec.get("checks") or []), "tokens": [GREEDY]}.get(kind, [])
+    functions = {"state": state_text.functions(spec.get("checks") or [], spec.get("version")),
+                 "tokens": [GREEDY]}.get(kind, [])
     main = [_model(spec)]
     if kind == "tokens":
         main.append(COMPARE_TOKENS)

@@ -19,6 +19,9 @@ LAYER_READS = {
     "backend": 'module.get_attn_backend().get_name()',
     "group": 'groups.index(group)',
 }
+# The layer's scales, read where the record reads them (harness/vllm_compat LAYER_SCALE_ATTRS: the first attribute
+# set); they are the checkpoint's only where the script writes its weights (rules.WEIGHTED_FIELDS).
+SCALE_READ = 'float(next(v for a in {attrs!r} if (v := getattr(module, a, None)) is not None))'
 # A value as the record writes it: a dtype without "torch.", an enum by its name.
 PLAIN = 'getattr(v, "_name_", None) or str(v).removeprefix("torch.")'
 
@@ -105,17 +108,24 @@ def data(checks: list[dict[str, Any]], skipped: list[str], version: str | None, 
     return {k: v for k, v in out.items() if v or k in ("CHECKS", "PATHS")}
 
 
-def functions(checks: list[dict[str, Any]]) -> list[str]:
+def layer_reads(version: str | None) -> dict[str, str]:
+    """What the script reads of a layer for each field a layers rule may name, for this vLLM."""
+    scales = vllm_compat.for_version(vllm_compat.LAYER_SCALE_ATTRS, version)[0]
+    return LAYER_READS | {field: SCALE_READ.format(attrs=tuple(attrs)) for field, attrs in scales.items()}
+
+
+def functions(checks: list[dict[str, Any]], version: str | None) -> list[str]:
     """`resolved`, reading what the checks name; a layer field the script cannot read is an error."""
     fields = {f for c in checks if c["rule"] == "layers" for f in c["wanted"]} - {"index", "role", "page_size_bytes"}
-    unknown = sorted(fields - set(LAYER_READS))
+    reads = layer_reads(version)
+    unknown = sorted(fields - set(reads))
     if unknown:
         raise ReproError(f"a layers rule on {unknown[0]!r}: a minimal script does not read it; use --full")
     kinds = {c["rule"] for c in checks}
-    reads = _packed([f'"{f}": {LAYER_READS[f]}' for f in sorted(fields)], 36 + 56)
+    reads_text = _packed([f'"{f}": {reads[f]}' for f in sorted(fields)], 36 + 56)
     extra = [PLAIN] * bool(kinds & {"groups", "builders"}) + [GROUPS] * ("groups" in kinds) + [BUILDERS] * (
         "builders" in kinds)
-    return ["\n".join([RESOLVED.replace("@READS@", reads), *extra, "    return state"])]
+    return ["\n".join([RESOLVED.replace("@READS@", reads_text), *extra, "    return state"])]
 
 
 def checks_text(checks: list[dict[str, Any]]) -> str:
