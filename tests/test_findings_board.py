@@ -146,3 +146,11 @@ def test_a_script_run_on_another_class_of_its_kind_says_where_it_ran():
     (row,) = board_rows([entry], [on_h100])
     assert row["gpu"] == "0.34.0: fixed / right (script H200 on H100 exit 0, 2026-12-05)"
     assert row["script"] == "H200 on H100: 42 lines, exit 0"
+
+
+def test_each_script_of_a_finding_keeps_its_own_file():
+    """The draft-fp8 finding's EAGLE-3 and DFlash scripts are both for the H200: neither overwrites the other."""
+    from kvmatrix.harness.qualify.recheck import script_name
+
+    entry = {f.id: f for f in load_registry()}["h200-draft-fp8-kv-under-bf16-target-crashes-flash-attn"]
+    assert [script_name(entry, s) for s in entry.scripts] == [f"{entry.id}--H200--1.py", f"{entry.id}--H200--2.py"]

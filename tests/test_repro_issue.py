@@ -49,7 +49,12 @@ def test_what_a_script_said_is_what_the_draft_says():
     title, first = head(issue.render(SPEC, SCRIPT, EXPECTED, said=said, version="0.30.0"))
     assert ("raises `ValueError: No common block size for 32.` in `v1/core/kv_cache_utils.py:1042 "
             "unify_kv_cache_spec_page_size`, signature `no_common_block_size`") in first
-    wrong = ("AssertionError: expected draft layers resolve kv_cache_dtype in ['fp8']; observed: "
+    expected = "draft layers resolve kv_cache_dtype in ['fp8']"
+    wrong = (f"AssertionError: expected {expected}; observed: "
              "[\"layers of ['model.layers.4.self_attn.attn']: kv_cache_dtype 'auto'\"]")
-    title, first = head(issue.render(SPEC, SCRIPT, EXPECTED, said=wrong, version="0.32.0"))
+    title, first = head(issue.render(SPEC, SCRIPT, expected, said=wrong, version="0.32.0"))
     assert "vLLM 0.32.0 resolves layers of ['model.layers.4.self_attn.attn']: kv_cache_dtype 'auto'" in title
+    tokens = "the greedy tokens equal the eager oracle's, or part at a near tie"
+    diverged = f"AssertionError: expected {tokens}; sequences [0, 1] diverge with no near tie (tie gap > 0.1)"
+    title, first = head(issue.render(SPEC, SCRIPT, tokens, said=diverged, version="0.34.0"))
+    assert "vLLM 0.34.0 fails: sequences [0, 1] diverge with no near tie (tie gap > 0.1)" in title

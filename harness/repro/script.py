@@ -14,6 +14,7 @@ from typing import Any
 
 from kvmatrix.harness.repro import state_text
 from kvmatrix.harness.repro.generate import ReproError
+from kvmatrix.harness.repro.issue import NO_REFUSAL
 
 WIDTH = 116
 
@@ -95,9 +96,9 @@ assert error is None, f"expected {EXPECTED}; observed: {error}"
 print("OK:", EXPECTED)"""
 
 ASSERT_RUNS = """\
-observed = error or "it started, and no refusal"
+observed = error or "@NO_REFUSAL@"
 assert refused or (error is None and not REFUSAL_REQUIRED), f"expected {EXPECTED}; observed: {observed}"
-print("OK:", EXPECTED)"""
+print("OK:", EXPECTED)""".replace("@NO_REFUSAL@", NO_REFUSAL)
 
 ASSERT_CRASH = """\
 known = error is not None and any(re.search(p, error, re.IGNORECASE) for p in CRASH)
