@@ -45,8 +45,7 @@ for folder, config in ((model, CONFIG), (draft, DRAFT_CONFIG)):
 
 # Random weights of the architecture, drawn by transformers with a spread (1/sqrt(hidden)) that leaves the logits no
 # near ties everywhere; a quantization config is left out of what transformers builds and kept in config.json.
-WEIGHT_IMPORTS = """import torch  # noqa: E402
-import transformers  # noqa: E402"""
+WEIGHT_IMPORTS = "import torch, transformers  # noqa: E401, E402"
 PLAIN_CONFIG = """plain = dict(CONFIG, initializer_range=CONFIG["hidden_size"] ** -0.5)"""
 QUANTIZED_CONFIG = """\
 plain = {k: v for k, v in CONFIG.items() if k != "quantization_config"}  # transformers would quantize
@@ -280,8 +279,8 @@ def _preamble(spec: dict[str, Any]) -> list[str]:
     if spec["emulate"].get("compute_capability"):
         lines.append(CUDA_EMULATION)
     if spec["weights"]:
-        lines.append(WEIGHT_IMPORTS + ("\nimport safetensors.torch  # noqa: E402" if (spec.get("draft") or {}).get(
-            "tensors") else ""))
+        draws_draft = bool((spec.get("draft") or {}).get("tensors"))
+        lines.append(WEIGHT_IMPORTS.replace("import ", "import safetensors.torch, " if draws_draft else "import "))
     if spec["observe"] == "tokens":
         lines.append("from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: E402")
     return lines

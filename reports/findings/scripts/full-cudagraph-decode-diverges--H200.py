@@ -25,8 +25,7 @@ TIE_TOLERANCE = 0.1
 
 os.environ.update(ENV)  # before vLLM is imported: it reads its environment once
 import vllm  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
+import torch, transformers  # noqa: E401, E402
 from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: E402
 
 

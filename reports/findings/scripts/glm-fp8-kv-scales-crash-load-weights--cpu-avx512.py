@@ -28,8 +28,7 @@ SAMPLING = {'temperature': 0.0, 'max_tokens': 8, 'ignore_eos': True, 'detokenize
 
 os.environ.update(ENV)  # before vLLM is imported: it reads its environment once
 import vllm  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
+import torch, transformers  # noqa: E401, E402
 
 
 plain = {k: v for k, v in CONFIG.items() if k != "quantization_config"}  # transformers would quantize

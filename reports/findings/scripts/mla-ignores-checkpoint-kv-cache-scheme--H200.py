@@ -31,8 +31,7 @@ PATHS = {'runner': ['model_runner', 'worker.model_runner'],
 
 os.environ.update(ENV)  # before vLLM is imported: it reads its environment once
 import vllm  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
+import torch, transformers  # noqa: E401, E402
 
 
 def resolved(worker):  # inside the engine, read as kvmatrix's record reads it
