@@ -97,7 +97,7 @@ def render(spec: dict[str, Any], script: str, expected: str, record: JudgedRecor
            version: str | None = None) -> str:
     """The draft's Markdown. `first_bad`: the releases' sentence (e.g. "0.26.0 (0.24.0 good)"), `link`: the
     findings entry, `said`: the script's last words where it has run, on vLLM `version`."""
-    seen = version or (record or {}).get("vllm_version")
+    seen = version or (record.get("vllm_version") if record is not None else None)
     did = what_vllm_did(record, said, expected, seen)
     where = f"vLLM {seen}" if seen else "vLLM"
     config = configuration(spec)

@@ -13,6 +13,7 @@ A kind this table does not name is an error (ReproError), never a rule left out 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from kvmatrix.harness import vllm_compat
@@ -110,7 +111,7 @@ def known_crash(cell: Cell, context: dict, version: str | None) -> dict[str, Any
     return None
 
 
-def failed_observation(record: dict) -> str | None:
+def failed_observation(record: Mapping[str, Any]) -> str | None:
     """What a judged record failed on, as an observation: its crash (against the case's known crash, or none), a
     rule on the resolved state, or the tokens against its oracle; None where nothing failed."""
     unmet = [e.get("rule", "") for e in record.get("expectations") or [] if not e.get("ok")]

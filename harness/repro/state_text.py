@@ -7,6 +7,7 @@ glob). Only what the cell's rules name is read: a script about the layers holds 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kvmatrix.harness import vllm_compat
@@ -81,15 +82,17 @@ def selector(select: str | list[int], skipped: list[str]) -> dict[str, Any]:
     if isinstance(select, list):
         return {"index": select}
     numbers = [int(s) for s in skipped if s.isdigit()]
-    return {"all": {}, "target": {"role": "target"}, "draft": {"role": "draft"}, "skipped": {"index": numbers},
-            "not_skipped": {"index_not": numbers}}[select]
+    words: dict[str, dict[str, Any]] = {"all": {}, "target": {"role": "target"}, "draft": {"role": "draft"},
+                                        "skipped": {"index": numbers}, "not_skipped": {"index_not": numbers}}
+    return words[select]
 
 
 def paths(version: str | None, keys: set[str]) -> dict[str, list[str]]:
     """The attribute paths the probe reads, for this vLLM (harness/vllm_compat/engine.py), as data."""
-    table = {"runner": vllm_compat.MODEL_RUNNER_PATHS, "forward_context": vllm_compat.FORWARD_CONTEXT_PATHS,
-             "kv_cache_config": vllm_compat.KV_CACHE_CONFIG_PATHS, "draft": vllm_compat.DRAFT_LAYER_NAME_PATHS,
-             "attn_groups": vllm_compat.ATTN_GROUPS_PATHS}
+    table: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
+        "runner": vllm_compat.MODEL_RUNNER_PATHS, "forward_context": vllm_compat.FORWARD_CONTEXT_PATHS,
+        "kv_cache_config": vllm_compat.KV_CACHE_CONFIG_PATHS, "draft": vllm_compat.DRAFT_LAYER_NAME_PATHS,
+        "attn_groups": vllm_compat.ATTN_GROUPS_PATHS}
     return {key: [p for alternatives in vllm_compat.for_version(rows, version) for p in alternatives]
             for key, rows in table.items() if key in keys}
 
