@@ -135,7 +135,12 @@ def test_every_rule_kind_of_the_schema_has_an_observation():
         rules.kinds_of(Future(smell="burnt", crash=False))
 
 
-def test_a_layer_field_the_script_cannot_read_is_an_error(cases_dir, tmp_path):
-    case = {**STATE, "expect": [{"layers": {"k_scale": 1.0}}]}
-    with pytest.raises(ReproError, match="k_scale"):
-        written(cases_dir, case, "state-kinds[kv=auto,skip=-,spec=-]", FP8_CLASS, "state", tmp_path / "x.py")
+def test_every_layer_field_a_rule_may_name_is_read_and_another_is_an_error():
+    """matrix/expectations.py's LAYER_FIELDS: each is read by the state script (index, role and the page always); a
+    field beyond them is refused, not dropped."""
+    from kvmatrix.harness.repro import state_text
+    from kvmatrix.matrix.expectations import LAYER_FIELDS
+
+    assert LAYER_FIELDS <= set(state_text.layer_reads(VERSION)) | {"role", "page_size_bytes"}
+    with pytest.raises(ReproError, match="'smell'"):
+        state_text.functions([{"rule": "layers", "select": {}, "wanted": {"smell": ["burnt"]}}], VERSION)

@@ -51,7 +51,8 @@ def what_vllm_did(record: JudgedRecord | None, said: str | None, expected: str,
     if crash:  # the message as vLLM wrote it (the fingerprint's is normalized), where it was raised, its name
         message = last_exception_line(record.get("error_tail") or "") or f"{crash.get('type')}: {crash.get('message')}"
         phase = f" ({record.get('phase')} phase)" if record.get("phase") else ""
-        return f"raises `{message}` in `{crash.get('site') or '?'}`{phase}, signature `{failure_name(record)}`"
+        named = record.get("signature") or classify(record.get("error_tail") or "", record.get("vllm_version"))
+        return f"raises `{message}` in `{crash.get('site') or '?'}`{phase}, signature `{named or failure_name(record)}`"
     unmet = [e.get("detail", "") for e in record.get("expectations") or [] if not e.get("ok")]
     return f"resolves {'; '.join(unmet)}" if unmet else None
 
