@@ -50,7 +50,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     records = [r for folder in args.run_dirs
                for r in linked_from(out.root, Path(folder).resolve(), RunDir(Path(folder)).records())]
     paths = write_reports(out, records, args.title, compare_to=args.compare_to)
-    write_findings(out.root, records, {Path(f).resolve().name: cases_dir_for(None, f) for f in args.run_dirs})
+    write_findings(out.root, records, {Path(f).resolve().name: cases_dir_for(None, f) for f in args.run_dirs},
+                   {Path(f).resolve().name: Path(f) for f in args.run_dirs})
     print(paths["md"].read_text())
     print(f"reports: {paths['md']} {paths['html']} {paths['junit']}")
     return FAILED if said_unreadable(records) else OK
