@@ -108,6 +108,25 @@ class Combination(Strict):
         return {k: v for k, v in self.model_dump().items() if k in self.model_fields_set}
 
 
+class Exclusion(Strict):
+    """One `exclude:` entry: the combinations it leaves out, each axis named as a `when:` names it: a value, or a
+    list of values (any of them; a skip list's any-of is a list of skip lists)."""
+
+    kv_cache_dtype: str | list[str] | None = None
+    kv_cache_dtype_skip_layers: list[str] | list[list[str]] | None = None
+    speculative: str | list[str | None] | None = None
+    draft_kv_cache_dtype: str | list[str | None] | None = None
+    draft_attention_backend: str | list[str | None] | None = None
+    attention_backend: str | list[str | None] | None = None
+    tensor_parallel_size: int | list[int] | None = None
+    pipeline_parallel_size: int | list[int] | None = None
+    execution: Literal[EXECUTION_VALUES] | list[Literal[EXECUTION_VALUES]] | None = None  # type: ignore[valid-type]
+    workload: Literal[WORKLOAD_VALUES] | list[Literal[WORKLOAD_VALUES]] | None = None  # type: ignore[valid-type]
+
+    def given(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if k in self.model_fields_set}
+
+
 class MatrixAxes(Strict):
     kv_cache_dtype: list[str] = Field(default_factory=lambda: ["auto"], min_length=1)
     # Strings, as vLLM wants them (`--kv-cache-dtype-skip-layers 0 3 sliding_window`); ints are rejected there.
@@ -128,4 +147,4 @@ class MatrixAxes(Strict):
     # Points added to the cross product (each one cell, the axes it leaves out at their defaults), as a CI
     # matrix's include; named `extra` because a case file's top-level `include:` pulls in shared blocks.
     extra: list[Combination] = Field(default_factory=list)
-    exclude: list[Combination] = Field(default_factory=list)
+    exclude: list[Exclusion] = Field(default_factory=list)
