@@ -133,6 +133,13 @@ def known_failure_lines(records: list[JudgedRecord]) -> list[str]:
     return out[:-1]
 
 
+def waived_beyond_lines(records: list[JudgedRecord]) -> list[str]:
+    """Each cell a waiver by finding waived beyond the cells it was written for (harness/judge/waivers.py): the
+    finding, the waiver's line, so it is widened on purpose."""
+    return [f"- `{r['cell_id']}` on {r.get('gpu_class')}: finding `{w.get('finding')}` ({w.get('link')}), by the "
+            f"waiver at {w.get('waiver')}" for r in records if (w := r.get("waived") or {}).get("beyond")]
+
+
 def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "", compare_to: str | None = None,
            first_seen: dict[str, str] | None = None) -> str:
     """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash."""
@@ -152,6 +159,8 @@ def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "
     lines += _section("Failures and expected failures", _problems(df, records, first_seen))
     lines += _section("Known vLLM failures in these cases (kvmatrix's own cases or waivers know them; to expect one, "
                       "copy its rule into the case)", known_failure_lines(records))
+    lines += _section("Waived by finding beyond the cells the waiver was written for (widen it, or file the finding "
+                      "there)", waived_beyond_lines(records))
     lines += _section("Differential cells (each against its oracle: the same configuration run eager and plain)",
                       [line if line.startswith(" ") else f"- {line}" for line in differential_lines(records)])
     lines += _section("Speculative decoding (target and draft; acceptance against the plain twin: the same draft, auto "

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
+from kvmatrix.harness.judge.known_failures import known_failures_for
 from kvmatrix.harness.record.files import RUNS_DIR
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
 from kvmatrix.harness.record.task import Task
@@ -119,7 +120,8 @@ def plan_run(options: RunOptions, read_history: HistoryReader | None = None, say
     machine_slots = session.slots().count
     jobs = options.jobs or (max(1, machine_slots // options.shared_by) if options.shared_by > 1 else 0)
     past = PastRuns() if options.ray else read_past(options.history_db, read_history, session)
-    return RunPlan(options, run_settings(options, session), session.gpu_name, session.emulated_from, session.pool,
+    settings = replace(run_settings(options, session), known_failures=known_failures_for(cases.selected))
+    return RunPlan(options, settings, session.gpu_name, session.emulated_from, session.pool,
                    cases, tuple(tasks), session.slots(jobs), past, held)
 
 

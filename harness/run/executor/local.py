@@ -50,7 +50,7 @@ class LocalExecutor:
     activity: Activity | None = None
 
     def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[JudgedRecord]:
-        records, todo = finished_records(tasks, settings.run_dir, settings.waivers, on_record)
+        records, todo = finished_records(tasks, settings.run_dir, settings.waivers, on_record, settings.today)
         # Why each cell is expected not to pass (None: it is expected to). In a warm run the first such cell of
         # a case confirms its failure in a fresh process, its siblings wait and then stay in warm workers; in any
         # run such a cell is never a pilot.
