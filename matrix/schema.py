@@ -46,15 +46,16 @@ class CaseError(ValueError):
 
     def __init__(self, file: str, case: str | None, field: str | None, message: str,
                  also: Sequence[CaseError] = ()):
-        self.file, self.case, self.field, self.message = file, case, field, message
         self.also = tuple(also)
         more = "; also: " + "; ".join(f"field '{e.field}': {e.message}" if e.field else e.message
                                       for e in self.also) if self.also else ""
-        super().__init__(located(file, case, field, message) + more)
+        self.file, self.case, self.field, self.message = file, case, field, message + more
+        self._own = message
+        super().__init__(located(file, case, field, self.message))
 
     def each(self) -> list[CaseError]:
         """Every problem, one CaseError each."""
-        return [CaseError(self.file, self.case, self.field, self.message), *self.also]
+        return [CaseError(self.file, self.case, self.field, self._own), *self.also]
 
 
 def every_problem(problems: Sequence[CaseError]) -> CaseError:
