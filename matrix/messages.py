@@ -24,6 +24,17 @@ _EXPECTED = {"list_type": "a list", "tuple_type": "a list", "string_type": "a st
              "model_attributes_type": "a mapping (key: value)"}
 
 
+# What a message quotes of a stranger's file: enough to find it, escaped onto one line (no terminal escape, no line
+# break forging another line of output), never a whole file's worth (`ln -s /etc/shadow x.yaml` once printed it all).
+EXCERPT_CHARS = 60
+
+
+def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """`repr(value)`, escaped (printable, one line) and cut to `limit` characters with an ellipsis."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in repr(value))
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def did_you_mean(word: object, choices: Iterable[str]) -> str:
     """` (did you mean 'x'?)` where one of `choices` other than `word` itself is close to it; else nothing (a word
     that is one of the choices is right where they are valid: the message says why it is not here)."""
@@ -42,7 +53,7 @@ def one_of(choices: Iterable[str], limit: int = 30) -> str:
 def unknown_name(what: str, word: object, choices: Iterable[str], limit: int = 30) -> str:
     """`unknown <what> 'x' (did you mean 'y'?); valid: a, b, c`."""
     choices = list(choices)
-    return f"unknown {what} {word!r}{did_you_mean(word, choices)}; valid: {one_of(choices, limit)}"
+    return f"unknown {what} {excerpt(word)}{did_you_mean(word, choices)}; valid: {one_of(choices, limit)}"
 
 
 def _is_tag(part: object, models: Mapping[str, type[BaseModel]]) -> bool:
@@ -107,7 +118,7 @@ def _message(error: dict, root: type[BaseModel], models: Mapping[str, type[BaseM
     if error["type"] == "extra_forbidden":
         model = _model_at(root, loc[:-1], models)
         fields = list(model.model_fields) if model else []
-        return (f"unknown field {loc[-1]!r}{did_you_mean(loc[-1], fields)}"
+        return (f"unknown field {excerpt(loc[-1])}{did_you_mean(loc[-1], fields)}"
                 + (f"; fields here: {', '.join(fields)}" if fields else ""))
     if error["type"] == "missing":
         return "required, but missing"
@@ -115,24 +126,28 @@ def _message(error: dict, root: type[BaseModel], models: Mapping[str, type[BaseM
         return wrong_type(_EXPECTED[error["type"]], error.get("input"))
     if error["type"] == "literal_error" and isinstance(error.get("input"), str):
         expected = re.findall(r"'([^']*)'", error["msg"])
-        return f"{error['input']!r} is not one of {', '.join(expected)}{did_you_mean(error['input'], expected)}"
+        return f"{excerpt(error['input'])} is not one of {', '.join(expected)}{did_you_mean(error['input'], expected)}"
     return error["msg"].removeprefix("Value error, ")
 
 
-def as_written(value: object) -> str:
-    """A value as YAML writes it (true, null, 'fp8', [a, b])."""
+def as_written(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """A value as YAML writes it (true, null, 'fp8', [a, b]), escaped onto one line and cut as `excerpt` cuts."""
     if isinstance(value, bool) or value is None:
-        return {True: "true", False: "false", None: "null"}[value]
-    if isinstance(value, list):
-        return "[" + ", ".join(as_written(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {as_written(v)}" for k, v in value.items()) + "}"
-    return repr(value)
+        text = {True: "true", False: "false", None: "null"}[value]
+    elif isinstance(value, list):
+        text = "[" + ", ".join(as_written(v, limit) for v in value[:limit]) + "]"
+    elif isinstance(value, dict):
+        items = list(value.items())[:limit]
+        text = "{" + ", ".join(f"{excerpt(k, limit)}: {as_written(v, limit)}" for k, v in items) + "}"
+    else:
+        return excerpt(value, limit)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def wrong_type(expected: str, value: object) -> str:
     """`expected a list, not 'fp8' (one value is a list of one: [fp8])`: what the field takes, in the file's words."""
-    hint = f" (one value is a list of one: [{value}])" if expected == "a list" and isinstance(value, str | int) else ""
+    short = isinstance(value, str | int) and len(str(value)) <= 40 and str(value).isprintable()
+    hint = f" (one value is a list of one: [{value}])" if expected == "a list" and short else ""
     return f"expected {expected}, not {as_written(value)}{hint}"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 import pandas as pd
 
 from kvmatrix.harness.record.parts import LISTED_VERDICTS
@@ -38,7 +40,7 @@ def class_differences(records: list[JudgedRecord], reference: str) -> list[str]:
 
 def cells_per_tag(records: list[JudgedRecord]) -> pd.DataFrame:
     """Cells that ran (any verdict but skip) per case tag and GPU class, e.g. per regression class."""
-    rows = [(tag, r["gpu_class"]) for r in records if r.get("verdict") != "skip" for tag in r.get("tags") or []]
+    rows = [(inline(tag), r["gpu_class"]) for r in records if r.get("verdict") != "skip" for tag in r.get("tags") or []]
     if not rows:
         return pd.DataFrame()
     counted = pd.DataFrame(rows, columns=["tag", "gpu_class"]).value_counts().unstack(fill_value=0)
@@ -146,6 +148,7 @@ def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "
     df = frame(records)
     if df.empty:
         return f"# {title}\n\nNo cells.\n"
+    df = df.assign(text=df["text"].map(inline), reason=df["reason"].map(inline))
     total = ", ".join(f"{n} {v}" for v, n in counts(df).items())
     lines = [f"# {title}", ""]
     if header:
@@ -177,6 +180,12 @@ def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "
     lines += _section("Skipped", [f"- {len(group)} on {gpu}: {reason}" for (reason, gpu), group
                                   in skipped.groupby(["reason", "gpu_class"], sort=False)])
     return "\n".join(lines) + "\n"
+
+
+def inline(text: object) -> str:
+    """Text from a record (a reason quoting vLLM, a case's strings) as Markdown shows it and nothing more: markup
+    escaped (a renderer would run `<img onerror=...>`), a `|` kept from splitting a table row, one line."""
+    return " ".join(html.escape(str(text), quote=False).replace("|", "\\|").split())
 
 
 def _section(heading: str, items: list[str]) -> list[str]:

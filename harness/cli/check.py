@@ -14,9 +14,10 @@ from kvmatrix.harness.judge.waivers import WAIVERS_FILE, WaiverError, cell_keys,
 from kvmatrix.harness.run.guards import cases_dir_for
 from kvmatrix.harness.run.session import vllm_vocabulary
 from kvmatrix.harness.vllm_compat import known_kv_cache_dtypes
+from kvmatrix.matrix.data_file import read_yaml
 from kvmatrix.matrix.expand import Cell, expand_case, model_problem
 from kvmatrix.matrix.lint import DeadRule, dead_rules
-from kvmatrix.matrix.load import case_files, load_case, load_models, load_pool, read_yaml
+from kvmatrix.matrix.load import case_files, load_case, load_models, load_pool
 from kvmatrix.matrix.schema import CaseError, GpuClass, ModelEntry, every_problem
 
 
@@ -70,7 +71,10 @@ def more_problems(path: Path, models: dict[str, ModelEntry], pool: dict[str, Gpu
     try:
         case = load_case(path)
     except CaseError:
-        data = read_yaml(path)
+        try:
+            data = read_yaml(path)
+        except (CaseError, OSError, ValueError):  # a file that does not read: its own problem says so
+            return []
         model = data.get("model") if isinstance(data, dict) else None
         return [model_problem(str(path), path.stem, model, models)] if isinstance(model, str) and \
             model not in models else []

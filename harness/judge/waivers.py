@@ -37,8 +37,11 @@ from kvmatrix.harness.record.parts import FAILING_VERDICTS
 from kvmatrix.harness.record.types import JudgedRecord, Waived
 from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES, FINDING_SIGNATURES, signature_matches
 from kvmatrix.matrix.conditions import check_condition_value, matches, when_matches
+from kvmatrix.matrix.data_file import read_data_file
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.load import CASES_DIR
+from kvmatrix.matrix.patterns import glob_fullmatch
+from kvmatrix.matrix.schema import CaseError
 
 WAIVERS_FILE = CASES_DIR / "_waivers.txt"
 # Where a waived failure is tracked: an upstream issue, or our own findings page for bugs not yet filed upstream.
@@ -83,7 +86,7 @@ class Waiver:
 
     def matches(self, cell_id: str, gpu_class: str, vllm_version: str | None = None) -> bool:
         """`vllm_version` None (a cell of the matrix, not a record) matches every version scope."""
-        return cell_pattern(self.pattern).fullmatch(cell_id) is not None and (
+        return glob_fullmatch(self.pattern, cell_id) and (
             not self.gpus or any(fnmatch.fnmatchcase(gpu_class, g) for g in self.gpus)) and (
             self.vllm is None or vllm_version is None or matches(self.vllm, vllm_version))
 
@@ -101,11 +104,6 @@ def shows(finding: str, record: JudgedRecord) -> bool:
         return signature_matches(known.signature, record.get("signature"))
     return any(not row.get("ok") and str(row.get("rule", "")).startswith(f"{known.check}:")
                for row in record.get("expectations") or [])
-
-
-def cell_pattern(pattern: str) -> re.Pattern:
-    """A cell id with `*` and `?` as wildcards, `[` and `]` literal: what a waiver and `-k` match whole ids with."""
-    return re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."))
 
 
 def parse_waivers(text: str, file: str = "<waivers>", gpu_classes: Iterable[str] | None = None) -> list[Waiver]:
@@ -189,9 +187,9 @@ def _until(fields: dict[str, str], fail: Fail) -> datetime.date | None:
 
 def load_waivers(path: Path = WAIVERS_FILE, gpu_classes: Iterable[str] | None = None) -> list[Waiver]:
     try:
-        data = Path(path).read_bytes()
-    except OSError as err:
-        raise WaiverError(str(path), 0, f"cannot read: {err.strerror}") from None
+        data = read_data_file(Path(path))
+    except CaseError as err:
+        raise WaiverError(str(path), 0, err.message) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:

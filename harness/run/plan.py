@@ -24,7 +24,7 @@ from kvmatrix.harness.run.guards import cases_dir_for, check_free_disk, claim_ru
 from kvmatrix.harness.run.host.slots import Slots
 from kvmatrix.harness.run.last_run import last_run_file, recall
 from kvmatrix.harness.run.order.policy import PastRuns
-from kvmatrix.harness.run.run_ids import resumed_run_id
+from kvmatrix.harness.run.run_ids import checked_run_id, resumed_run_id
 from kvmatrix.harness.run.session import Session, open_session, waivers_lent
 from kvmatrix.harness.run.settings import CELL_COMMAND, WORKER_COMMAND, RunSettings
 from kvmatrix.matrix.expand import Cell
@@ -104,6 +104,7 @@ def plan_run(options: RunOptions, read_history: HistoryReader | None = None, say
     the run folder claimed (unless `claim` is False: a listing makes no folder; `lock`: one run writes the folder
     at a time), the tasks chosen, the slots, and the history read with `read_history`."""
     run_id = resumed_run_id(options.resume, options.runs_dir) if options.resume else options.run_id
+    run_id = checked_run_id(run_id) if run_id is not None else None
     cases = load_cases(options, run_id)
     for err in cases.invalid:
         say(f"kvmatrix: {err}")
