@@ -47,11 +47,14 @@ class CaseError(ValueError):
     def __init__(self, file: str, case: str | None, field: str | None, message: str,
                  also: Sequence[CaseError] = ()):
         self.also = tuple(also)
-        more = "; also: " + "; ".join(f"field '{e.field}': {e.message}" if e.field else e.message
-                                      for e in self.also) if self.also else ""
-        self.file, self.case, self.field, self.message = file, case, field, message + more
+        more = "; also: " + "; ".join(other.as_also() for other in self.also) if self.also else ""
+        self.file, self.case, self.field = file, case, field
+        self.message: str = message + more
         self._own = message
         super().__init__(located(file, case, field, self.message))
+
+    def as_also(self) -> str:
+        return f"field '{self.field}': {self.message}" if self.field else self.message
 
     def each(self) -> list[CaseError]:
         """Every problem, one CaseError each."""
