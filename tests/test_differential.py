@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kvmatrix.harness.judge.differential import compare_sequence, state_differences
 from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.state import state_differences
+from kvmatrix.harness.judge.tokens import compare_sequence
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.task import Task

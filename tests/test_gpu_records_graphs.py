@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from kvmatrix.harness.judge.differential import state_differences
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassified
+from kvmatrix.harness.judge.state import state_differences
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.task import Task

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from kvmatrix.harness.judge.accuracy import judge_accuracy
-from kvmatrix.harness.judge.differential import judge_differential, judge_oracle_floor, judge_workload
+from kvmatrix.harness.judge.differential import judge_differential, judge_oracle_floor
+from kvmatrix.harness.judge.execution import judge_workload
 from kvmatrix.harness.judge.known_failures import explain
 from kvmatrix.harness.judge.speculative import judge_speculative
 from kvmatrix.harness.judge.verdict import Judgement, judge

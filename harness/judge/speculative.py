@@ -2,7 +2,7 @@
 
 - greedy equality: with greedy sampling a draft changes how fast the target decodes, never what it decodes. A
   draft cell's tokens are compared with its no-draft twin's (the same axes without the draft) by the differential
-  rule's token comparison (differential.compare_tokens: exactly where an `expect:` rule says `tokens: exact`,
+  rule's token comparison (tokens.compare_tokens: exactly where an `expect:` rule says `tokens: exact`,
   else closely). Closely, because the target verifying several tokens a step computes in other GEMM shapes: where
   the tokens part, the positions both runs decoded under the same context (each sequence up to and including its
   first divergence) are compared as teacher-forced positions are (teacher_forced.distance), and the divergence is
@@ -27,13 +27,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvmatrix.harness.judge.differential import compare_tokens
 from kvmatrix.harness.judge.teacher_forced import MIN_TYPICAL, distance, non_finite_positions, typical
+from kvmatrix.harness.judge.tokens import compare_tokens, tokens_exact
 from kvmatrix.harness.judge.verdict import Judgement
 from kvmatrix.harness.record.files import run_mode
 from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.harness.record.types import JudgedRecord, OutcomeRecord, RuleResult, SpeculativeComparison
-from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.expectations import Differential
 from kvmatrix.matrix.schema import MODEL_FREE_DRAFT_METHODS
@@ -109,7 +108,7 @@ def _greedy_equality(record: OutcomeRecord, cell: Cell, twin: JudgedRecord, cont
         return []
     rule = cell.case.differential if cell.case.differential is not False else Differential()
     tokens = compare_tokens(record, {"tokens": twin.get("tokens") or [], "logprobs": twin.get("logprobs") or []},
-                            _tokens_exact(cell, context), rule)
+                            tokens_exact(cell, context), rule)
     if not tokens["ok"] and not tokens["exact"]:
         shared = shared_context(record, twin)
         comparison["shared_context"] = shared
@@ -143,12 +142,6 @@ def shared_context(record: OutcomeRecord, twin: JudgedRecord) -> dict[str, Any]:
         distances += [distance(theirs[s][p], mine[s][p]) for p in range(end) if mine[s][p] and theirs[s][p]]
     return {"positions": len(distances), "typical": typical(distances),
             "worst": round(max(distances, default=0.0), 5), "non_finite": len(non_finite_positions(mine))}
-
-
-def _tokens_exact(cell: Cell, context: dict[str, Any]) -> bool:
-    """An `expect:` rule's `tokens: exact` for this cell (the last that applies), as for a differential pair."""
-    rules = [r for r in cell.case.expect if r.tokens is not None and when_matches(r.when, context)]
-    return bool(rules) and rules[-1].tokens == "exact"
 
 
 def _rate(record: OutcomeRecord) -> tuple[float | None, str]:
