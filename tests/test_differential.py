@@ -200,7 +200,10 @@ def test_a_divergence_that_is_no_near_tie_fails_naming_the_pair_and_the_tokens(t
     judged = rejudge(tmp_path, shipped(FP8_COMPILED), garbage, oracle)
     assert judged["verdict"] == "fail"
     assert judged["reason"].startswith(f"differential compiled/plain vs its oracle {FP8} (eager/plain): ")
-    assert (f"sequence 1 first diverges at token 2: oracle {oracle['tokens'][1][2]}, this cell {worst}"
+    # Without a forced decode (records from before it) the positions decoded under the same context decide, by
+    # the calibrated allowance; the free-running divergence is named as the evidence.
+    assert "positions decoded under the same context" in judged["reason"]
+    assert (f"sequence 1 first diverges at token 2 (oracle {oracle['tokens'][1][2]}, this cell {worst})"
             in judged["reason"])
 
 

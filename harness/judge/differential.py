@@ -26,11 +26,12 @@ from typing import Any
 
 from kvmatrix.harness.judge.accuracy import compare as compare_accuracy
 from kvmatrix.harness.judge.accuracy import describe as describe_accuracy
+from kvmatrix.harness.judge.allowances import calibrated
 from kvmatrix.harness.judge.answers import compare_answers
 from kvmatrix.harness.judge.answers import describe as describe_answers
 from kvmatrix.harness.judge.execution import mode_of
 from kvmatrix.harness.judge.state import state_differences
-from kvmatrix.harness.judge.teacher_forced import floor_of, floor_problem, judge_forced, unusable
+from kvmatrix.harness.judge.teacher_forced import floor_of, floor_problem, judge_forced, judge_shared_context, unusable
 from kvmatrix.harness.judge.tokens import compare_tokens, describe_free_running, tokens_exact
 from kvmatrix.harness.judge.verdict import Judgement
 from kvmatrix.harness.record.files import run_mode
@@ -43,7 +44,6 @@ from kvmatrix.harness.record.types import (
     RuleResult,
     Verdict,
 )
-from kvmatrix.harness.vllm_compat.declarations import UNQUANTIZED_KV_DTYPES
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.expectations import Differential
 
@@ -71,13 +71,14 @@ def judge_differential(record: OutcomeRecord, judgement: Judgement, cell: Cell, 
     pair = f"{mode} vs its oracle {oracle_id} ({oracle_mode})"
     comparison: DifferentialComparison = {"oracle": oracle_id, "mode": mode, "oracle_mode": oracle_mode}
     rows: list[RuleResult] = []
-    verdict, reason = _differential(record, oracle, cell, rule, context, pair, comparison, rows, judgement)
+    verdict, reason = _differential(record, oracle, cell, rule, context, pair, comparison, rows, judgement,
+                                    gpu_device)
     return judgement.then(verdict, reason, rows, {"differential": comparison})
 
 
 def _differential(record: OutcomeRecord, oracle: JudgedRecord | None, cell: Cell, rule: Differential,
                   context: dict[str, Any], pair: str, comparison: DifferentialComparison, rows: list[RuleResult],
-                  judgement: Judgement) -> tuple[Verdict, str]:
+                  judgement: Judgement, device: str | None) -> tuple[Verdict, str]:
     """(verdict, reason) after the pair's comparison (into `comparison` and `rows`)."""
     verdict, reason, oracle_mode = judgement.verdict, judgement.reason, comparison["oracle_mode"]
     title = f"differential: {pair}"
@@ -92,11 +93,14 @@ def _differential(record: OutcomeRecord, oracle: JudgedRecord | None, cell: Cell
         comparison["crash"] = detail
         rows.append({"rule": title, "ok": ok, "detail": detail})
         return (verdict, reason) if ok else ("fail", f"differential {pair}: {detail}")
-    failures = _compared(record, oracle, cell, rule, context, title, comparison, rows)
+    failures = _compared(record, oracle, cell, rule, context, title, comparison, rows, device)
     if failures and verdict in ("pass", "xfail"):
         return "fail", f"differential {pair}: {failures[0]}"
     if verdict == "pass" and "teacher_forced" in comparison:
         return verdict, (f"{reason}; as its oracle ({oracle_mode}): {comparison['teacher_forced']['detail']}; "
+                         f"free-running: {comparison['tokens']['detail']}")
+    if verdict == "pass" and "shared_context" in comparison:
+        return verdict, (f"{reason}; as its oracle ({oracle_mode}): {comparison['shared_context']['detail']}; "
                          f"free-running: {comparison['tokens']['detail']}")
     if verdict == "pass" and "tokens" in comparison:
         return verdict, f"{reason}; as its oracle ({oracle_mode}): {comparison['tokens']['detail']}"
@@ -139,7 +143,8 @@ def _crash_comparison(record: OutcomeRecord, oracle: JudgedRecord, mode: str, or
 
 
 def _compared(record: OutcomeRecord, oracle: JudgedRecord, cell: Cell, rule: Differential, context: dict[str, Any],
-              title: str, comparison: DifferentialComparison, results: list[RuleResult]) -> list[str]:
+              title: str, comparison: DifferentialComparison, results: list[RuleResult], device: str | None
+              ) -> list[str]:
     """The pair's resolved state, greedy tokens and accuracy compared (into `comparison` and `results`); what
     differs, first failure first."""
     failures: list[str] = []
@@ -158,7 +163,7 @@ def _compared(record: OutcomeRecord, oracle: JudgedRecord, cell: Cell, rule: Dif
         results.append({"rule": f"{title}: greedy tokens agree", "ok": True, "detail": theirs})
     else:
         failures += _compared_tokens(record, oracle, theirs, tokens_exact(cell, context), accuracy is not None,
-                                     rule, title, comparison, results)
+                                     rule, title, comparison, results, device)
     if paired is not None:
         comparison["accuracy"] = paired
     if paired is not None and accuracy is not None:
@@ -171,13 +176,26 @@ def _compared(record: OutcomeRecord, oracle: JudgedRecord, cell: Cell, rule: Dif
 
 def _compared_tokens(record: OutcomeRecord, oracle: JudgedRecord, theirs: Reference, exact: bool,
                      has_accuracy: bool, rule: Differential, title: str, comparison: DifferentialComparison,
-                     results: list[RuleResult]) -> list[str]:
-    """The greedy tokens compared, and where the pair may differ numerically (the close rule) and the cell decoded
-    its oracle's tokens teacher-forced, that comparison (harness/judge/teacher_forced.py) decides instead: the
-    free-running tokens stay the user's evidence. What fails, first failure first."""
+                     results: list[RuleResult], device: str | None) -> list[str]:
+    """The greedy tokens compared, and where the pair may differ numerically and the cell decoded its oracle's
+    tokens teacher-forced, that comparison (harness/judge/teacher_forced.py) decides instead; where it did not (a
+    draft: vLLM forces no decode with one) but both recorded logprobs, the positions both decoded under the same
+    context decide, by the same calibrated allowance. The free-running tokens stay the user's evidence. What fails,
+    first failure first."""
     tokens = compare_tokens(record, theirs, exact, rule)
     comparison["tokens"] = tokens
-    forced = None if exact else _teacher_forced(record, oracle, theirs, rule, comparison)
+    forced = None if exact else _teacher_forced(record, oracle, theirs, rule, comparison, device)
+    if forced is None and not exact and record.get("logprobs") and theirs.get("logprobs"):
+        shared = judge_shared_context(record, theirs, calibrated(record, device, draft=_drafts(record)))
+        comparison["shared_context"] = shared
+        tokens["detail"] = describe_free_running(tokens["per_sequence"])
+        results.append({"rule": f"{title}: free-running greedy tokens (evidence)", "ok": True,
+                        "detail": tokens["detail"]})
+        ok = shared["ok"] or has_accuracy
+        detail = shared["detail"] + ("" if shared["ok"] or not ok else "; the paired accuracy judges this pair")
+        results.append({"rule": f"{title}: distance under the same context within the calibrated allowance",
+                        "ok": ok, "detail": detail})
+        return [] if ok else [f"{shared['detail']}; free-running: {tokens['detail']}"]
     if forced is not None:
         tokens["detail"] = describe_free_running(tokens["per_sequence"])
         results.append({"rule": f"{title}: free-running greedy tokens (evidence)", "ok": True,
@@ -196,7 +214,7 @@ def _compared_tokens(record: OutcomeRecord, oracle: JudgedRecord, theirs: Refere
 
 
 def _teacher_forced(record: OutcomeRecord, oracle: JudgedRecord, theirs: Reference, rule: Differential,
-                    comparison: DifferentialComparison) -> dict[str, Any] | None:
+                    comparison: DifferentialComparison, device: str | None) -> dict[str, Any] | None:
     """The teacher-forced comparison (into `comparison`), or None where the pair has none (said why, except for a
     record made before cells decoded forced: it is judged as it was)."""
     if "forced" not in record:
@@ -208,16 +226,14 @@ def _teacher_forced(record: OutcomeRecord, oracle: JudgedRecord, theirs: Referen
     forced = record["forced"]
     floor, floor_missing = floor_of(oracle.get("tokens") or [], oracle.get("logprobs") or [],
                                     oracle.get("noise_floor"), rule.tie_tolerance)
-    result = judge_forced(forced, theirs, floor, floor_missing, kv_kind(record), rule.tie_tolerance)
+    result = judge_forced(forced, theirs, floor, floor_missing, calibrated(record, device, draft=False),
+                          rule.tie_tolerance)
     comparison["teacher_forced"] = result
     return result
 
 
-def kv_kind(record: OutcomeRecord) -> str:
-    """"quantized" where any layer resolved a quantized KV dtype (an fp8 checkpoint's `auto` too), else
-    "unquantized"."""
-    dtypes = {layer.get("kv_cache_dtype") for layer in record.get("layers") or []} - {None}
-    return "quantized" if dtypes - set(UNQUANTIZED_KV_DTYPES) else "unquantized"
+def _drafts(record: OutcomeRecord) -> bool:
+    return bool((record.get("axes") or {}).get("speculative"))
 
 
 def _compared_answers(record: OutcomeRecord, oracle: JudgedRecord, cell: Cell, title: str,

@@ -97,6 +97,7 @@ class CellOutput(TypedDict, total=False):
     timings: Timings
     emulation: Emulation | None
     worker_cache_dtype: str | None
+    weight_dtypes: list[str] | None  # the target model's parameters' dtypes (FP8 weights: float8_*), as loaded
     tokens: list[list[int]]
     texts: list[str]
     logprobs: list[list[dict[str, float]]]  # cells of a differential pair: per position, {token id: logprob}
