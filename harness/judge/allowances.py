@@ -57,26 +57,30 @@ def weights_kind(record: OutcomeRecord) -> str | None:
     return "fp8" if set(dtypes) & set(FP8_WEIGHT_DTYPES) else "bf16"
 
 
-def _measured(device: str, key: tuple[str, str, bool]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(entry, clean line) of every calibration of the device kind that measured this key."""
+def _measured(device: str, key: tuple[str, str, bool], against: str = "oracle"
+              ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(entry, clean line) of every calibration of the device kind that measured this key against an oracle (the
+    same configuration eager), or for `against="reference"` against the model's bf16 reference too (which crosses
+    the cache's dtype as well as the execution)."""
+    kinds = ("oracle", "reference") if against == "reference" else ("oracle",)
     return [(entry, line) for entry in calibration() if entry["device"] == device for line in entry["clean"]
-            if (line["kv"], line["weights"], bool(line["draft"])) == key]
+            if (line["kv"], line["weights"], bool(line["draft"])) == key and line.get("against", "oracle") in kinds]
 
 
-def _nearest(device: str, key: tuple[str, str, bool]) -> tuple[tuple[str, str, bool], str | None]:
+def _nearest(device: str, key: tuple[str, str, bool], against: str) -> tuple[tuple[str, str, bool], str | None]:
     """The key measured nearest to `key` (itself where measured), and what stood in, if anything did."""
     kv, weights, draft = key
     for near, note in ((key, None), ((kv, weights, False), "no draft measured: the same cache and weights without"),
                        ((kv, "bf16", draft), "FP8 weights not measured: bf16 weights'"),
                        ((kv, "bf16", False), "FP8 weights and drafts not measured: bf16 weights' without a draft")):
-        if _measured(device, near):
+        if _measured(device, near, against):
             return near, note
     return PLAINEST, f"{kv} cache not measured: an unquantized cache's"
 
 
-def _bound(device: str, key: tuple[str, str, bool]) -> dict[str, Any]:
+def _bound(device: str, key: tuple[str, str, bool], against: str = "oracle") -> dict[str, Any]:
     """The largest typical distance and flip rate (at least 1/positions) measured for the key, and where."""
-    lines = _measured(device, key)
+    lines = _measured(device, key, against)
     worst = max(lines, key=lambda el: el[1]["typical"])
     return {"typical": max(line["typical"] for _, line in lines),
             "flip_rate": max(max(line["flip_rate"], 1 / line["positions"]) for _, line in lines),
@@ -84,14 +88,15 @@ def _bound(device: str, key: tuple[str, str, bool]) -> dict[str, Any]:
             "calibrated": {(entry["class"], str(entry["vllm"])) for entry, _ in lines}}
 
 
-def calibrated(record: OutcomeRecord, device: str | None, draft: bool) -> dict[str, Any]:
-    """The record's calibrated allowance (typical distance and flip rate) with what it was derived from."""
+def calibrated(record: OutcomeRecord, device: str | None, draft: bool, against: str = "oracle") -> dict[str, Any]:
+    """The record's calibrated allowance (typical distance and flip rate) with what it was derived from, against
+    its oracle (the same configuration eager) or against the model's bf16 reference (`against="reference"`)."""
     device = device or "cuda"
     kv, weights = kv_kind(record), weights_kind(record)
     bounds, notes = [], []
     for w in (weights,) if weights else ("bf16", "fp8"):
-        near, note = _nearest(device, (kv, w, draft))
-        bounds.append(_bound(device, near))
+        near, note = _nearest(device, (kv, w, draft), against)
+        bounds.append(_bound(device, near, against))
         notes += [note] if note and weights else []
     if weights is None and bounds[1]["typical"] > bounds[0]["typical"]:
         notes.append("the record does not say its weights' dtype: allowed what FP8 weights are")
@@ -100,7 +105,7 @@ def calibrated(record: OutcomeRecord, device: str | None, draft: bool) -> dict[s
     here = any(fnmatch.fnmatch(str(record.get("gpu_class")), c) and v == str(record.get("vllm_version"))
                for c, v in chosen["calibrated"])
     return {
-        "kv": kv, "weights": weights or "unknown", "draft": draft, "margin": MARGIN,
+        "kv": kv, "weights": weights or "unknown", "draft": draft, "against": against, "margin": MARGIN,
         "measured_typical": max(chosen["typical"], plainest["typical"]),
         "measured_flip_rate": round(max(chosen["flip_rate"], plainest["flip_rate"]), 5),
         "typical": round(MARGIN * max(chosen["typical"], plainest["typical"]), 6),

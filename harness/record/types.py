@@ -154,6 +154,7 @@ class JudgedRecord(OutcomeRecord, total=False):
     differential: DifferentialComparison
     speculative: SpeculativeComparison  # a draft cell against its no-draft and plain twins
     noise_floor_summary: dict[str, Any]  # an oracle's noise floor, summarized (harness/judge/differential.py)
+    reference: dict[str, Any]  # the cell against its model's bf16 reference (harness/judge/reference.py)
     not_emulable: bool
     flaky: bool
     first_failure: str

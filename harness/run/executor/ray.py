@@ -132,9 +132,10 @@ def run_tasks_on_ray(
 
 
 def _baselines_of(task: Task, records: dict[str, JudgedRecord]) -> list[JudgedRecord]:
-    """The finished records a compared cell is judged against: its accuracy baseline and its differential oracle,
-    whose greedy tokens it also decodes teacher-forced (none for a baseline or a plain cell)."""
-    others = {task.cell.oracle_on(task.gpu_name)}
+    """The finished records a compared cell is judged against: its accuracy baseline, its model reference and its
+    differential oracle, whose greedy tokens it also decodes teacher-forced (none for a baseline or a plain
+    cell)."""
+    others = {task.cell.oracle_on(task.gpu_name), task.cell.reference_on(task.gpu_name)}
     if task.cell.baseline_id != task.cell.cell_id:
         others.add(task.cell.baseline_id)
     found = [records.get(record_stem(other, task.gpu_name)) for other in sorted(o for o in others if o)]
