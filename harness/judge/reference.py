@@ -13,9 +13,9 @@ the class's default backend, run first. Every other plain cell of the case is co
 - where the case gives each prompt's answer, the cell's answers are scored against the task's truth and paired
   with the reference's: a significant drop fails, with its interval (answers.py).
 
-A reference that did not run, or resolved a quantized cache (an fp8 checkpoint's `auto`), compares nothing: said
-so, never a failure. Only a cell that otherwise passes is turned into a failure; the comparison is kept in the
-record's `reference` either way.
+A reference that generated nothing (its own record says why) compares nothing; one that resolved a quantized cache
+(an fp8 checkpoint's `auto`) or ran in another mode compares nothing and says so: never a failure. Only a cell that
+otherwise passes is turned into a failure; the comparison is kept in the record's `reference` either way.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def judge_reference(record: OutcomeRecord, judgement: Judgement, cell: Cell, ref
     """The judgement after the comparison with the cell's model reference on its class (None: not in the run):
     with `reference` for the record and its rows."""
     reference_id = cell.reference_on(gpu_name)
-    if reference_id is None or record.get("status") != "ok":
+    if reference_id is None or record.get("status") != "ok" or _before_references(record, reference):
         return judgement
     title = f"{RULE} {reference_id}"
     comparison: dict[str, Any] = {"reference": reference_id}
@@ -79,16 +79,17 @@ def _compared(record: OutcomeRecord, reference: JudgedRecord, cell: Cell, device
     return failures
 
 
+def _before_references(record: OutcomeRecord, reference: JudgedRecord | None) -> bool:
+    """Nothing to compare, said nowhere: a run from before model references (none in its folder, or no logprobs
+    on either side), or a reference that generated nothing (its own record says why: a crash, a skip)."""
+    return reference is None or not (reference.get("logprobs") and record.get("logprobs"))
+
+
 def _missing(record: OutcomeRecord, reference: JudgedRecord | None) -> str | None:
     """Why the cell cannot be compared with its reference (None: it can)."""
-    if reference is None:
-        return "the reference has no record in this run"
-    if reference.get("status") != "ok":
-        return f"the reference did not run ({reference.get('status')}: {reference.get('reason') or ''})"
+    assert reference is not None, "a run without the reference is judged as it was"
     if run_mode(reference) != run_mode(record):
         return f"the reference ran in {run_mode(reference)} mode, this cell in {run_mode(record)} mode"
     if kv_kind(reference) != "unquantized":
         return "the reference resolved a quantized cache (the checkpoint's `auto`)"
-    if not reference.get("logprobs") or not record.get("logprobs"):
-        return "no logprobs recorded (a record from before the reference)"
     return None
