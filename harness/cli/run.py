@@ -23,6 +23,7 @@ from kvmatrix.harness.run.host import host_cpu
 from kvmatrix.harness.run.order.policy import PastRuns
 from kvmatrix.harness.run.plan import RunOptions, RunPlan, execute, plan_run
 from kvmatrix.harness.run.run_ids import LATEST
+from kvmatrix.harness.run.task.accuracy import missing_accuracy_tools
 from kvmatrix.harness.surface.promises import promised, refusals
 from kvmatrix.matrix.schema import CaseError
 
@@ -127,6 +128,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     started = host_cpu.reading()
     plan = plan_run(run_options(args), history_of, say=lambda line: print(line, file=sys.stderr), lock=True)
     print(first_line(plan, len(plan.tasks)), flush=True)
+    if (missing := missing_accuracy_tools([t.cell for t in plan.tasks])) is not None:
+        print(missing, flush=True)
     # No models built up front: each cell builds what it needs as it starts (harness/run/model_builds.py), so cells
     # of other models run while one trains.
     records = execute(plan, list(plan.tasks), progress_printer(started.at))
