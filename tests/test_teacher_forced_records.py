@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from kvmatrix.harness.judge.allowances import MARGIN
 from kvmatrix.harness.judge.answers import compare_answers, correct
 from kvmatrix.harness.judge.judge import judge_record
-from kvmatrix.harness.judge.allowances import MARGIN
 from kvmatrix.harness.judge.teacher_forced import FLOOR_FACTOR, distance, summarize
 from kvmatrix.harness.judge.waivers import load_waivers
 from kvmatrix.harness.record.files import RunDir
