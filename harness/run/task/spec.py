@@ -96,7 +96,9 @@ CHUNKED_SEQUENCES = 4  # vLLM wants max_num_seqs <= max_num_batched_tokens
 
 
 def runs_workloads(cell: Cell) -> bool:
-    return any(w != "plain" for w in cell.case.matrix.workload + [c.workload for c in cell.case.matrix.extra])
+    # An extra point that names no workload runs the plain one (its `workload` is None).
+    extra = [point.workload for point in cell.case.matrix.extra]
+    return any(w not in (None, "plain") for w in cell.case.matrix.workload + extra)
 
 
 def workload_plan(workload: str, max_model_len: int, vllm_version: str | None
