@@ -71,12 +71,18 @@ def test_every_allowance_is_derived_from_the_calibration_data():
     numerics': a quantized cache on the CPU from the cpu-amx trained Llama, on CUDA from the H200's."""
     cpu = calibrated({"layers": [{"kv_cache_dtype": "fp8"}], "weight_dtypes": ["bfloat16"], "gpu_class": "cpu-amx",
                       "vllm_version": "0.32.0"}, "cpu", draft=False)
-    measured = max(line["typical"] for entry in calibration() if entry["device"] == "cpu" for line in entry["clean"])
+    measured = max(line["typical"] for entry in calibration() if entry["device"] == "cpu" for line in entry["clean"]
+                   if line.get("against", "oracle") == "oracle")
     assert cpu["typical"] == round(MARGIN * measured, 6) and cpu["calibrated_here"]
     h100 = calibrated({"layers": [{"kv_cache_dtype": "fp8"}], "weight_dtypes": ["bfloat16"], "gpu_class": "H100",
                        "vllm_version": "0.34.0"}, "cuda", draft=False)
     assert h100["typical"] == round(MARGIN * 0.00326, 6)
     assert not h100["calibrated_here"] and "not calibrated on this class and release" in describe(h100)
+    # Against the bf16 reference the cache's own quantization cost counts too: the trained MLA's fp8 on the H200.
+    against_reference = calibrated({"layers": [{"kv_cache_dtype": "fp8"}], "weight_dtypes": ["bfloat16"]}, "cuda",
+                                   draft=False, against="reference")
+    assert against_reference["typical"] == round(MARGIN * 0.03096, 6) and "trained-mla" in against_reference[
+        "measured_on"]
     # FP8 weights on the CPU were never measured: bf16 weights' allowance stands in, and says so.
     fp8_on_cpu = calibrated({"layers": [{"kv_cache_dtype": "auto"}], "weight_dtypes": ["float8_e4m3fn"]}, "cpu",
                             draft=True)

@@ -54,8 +54,13 @@ def test_ids_name_execution_and_workload_only_where_a_case_varies_them(cases_dir
 def test_gpu_classes_run_vllms_default_and_add_the_eager_oracle(cases_dir):
     """A case that does not name the axis: its cells run `graphs` on a GPU class, compared with an eager twin that
     runs there only; on a CPU class they run eager, their own oracle."""
-    cell, twin = cells_of(cases_dir, {"model": "llama", "matrix": {"kv_cache_dtype": ["fp8"]}})
+    fp8 = {"model": "llama", "matrix": {"kv_cache_dtype": ["fp8"]}}
+    cell, reference, twin, reference_twin = cells_of(cases_dir, fp8)
     assert twin.cell_id == "c[kv=fp8,skip=-,spec=-,exec=eager]"
+    # The model's bf16 reference, added: eager there too, and what both fp8 cells are compared with.
+    assert reference.cell_id == "c[kv=bfloat16,skip=-,spec=-]" and reference_twin.is_reference_on("H200")
+    assert cell.reference_on("H200") == twin.reference_on("H200") == reference_twin.cell_id
+    assert cell.reference_on(CPU) == reference.cell_id
     assert CPU not in twin.gpu_classes and "H200" in twin.gpu_classes and CPU in cell.gpu_classes
     assert cell.oracle_on("H200") == twin.cell_id and cell.oracle_on(CPU) is None
     assert twin.is_oracle_on("H200") and not cell.is_oracle_on(CPU)

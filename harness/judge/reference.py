@@ -14,7 +14,8 @@ the class's default backend, run first. Every other plain cell of the case is co
   with the reference's: a significant drop fails, with its interval (answers.py).
 
 A reference that generated nothing (its own record says why) compares nothing; one that resolved a quantized cache
-(an fp8 checkpoint's `auto`) or ran in another mode compares nothing and says so: never a failure. Only a cell that
+(an fp8 checkpoint's `auto`), ran in another mode or whose own decode is not reproducible (its noise floor fails)
+compares nothing and says so: never a failure. Only a cell that
 otherwise passes is turned into a failure; the comparison is kept in the record's `reference` either way.
 """
 
@@ -90,6 +91,8 @@ def _missing(record: OutcomeRecord, reference: JudgedRecord | None) -> str | Non
     assert reference is not None, "a run without the reference is judged as it was"
     if run_mode(reference) != run_mode(record):
         return f"the reference ran in {run_mode(reference)} mode, this cell in {run_mode(record)} mode"
+    if (reference.get("noise_floor_summary") or {}).get("ok") is False:
+        return "the reference's own decode is not reproducible (it fails its noise floor)"
     if kv_kind(reference) != "unquantized":
         return "the reference resolved a quantized cache (the checkpoint's `auto`)"
     return None
