@@ -33,7 +33,7 @@ from kvmatrix.harness.judge.tokens import compare_tokens, describe_free_running,
 from kvmatrix.harness.judge.verdict import Judgement
 from kvmatrix.harness.record.files import run_mode
 from kvmatrix.harness.record.neighbours import Neighbours
-from kvmatrix.harness.record.types import JudgedRecord, OutcomeRecord, RuleResult, SpeculativeComparison
+from kvmatrix.harness.record.types import JudgedRecord, OutcomeRecord, Reference, RuleResult, SpeculativeComparison
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.expectations import Differential
 from kvmatrix.matrix.schema import MODEL_FREE_DRAFT_METHODS
@@ -104,7 +104,7 @@ def _greedy_equality(record: OutcomeRecord, cell: Cell, twin: JudgedRecord, cont
         results.append({"rule": GREEDY_RULE, "ok": True, "detail": f"not compared with {cell.draft_twin}: {missing}"})
         return []
     rule = cell.case.differential if cell.case.differential is not False else Differential()
-    theirs = {"tokens": twin.get("tokens") or [], "logprobs": twin.get("logprobs") or []}
+    theirs: Reference = {"tokens": twin.get("tokens") or [], "logprobs": twin.get("logprobs") or []}
     tokens = compare_tokens(record, theirs, tokens_exact(cell, context), rule)
     if not tokens["exact"] and record.get("logprobs") and theirs["logprobs"]:
         # Numerics may differ (the target verifies several tokens a step, in other GEMM shapes): the positions both

@@ -222,8 +222,9 @@ def _flips(count: int) -> str:
     return f"{count} top-1 flip" + ("" if count == 1 else "s")
 
 
-def shared_context(mine: Reference | dict[str, Any], theirs: Reference | dict[str, Any]) -> dict[str, Any]:
-    """The distance between two free-running runs' recorded top-k distributions at every position both decoded
+def shared_context(mine: Any, theirs: Any) -> dict[str, Any]:
+    """The distance between two free-running runs' (records, or references: tokens and logprobs) recorded top-k
+    distributions at every position both decoded
     under the same context (each sequence up to and including its first divergence): what a pair without a forced
     decode (a draft cell: vLLM forces no decode with one) can compare as a forced decode would."""
     mine_lp, theirs_lp = mine.get("logprobs") or [], theirs.get("logprobs") or []
@@ -239,8 +240,7 @@ def shared_context(mine: Reference | dict[str, Any], theirs: Reference | dict[st
             "worst": round(max(distances, default=0.0), 5), "non_finite": len(non_finite_positions(mine_lp))}
 
 
-def judge_shared_context(mine: Reference | dict[str, Any], theirs: Reference | dict[str, Any],
-                         calibrated: dict[str, Any]) -> dict[str, Any]:
+def judge_shared_context(mine: Any, theirs: Any, calibrated: dict[str, Any]) -> dict[str, Any]:
     """The shared-context comparison judged by the calibrated allowance (typical distance; flips are not counted:
     with a few dozen positions a rate of 1-2 % cannot be told apart): `ok`, `detail` and the numbers."""
     shared = shared_context(mine, theirs)

@@ -128,7 +128,8 @@ def _with_references(lead: list[Task], tasks: list[Task]) -> list[Task]:
     by_id = {(t.cell.cell_id, t.gpu_name): t for t in tasks}
     out: list[Task] = []
     for pilot in lead:
-        reference = by_id.get((pilot.cell.reference_on(pilot.gpu_name), pilot.gpu_name))
+        reference_id = pilot.cell.reference_on(pilot.gpu_name)
+        reference = by_id.get((reference_id, pilot.gpu_name)) if reference_id is not None else None
         out += [reference] if reference is not None and reference not in out else []
         out.append(pilot)
     return out
