@@ -31,9 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from calibration_faults import PLANTED_EXECUTIONS, Fault, faults_for, reaches
+from calibration_faults import EVERY_MODE_EXECUTIONS, PLANTED_EXECUTIONS, Fault, faults_for, reaches
 
-from kvmatrix.harness.models import trained
+from kvmatrix.harness.judge.allowances import kv_kind, weights_kind
+from kvmatrix.harness.models import trained, trained_draft
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
 from kvmatrix.harness.run.session import open_session
@@ -53,8 +54,8 @@ MLA_CPU_ENGINE_ARGS = {"compilation_config": {"custom_ops": ["none"]}}
 
 
 def write_cases(folder: Path, device: str) -> None:
-    """The calibration's cases folder: the trained-llama execution case, its MLA twin, the registry and pool, and
-    the known failures naming these cases."""
+    """The calibration's cases folder: the trained-llama execution case, its MLA twin, on a GPU class the backends,
+    FP8-weight and draft cases (GPU_CASES), the registry and pool, and the known failures naming these cases."""
     import yaml
 
     folder.mkdir(parents=True)
@@ -68,9 +69,30 @@ def write_cases(folder: Path, device: str) -> None:
     if device == "cpu":
         case["engine_args"] = {**case.get("engine_args", {}), **MLA_CPU_ENGINE_ARGS}
     (folder / f"{MLA_CASE}.yaml").write_text(yaml.safe_dump(case, sort_keys=False))
+    if device != "cpu":
+        prompts = {"prompts": case["generate"]["prompts"], "answers": case["generate"]["answers"], "max_tokens": 32}
+        for name, body in GPU_CASES.items():
+            generate = prompts if body["model"] == "trained-llama" else {"max_tokens": 16}
+            (folder / f"{name}.yaml").write_text(yaml.safe_dump({**body, "generate": generate}, sort_keys=False))
     waivers = [line for line in (CASES / "_waivers.txt").read_text().splitlines()
                if line.startswith((f"{LLAMA_CASE}[", f"{MLA_CASE}["))]
     (folder / "_waivers.txt").write_text("\n".join(waivers) + "\n")
+
+
+# On a GPU class: the backends that store fp8 side by side (the spread a backend must stay within against the bf16
+# reference; FLASHINFER is where the every-mode fault is planted), an FP8-weight model (W8A8 GEMMs pick kernels by
+# the token count) with and without its MTP draft, and the trained Llama with its trained draft. Each GPU cell runs
+# vLLM's default graphs (and PIECEWISE for the backends) against its eager twin and the model's bf16 reference.
+BACKENDS_CASE = "trained-llama-backends"
+GPU_CASES = {
+    BACKENDS_CASE: {"model": "trained-llama", "gpus": ["*"], "expect": [{"crash": False}], "matrix": {
+        "kv_cache_dtype": ["fp8"], "attention_backend": ["FLASH_ATTN", "FLASHINFER", "TRITON_ATTN"],
+        "execution": ["default", "graphs_piecewise"]}},
+    "glm-fp8-weights": {"model": "glm-fp8", "gpus": ["*"], "expect": [{"crash": False}], "matrix": {
+        "kv_cache_dtype": ["bfloat16", "fp8"], "speculative": [None, "glm-fp8-mtp"]}},
+    "trained-llama-drafted": {"model": "trained-llama", "gpus": ["*"], "expect": [{"crash": False}], "matrix": {
+        "kv_cache_dtype": ["auto", "fp8"], "speculative": [None, "trained-llama-draft"]}},
+}
 
 
 def place_models(models: Path | None, cache: Path) -> None:
@@ -78,9 +100,10 @@ def place_models(models: Path | None, cache: Path) -> None:
     library versions); a model already built here is left alone."""
     if models is None:
         return
-    for builder in ("trained_llama", "trained_mla"):
-        here = cache / "models" / trained.folder_name(builder)
-        found = sorted(Path(models).glob(f"{builder}-*"))
+    for builder, family in (("trained_llama", trained), ("trained_mla", trained),
+                            ("trained_llama_draft", trained_draft)):
+        here = cache / "models" / family.folder_name(builder)
+        found = sorted(Path(models).glob(f"{builder}-[0-9a-f]*"))
         if not here.exists() and found:
             here.parent.mkdir(parents=True, exist_ok=True)
             shutil.copytree(found[-1], here)
@@ -107,9 +130,29 @@ def search_path(first: str | None = None) -> str:
 
 
 def planted_run(args: argparse.Namespace, scratch: Path, fault: Fault, clean: RunDir, device: str) -> list[str]:
-    """The fault's cells (its models and KV dtypes, in the device's compiled executions) run under its patches
-    against the clean run's oracles, each in a fresh process; the cells run."""
+    """The fault's cells run under its patches, each in a fresh process: a decode-path fault's in the device's
+    compiled executions against the clean run's oracles; a fault wrong in every mode in every execution, its eager
+    oracles included, against the clean run's bf16 references (which read nothing it patches). The cells run."""
     records = {r["cell_id"]: r for r in clean.records()}
+    cells = every_mode_cells(fault, records, device) if fault.every_mode else compiled_cells(fault, records, device)
+    if not cells:
+        return []
+    run = RunDir(scratch / "runs" / f"planted-{fault.name}")
+    run.root.mkdir(parents=True)
+    shutil.copy(clean.root / "run.json", run.root / "run.json")
+    kept = {(records[c].get("reference") or {}).get("reference") for c in cells} if fault.every_mode else \
+        {records[c]["differential"]["oracle"] for c in cells}
+    for cell in sorted(k for k in kept if k in records):
+        run.write(records[cell])
+    env = {"PYTHONPATH": str(PATCHER), "KVM_PATCHES": json.dumps(list(fault.patches))}
+    extra = [arg for cell in cells for arg in ("--cell", cell)] + ["--isolation", "process"]
+    kvmatrix_run(args, scratch, run.root.name, extra, env, scratch / f"planted-{fault.name}.log")
+    return cells
+
+
+def compiled_cells(fault: Fault, records: dict[str, dict], device: str) -> list[str]:
+    """A decode-path fault's cells: its models and KV dtypes in the device's compiled executions, where the clean
+    run compared them with an oracle that ran."""
     cells = []
     for (model, kv), execution in itertools.product(fault.cells, PLANTED_EXECUTIONS[device]):
         case = LLAMA_CASE if model == "trained-llama" else MLA_CASE
@@ -117,23 +160,32 @@ def planted_run(args: argparse.Namespace, scratch: Path, fault: Fault, clean: Ru
         oracle = (records.get(cell, {}).get("differential") or {}).get("oracle")
         if oracle and records.get(oracle, {}).get("status") == "ok":
             cells.append(cell)
-    if not cells:
-        return []
-    run = RunDir(scratch / "runs" / f"planted-{fault.name}")
-    run.root.mkdir(parents=True)
-    shutil.copy(clean.root / "run.json", run.root / "run.json")
-    for cell in cells:
-        run.write(records[records[cell]["differential"]["oracle"]])
-    env = {"PYTHONPATH": str(PATCHER), "KVM_PATCHES": json.dumps(list(fault.patches))}
-    extra = [arg for cell in cells for arg in ("--cell", cell)] + ["--isolation", "process"]
-    kvmatrix_run(args, scratch, run.root.name, extra, env, scratch / f"planted-{fault.name}.log")
     return cells
+
+
+def every_mode_cells(fault: Fault, records: dict[str, dict], device: str) -> list[str]:
+    """A fault wrong in every mode: the clean run's cells of its models and KV dtypes (on a GPU class, of the
+    backend it patches: the backends case's) in every planted execution, where a bf16 reference that ran compared
+    them."""
+    backend = None if device == "cpu" else fault.patches[0]["module"].rsplit(".", 1)[1].upper()
+    cells = []
+    for cell, record in records.items():
+        axes = record.get("axes") or {}
+        reference = (record.get("reference") or {}).get("reference")
+        if ((record.get("model"), axes.get("kv_cache_dtype")) in fault.cells and not axes.get("speculative")
+                and axes.get("execution") in EVERY_MODE_EXECUTIONS[device] and reference
+                and (backend is None or axes.get("attention_backend") == backend)
+                and records.get(reference, {}).get("status") == "ok"):
+            cells.append(cell)
+    return sorted(cells)
 
 
 def planted_cells(scratch: Path, fault: Fault) -> list[str]:
     """The cells an earlier invocation planted the fault in: its run's compared cells."""
     run = RunDir(scratch / "runs" / f"planted-{fault.name}")
-    return [r["cell_id"] for r in run.records() if r.get("differential")] if run.root.is_dir() else []
+    if not run.root.is_dir():
+        return []
+    return [r["cell_id"] for r in run.records() if r.get("differential" if not fault.every_mode else "reference")]
 
 
 def rejudge(scratch: Path) -> None:
@@ -156,8 +208,18 @@ def old_rule_fails(record: dict) -> bool:
 
 
 def compared(record: dict) -> bool:
+    """Whether the record was compared with its oracle or with its model's bf16 reference."""
     d = record.get("differential") or {}
-    return bool(d) and not d.get("missing") and not (d.get("crash") or "").startswith("both crash")
+    with_oracle = bool(d) and not d.get("missing") and not (d.get("crash") or "").startswith("both crash")
+    return with_oracle or "shared_context" in (record.get("reference") or {})
+
+
+def twin_fails(record: dict) -> bool:
+    """Whether the comparison with the eager twin alone (not the reference) fails the cell."""
+    d = record.get("differential") or {}
+    return bool(d.get("crash") and "only" in d["crash"]) or bool(d.get("state")) or \
+        (d.get("teacher_forced") or {}).get("ok") is False or (d.get("shared_context") or {}).get("ok") is False \
+        or bool((d.get("answers") or {}).get("dropped"))
 
 
 def cell_line(record: dict, kind: str) -> str:
@@ -169,14 +231,17 @@ def cell_line(record: dict, kind: str) -> str:
                f"{rule.get('flip_rate_allowed', 0):.1%}) floor {floor.get('typical', 0):.4f}" if tf
                else f"no teacher-forced comparison ({d.get('teacher_forced_missing') or d.get('crash') or '-'})")
     right = f"answers {answers['right']}/{answers['n']} vs {answers['oracle_right']}" if answers else "answers -"
-    return (f"  {kind:8} {record['cell_id']:62} {unwaived(record):5} {numbers}; {right}; "
+    shared = (record.get("reference") or {}).get("shared_context") or {}
+    reference = (f"; vs bf16 reference {shared['typical']:.4f}/{shared['allowed']:.4f}" if shared else "")
+    return (f"  {kind:8} {record['cell_id']:62} {unwaived(record):5} {numbers}; {right}{reference}; "
             f"old rule {'FAIL' if old_rule_fails(record) else 'pass'}")
 
 
 def tally(clean: RunDir, planted: dict[str, tuple[Fault, RunDir, list[str]]], known_fault
           ) -> tuple[list[str], bool]:
     """The table's lines and whether the thresholds hold (no false alarm, every fault detected)."""
-    rows = {"clean": [0, 0, 0], "known fault": [0, 0, 0], "planted": [0, 0, 0]}  # cells, new rule fails, old fails
+    # cells, kvmatrix fails, the old rule fails (every-mode faults: the comparison with the eager twin alone)
+    rows = {"clean": [0, 0, 0], "known fault": [0, 0, 0], "planted": [0, 0, 0], "planted every mode": [0, 0, 0]}
     lines = []
     for record in clean.records():
         if record.get("noise_floor_summary"):  # an oracle: its own floor judged (a clean configuration's)
@@ -193,19 +258,55 @@ def tally(clean: RunDir, planted: dict[str, tuple[Fault, RunDir, list[str]]], kn
             if not reaches(fault, record):
                 lines.append(f"  {'unplanted':8} {record['cell_id']:62} its backend reads nothing {name} patches")
                 continue
-            count(rows["planted"], unwaived(record) == "fail", old_rule_fails(record))
+            if fault.every_mode:
+                count(rows["planted every mode"], unwaived(record) == "fail", twin_fails(record))
+            else:
+                count(rows["planted"], unwaived(record) == "fail", old_rule_fails(record))
             lines.append(cell_line(record, "planted") + f" [{name}]")
     n, new, old = rows["clean"]
-    table = [f"{'':24} {'teacher-forced rule (new)':>26} {'free-running rule (old)':>24}",
-             f"{'false alarms / clean':24} {f'{new}/{n}':>26} {f'{old}/{n}':>24}"]
-    for kind in ("known fault", "planted"):
+    table = [f"{'':31} {'kvmatrix (new)':>16} {'old rule':>10}",
+             f"{'false alarms / clean':31} {f'{new}/{n}':>16} {f'{old}/{n}':>10}"]
+    for kind in ("known fault", "planted", "planted every mode"):
         n_, new_, old_ = rows[kind]
-        table.append(f"{'detected / ' + kind:24} {f'{new_}/{n_}':>26} {f'{old_}/{n_}':>24}")
-    ok = new == 0 and rows["known fault"][1] == rows["known fault"][0] and rows["planted"][1] == rows["planted"][0]
-    notes = ["clean cells: the compared cells and their oracles (each oracle judged by its own noise floor; the old "
-             "rule judged no oracle)", "",
+        table.append(f"{'detected / ' + kind:31} {f'{new_}/{n_}':>16} {f'{old_}/{n_}':>10}")
+    ok = new == 0 and all(rows[k][1] == rows[k][0] for k in ("known fault", "planted", "planted every mode"))
+    notes = ["clean cells: the compared cells (with their oracle, their bf16 reference or both) and the oracles "
+             "(each judged by its own noise floor; the old rule judged no oracle). The old rule: the free-running "
+             "tokens with a 0.1 logprob tolerance; for faults wrong in every mode, the comparison with the eager "
+             "twin alone", "",
              "per cell (typical distance / allowed, worst, top-1 flips, the oracle's floor):"]
     return table + ["", *notes, *lines], ok
+
+
+def measured_entry(clean: RunDir, name: str, version: str | None, device: str, known_fault) -> str:
+    """This class's entry for harness/judge/calibration.yaml, from the clean run's compared cells: per kind of
+    numerics (KV cache, weights, draft, against its oracle or the bf16 reference) the largest typical distance and
+    flip rate, the most positions, and the cell that gave the largest."""
+    import yaml
+
+    worst: dict[tuple, dict] = {}
+    for record in clean.records():
+        if not compared(record) or known_fault(record) or unwaived(record) in ("fail", "error"):
+            continue
+        draft = bool((record.get("axes") or {}).get("speculative"))
+        key = (kv_kind(record), weights_kind(record) or "bf16", draft)
+        d = record.get("differential") or {}
+        tf = (d.get("teacher_forced") or {}).get("cell") or {}
+        found = [("oracle", tf or d.get("shared_context")), ("reference", (record.get("reference") or {}).get(
+            "shared_context"))]
+        for against, numbers in found:
+            if not numbers or not numbers.get("positions"):
+                continue
+            line = worst.setdefault((*key, against), {"typical": 0.0, "flip_rate": 0.0, "positions": 0, "cells": ""})
+            if numbers["typical"] >= line["typical"]:
+                line.update(typical=numbers["typical"], cells=record["cell_id"])
+            line["flip_rate"] = max(line["flip_rate"], numbers.get("flip_rate", 0.0))
+            line["positions"] = max(line["positions"], numbers["positions"])
+    lines = [{"kv": kv, "weights": w, "draft": draft, **({"against": a} if a != "oracle" else {}), **values}
+             for (kv, w, draft, a), values in sorted(worst.items())]
+    entry = [{"class": name, "vllm": version, "device": device, "source": "benchmarks/calibration.py (its records "
+              "beside this table)", "clean": lines}]
+    return yaml.safe_dump(entry, sort_keys=False, width=118)
 
 
 def count(row: list[int], new_fails: bool, old_fails: bool) -> None:
@@ -254,9 +355,13 @@ def main() -> None:
                  planted_cells(scratch, f) if args.tally else planted_run(args, scratch, f, clean, device))
         for f in faults_for(device, version)}
     lines, ok = tally(clean, planted, known_fault=lambda r: bool(r.get("waived")))
+    entry = measured_entry(clean, name, version, device, known_fault=lambda r: bool(r.get("waived")))
     text = "\n".join([f"calibration on {name} (vLLM {version}): trained-llama and trained-mla, {{auto, fp8}} x every "
-                      "execution mode against the eager twin", *lines, "",
-                      f"thresholds {'hold' if ok else 'DO NOT HOLD'}: 0 false alarms, every fault detected"])
+                      "execution mode against the eager twin and the model's bf16 reference"
+                      + ("; the fp8 backends, the FP8-weight GLM and drafts" if device != "cpu" else ""), *lines, "",
+                      f"thresholds {'hold' if ok else 'DO NOT HOLD'}: 0 false alarms, every fault detected", "",
+                      "this class's entry for harness/judge/calibration.yaml (what its clean pairs measured):",
+                      entry])
     print(text)
     if args.out:
         write_out(args.out, scratch, name, text)

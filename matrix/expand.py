@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvmatrix.matrix.axes import (
@@ -47,6 +47,10 @@ class Cell:
     draft_twin: str | None = field(default=None, compare=False)
     plain_twins: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     twin_of_draft: bool = field(default=False, compare=False)
+    # Per GPU class, the case's model reference there (reference_axes: an unquantized cache, eager, plain), which
+    # every other plain cell of the case is compared with (harness/judge/reference.py).
+    model_references: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    reference_for: tuple[str, ...] = field(default=(), compare=False)  # the classes where it is the reference
 
     @property
     def model(self) -> str:
@@ -72,10 +76,18 @@ class Cell:
         """The draft cell whose acceptance this one's is compared with on that class (None: none there)."""
         return dict(self.plain_twins).get(gpu_name)
 
+    def reference_on(self, gpu_name: str) -> str | None:
+        """The model reference this cell is compared with on that class (None: none there, or it is the one)."""
+        return dict(self.model_references).get(gpu_name)
+
+    def is_reference_on(self, gpu_name: str) -> bool:
+        return gpu_name in self.reference_for
+
     def compared_with(self, gpu_name: str) -> set[str]:
-        """Every cell this one is compared with on that class, which must run before it: its differential oracle
-        and its speculative twins (the accuracy baseline apart)."""
-        return {c for c in (self.oracle_on(gpu_name), self.draft_twin, self.plain_twin_on(gpu_name)) if c}
+        """Every cell this one is compared with on that class, which must run before it: its differential oracle,
+        its model reference and its speculative twins (the accuracy baseline apart)."""
+        return {c for c in (self.oracle_on(gpu_name), self.reference_on(gpu_name), self.draft_twin,
+                            self.plain_twin_on(gpu_name)) if c}
 
     def context(self, gpu_name: str, gpu: GpuClass, vllm_version: str | None, emulated: bool) -> dict:
         """What `when:` clauses see for this cell on one GPU class (its execution as it runs on that class)."""
@@ -145,6 +157,24 @@ def baseline_axes(case: Case) -> dict[str, Any] | None:
     if case.accuracy is None:
         return None
     return {**AXIS_DEFAULTS, "kv_cache_dtype": case.accuracy.baseline_kv_cache_dtype}
+
+
+# The model reference's cache: unquantized whatever the checkpoint declares (an fp8 checkpoint's `auto` is fp8).
+REFERENCE_KV_CACHE_DTYPE = "bfloat16"
+
+
+def reference_axes(case: Case, combos: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The axes of the case's model reference: the model as it ships (no skip, no draft, no forced backend, plain)
+    with an unquantized cache, `bfloat16`, or `auto` where the case has that cell and not the other (the judge
+    checks that it resolved unquantized). None where the case compares nothing (`differential: false`) or is an
+    accuracy case (its bf16 baseline is its comparison outside the configuration)."""
+    if case.differential is False or case.accuracy is not None:
+        return None
+    plain = {**AXIS_DEFAULTS, "kv_cache_dtype": REFERENCE_KV_CACHE_DTYPE}
+    keys = {_key(c) for c in combos}
+    if _key(plain) not in keys and _key({**plain, "kv_cache_dtype": "auto"}) in keys:
+        return {**plain, "kv_cache_dtype": "auto"}
+    return plain
 
 
 def cell_id(case: Case, axes: dict[str, Any], shown_optional: frozenset[str] = frozenset()) -> str:
@@ -225,6 +255,9 @@ def expand_case(
     if baseline is not None and baseline not in combos:
         combos.insert(0, baseline)  # a compared cell needs its baseline in the same run
     combos += draft_twins_missing(combos)  # a draft cell's greedy outputs are compared with its twin's
+    reference = reference_axes(case, combos)
+    if reference is not None and reference not in combos:
+        combos.append(reference)  # every plain cell of the case is compared with it
     shown = frozenset(a for a in OPTIONAL_ID_AXES if any(c[a] != AXIS_DEFAULTS[a] for c in combos))
     added, oracles, references = differential_plan(case, combos, gpu_classes, pool)
     ids = [cell_id(case, c, shown) for c in combos]
@@ -242,8 +275,14 @@ def expand_case(
                   tuple((g, ids[o]) for g, o in oracles.get(i, {}).items()),
                   tuple((g, tuple(sorted(w))) for g, w in references.get(i, {}).items()),
                   draft_twin=twins[i], plain_twins=plain_twins(i, combos, index, ids, classes, pool),
-                  twin_of_draft=ids[i] in twin_ids)
+                  twin_of_draft=ids[i] in twin_ids,
+                  model_references=model_references(i, combos, reference, index, oracles, ids, classes))
              for i, c in enumerate(combos)]
+    serves: dict[str, set[str]] = {}
+    for c in cells:
+        for gpu_name, reference_id in c.model_references:
+            serves.setdefault(reference_id, set()).add(gpu_name)
+    cells = [replace(c, reference_for=tuple(sorted(serves[c.cell_id]))) if c.cell_id in serves else c for c in cells]
     ids = [c.cell_id for c in cells]
     if len(set(ids)) != len(ids):
         raise CaseError(source, case.name, "matrix", "two cells have the same id")
@@ -261,6 +300,23 @@ def baseline_for(combo: dict[str, Any], baseline: dict[str, Any] | None, index: 
         return None
     same_mode = {**baseline, "execution": combo["execution"], "workload": combo["workload"]}
     return ids[index[_key(same_mode)]] if _key(same_mode) in index else ids[index[_key(baseline)]]
+
+
+def model_references(i: int, combos: list[dict[str, Any]], reference: dict[str, Any] | None,
+                     index: dict[tuple, int], oracles: dict[int, dict[str, int]], ids: list[str],
+                     classes: list[tuple[str, ...]]) -> tuple[tuple[str, str], ...]:
+    """(class, id) of the model reference a plain combination is compared with on each of its classes: the
+    reference combination where it runs as its oracle would (eager), else its oracle there (its eager twin on a GPU
+    class). None for the reference itself, a workload's cells (other prompts), or a case without one."""
+    if reference is None or combos[i]["workload"] != "plain":
+        return ()
+    r = index[_key(reference)]
+    out = []
+    for gpu_name in classes[i]:
+        there = oracles.get(r, {}).get(gpu_name, r)
+        if there != i and gpu_name in classes[there]:
+            out.append((gpu_name, ids[there]))
+    return tuple(out)
 
 
 _SHARED_WITH_ORACLE = tuple(a for a in AXES if a not in ORACLE)

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kvmatrix.harness.judge.differential import compare_sequence, state_differences
 from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.state import state_differences
+from kvmatrix.harness.judge.tokens import compare_sequence
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.task import Task
@@ -53,8 +54,13 @@ def test_ids_name_execution_and_workload_only_where_a_case_varies_them(cases_dir
 def test_gpu_classes_run_vllms_default_and_add_the_eager_oracle(cases_dir):
     """A case that does not name the axis: its cells run `graphs` on a GPU class, compared with an eager twin that
     runs there only; on a CPU class they run eager, their own oracle."""
-    cell, twin = cells_of(cases_dir, {"model": "llama", "matrix": {"kv_cache_dtype": ["fp8"]}})
+    fp8 = {"model": "llama", "matrix": {"kv_cache_dtype": ["fp8"]}}
+    cell, reference, twin, reference_twin = cells_of(cases_dir, fp8)
     assert twin.cell_id == "c[kv=fp8,skip=-,spec=-,exec=eager]"
+    # The model's bf16 reference, added: eager there too, and what both fp8 cells are compared with.
+    assert reference.cell_id == "c[kv=bfloat16,skip=-,spec=-]" and reference_twin.is_reference_on("H200")
+    assert cell.reference_on("H200") == twin.reference_on("H200") == reference_twin.cell_id
+    assert cell.reference_on(CPU) == reference.cell_id
     assert CPU not in twin.gpu_classes and "H200" in twin.gpu_classes and CPU in cell.gpu_classes
     assert cell.oracle_on("H200") == twin.cell_id and cell.oracle_on(CPU) is None
     assert twin.is_oracle_on("H200") and not cell.is_oracle_on(CPU)
@@ -199,7 +205,10 @@ def test_a_divergence_that_is_no_near_tie_fails_naming_the_pair_and_the_tokens(t
     judged = rejudge(tmp_path, shipped(FP8_COMPILED), garbage, oracle)
     assert judged["verdict"] == "fail"
     assert judged["reason"].startswith(f"differential compiled/plain vs its oracle {FP8} (eager/plain): ")
-    assert (f"sequence 1 first diverges at token 2: oracle {oracle['tokens'][1][2]}, this cell {worst}"
+    # Without a forced decode (records from before it) the positions decoded under the same context decide, by
+    # the calibrated allowance; the free-running divergence is named as the evidence.
+    assert "positions decoded under the same context" in judged["reason"]
+    assert (f"sequence 1 first diverges at token 2 (oracle {oracle['tokens'][1][2]}, this cell {worst})"
             in judged["reason"])
 
 

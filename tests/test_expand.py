@@ -117,7 +117,7 @@ def test_expansion_grows_linearly_with_the_cells(cases_dir, monkeypatch):
         cells = expand_case(load_case(path), load_models(cases_dir), load_pool(cases_dir), str(path))
         work[len(cells)] = calls
     (few, few_calls), (many, many_calls) = sorted(work.items())
-    assert many >= 3.9 * few
+    assert many >= 3.8 * few  # four times the backends; the model reference and its eager twin added once each
     assert many_calls <= 4.5 * few_calls, work
 
 

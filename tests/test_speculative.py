@@ -63,7 +63,8 @@ def test_every_draft_cell_has_a_no_draft_twin_and_a_plain_twin_per_class(cases_d
     assert cell.plain_twin_on("cpu-amx") == "c[kv=auto,skip=-,spec=llama-dflash,dkv=-]"
     assert cell.plain_twin_on("H200") == "c[kv=auto,skip=-,spec=llama-dflash,dkv=-,exec=eager]"
     assert cell.compared_with("H200") == {"c[kv=fp8,skip=-,spec=llama-dflash,dkv=bfloat16,exec=eager]",
-                                          cell.draft_twin, cell.plain_twin_on("H200")}
+                                          cell.draft_twin, cell.plain_twin_on("H200"), cell.reference_on("H200")}
+    assert cell.reference_on("H200") == "c[kv=auto,skip=-,spec=-,dkv=-,exec=eager]"  # the model, eager, auto
     plain = cells["c[kv=auto,skip=-,spec=llama-dflash,dkv=-]"]
     assert plain.plain_twin_on("cpu-amx") is None  # its own plain twin
     assert not cells["c[kv=auto,skip=-,spec=-,dkv=-]"].draft_twin

@@ -48,11 +48,13 @@ def test_a_cold_h200_run_starts_the_flashinfer_pilots_and_every_cell_after_what_
     order, waits = list(planned.tasks), planned.waits
     ids = [t.cell.cell_id for t in order]
     assert sorted(ids) == sorted(t.cell.cell_id for t in tasks)
-    assert ids[:2] == ["flashinfer-qdtype[kv=fp8,skip=-,spec=-,attn=FLASHINFER,exec=eager]",
+    # The pilots lead, after their model reference (a short eager bf16 cell they wait for).
+    assert ids[:3] == ["flashinfer-qdtype[kv=bfloat16,skip=-,spec=-,attn=-,exec=eager]",
+                       "flashinfer-qdtype[kv=fp8,skip=-,spec=-,attn=FLASHINFER,exec=eager]",
                        "flashinfer-qdtype[kv=fp8,skip=0,spec=-,attn=FLASHINFER,exec=eager]"]
     position = {t.key: i for i, t in enumerate(order)}
     assert all(position[w] < position[t.key] for t in order for w in waits[t.key])
-    assert ids.index("fp8-every-backend[kv=fp8_e5m2,skip=-,spec=-,attn=-,exec=eager]") < 16
+    assert ids.index("fp8-every-backend[kv=fp8_e5m2,skip=-,spec=-,attn=-,exec=eager]") < 17  # 16 + a reference
 
 
 def test_a_timed_run_keeps_its_longest_first_order(tmp_path):
@@ -63,7 +65,8 @@ def test_a_timed_run_keeps_its_longest_first_order(tmp_path):
     planned = start_order(order_tasks(tasks, costs), StartContext(settings, expected, slots=8, past=PastRuns(costs)))
     order, waits = list(planned.tasks), planned.waits
     compared = [t for t in order if t.cell.baseline_id != t.cell.cell_id]  # after the accuracy baselines' wave
-    assert compared[0].cell.cell_id == "glm5-fp8[kv=auto,skip=-,spec=-,exec=eager]"
+    longest = "glm5-fp8[kv=auto,skip=-,spec=-,exec=eager]"  # right after its model reference, which it waits for
+    assert [t.cell.cell_id for t in compared[:2]] == [compared[1].cell.reference_on("H200"), longest]
     position = {t.key: i for i, t in enumerate(order)}
     assert all(position[w] < position[t.key] for t in order for w in waits[t.key])
 

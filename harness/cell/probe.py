@@ -35,7 +35,28 @@ def probe(worker: Any) -> CellOutput:
         "kv_groups": [_kv_group(i, group) for i, group in enumerate(groups)],
         "attn_groups": _attn_groups(runner, version),
         "runtime": _runtime(runner, version),
+        "weight_dtypes": _weight_dtypes(runner, version),
     }
+
+
+def _weight_dtypes(runner: Any, version: str) -> list[str] | None:
+    """The dtypes of the target model's parameters (FP8 weights show as float8_*), or None where the model is not
+    found."""
+    model = None
+    for name in (n for names in compat.for_version(compat.TARGET_MODEL_CALLS, version) for n in names):
+        method = getattr(runner, name, None)
+        if callable(method):
+            try:
+                model = method()
+            except Exception:  # noqa: BLE001 - a runner without a loaded model: try the attribute
+                model = None
+            if model is not None:
+                break
+    model = model if model is not None else _first_path(runner, compat.TARGET_MODEL_PATHS, version)
+    parameters = getattr(model, "parameters", None)
+    if not callable(parameters):
+        return None
+    return sorted({_plain(p.dtype) for p in parameters()})
 
 
 def _runtime(runner: Any, version: str) -> Runtime:

@@ -26,6 +26,7 @@ from kvmatrix.harness.run.host import host_cpu
 from kvmatrix.harness.run.order.policy import PastRuns
 from kvmatrix.harness.run.plan import RunOptions, RunPlan, execute, plan_run
 from kvmatrix.harness.run.run_ids import LATEST
+from kvmatrix.harness.run.task.accuracy import missing_accuracy_tools
 from kvmatrix.harness.run.task.runner import result_file
 from kvmatrix.harness.surface.promises import promised, refusals
 from kvmatrix.matrix.schema import CaseError
@@ -151,6 +152,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     resumed_options.keep_options(plan.settings.run_dir.root, args)
     print(first_line(plan, len(plan.tasks))
           + (f"; resumed with its options {' '.join(kept_options)}" if kept_options else ""), flush=True)
+    if (missing := missing_accuracy_tools([t.cell for t in plan.tasks])) is not None:
+        print(missing, flush=True)
     activity = Activity(say_now, started.at, partial(result_file, plan.settings.run_dir.root), total=len(plan.tasks))
     so_far: list[JudgedRecord] = []  # for the partial report of an interrupted run
     show = progress_printer(started.at)

@@ -26,260 +26,26 @@ from typing import Any
 
 from kvmatrix.harness.judge.accuracy import compare as compare_accuracy
 from kvmatrix.harness.judge.accuracy import describe as describe_accuracy
+from kvmatrix.harness.judge.allowances import calibrated
 from kvmatrix.harness.judge.answers import compare_answers
 from kvmatrix.harness.judge.answers import describe as describe_answers
-from kvmatrix.harness.judge.teacher_forced import floor_of, floor_problem, judge_forced, unusable
+from kvmatrix.harness.judge.execution import mode_of
+from kvmatrix.harness.judge.state import state_differences
+from kvmatrix.harness.judge.teacher_forced import floor_of, floor_problem, judge_forced, judge_shared_context, unusable
+from kvmatrix.harness.judge.tokens import compare_tokens, describe_free_running, tokens_exact
 from kvmatrix.harness.judge.verdict import Judgement
 from kvmatrix.harness.record.files import run_mode
 from kvmatrix.harness.record.types import (
     AccuracyComparison,
     DifferentialComparison,
     JudgedRecord,
-    KvGroup,
     OutcomeRecord,
     Reference,
     RuleResult,
-    TokenComparison,
     Verdict,
 )
-from kvmatrix.harness.vllm_compat.declarations import UNQUANTIZED_KV_DTYPES
-from kvmatrix.matrix.axes import resolved_execution
-from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.expectations import Differential
-
-LAYER_STATE = ("kv_cache_dtype", "backend", "spec_dtype", "page_size_bytes", "group")
-GROUP_STATE = ("layer_names", "spec_type", "dtype", "block_size", "page_size_bytes", "kv_quant_mode",
-               "cache_dtype_str")
-WORKLOAD_RULE = "the workload takes its runtime path (built in)"
-EXECUTION_RULE = "the engine executes as asked (built in)"
-
-
-def execution_problem(record: OutcomeRecord, gpu_device: str | None) -> tuple[str, bool] | None:
-    """(what vLLM resolved against the cell's execution, whether that means the cell tested nothing), or None
-    where it executes as asked. vLLM may turn compilation or CUDA graphs off for a configuration, or downgrade a
-    CUDA-graph mode; a record without `runtime` (older harness) says nothing."""
-    runtime = record.get("runtime")
-    axes = record.get("axes") or {}
-    if not runtime or "execution" not in axes:
-        return None
-    execution = resolved_execution(axes["execution"], gpu_device)
-    compiled = not runtime.get("enforce_eager") and runtime.get("compilation_mode") not in (None, "NONE")
-    graphs = runtime.get("cudagraph_mode") not in (None, "NONE")
-    if execution == "eager":
-        return (f"eager asked, vLLM resolved compilation {runtime.get('compilation_mode')}", False) if compiled \
-            else None
-    if not compiled and graphs and execution.startswith("graphs"):
-        # vLLM 0.33.0 turns torch.compile off for some models (sparse MLA on the H200) and captures breakable CUDA
-        # graphs of the eager model instead: graphs ran, compiled code did not.
-        return (f"{execution} asked, vLLM captured CUDA graphs ({runtime.get('cudagraph_mode')}) without "
-                f"torch.compile (compilation {runtime.get('compilation_mode')})", False)
-    if not compiled:
-        return f"{execution} asked, vLLM ran eager (compilation {runtime.get('compilation_mode')})", True
-    if execution.startswith("graphs") and not graphs:
-        return f"{execution} asked, vLLM captured no CUDA graphs (cudagraph_mode NONE)", True
-    # FULL_AND_PIECEWISE contains the word but is not FULL (seen: vLLM 0.33.0 on an emulated A100 and L4, FULL asked).
-    if execution == "graphs_full" and runtime.get("cudagraph_mode") != "FULL":
-        return f"graphs_full asked, vLLM downgraded to {runtime.get('cudagraph_mode')}", False
-    return None
-
-
-def mode_of(record: OutcomeRecord, gpu_device: str | None) -> str:
-    """How the record's cell ran: its execution (as its class runs `default`) and workload. A record from before
-    the axes ran eager and plain, as every cell did then."""
-    axes = record.get("axes") or {}
-    if "execution" not in axes:
-        return "eager/plain"
-    execution = resolved_execution(axes["execution"], gpu_device)
-    return f"{execution}/{axes.get('workload', 'plain')}"
-
-
-def judge_workload(record: OutcomeRecord, judgement: Judgement, gpu_device: str | None = None) -> Judgement:
-    """A cell that ran but not in its execution mode, or a workload cell that did not take its runtime path, is an
-    `error` (it observed nothing); a downgraded CUDA-graph mode is noted."""
-    problem = execution_problem(record, gpu_device) if record.get("status") == "ok" else None
-    if problem is not None:
-        text, tested_nothing = problem
-        judgement = judgement.then(rows=[{"rule": EXECUTION_RULE, "ok": not tested_nothing, "detail": text}])
-        if tested_nothing and judgement.verdict == "pass":
-            return judgement.then("error", f"did not execute as asked: {text}")
-    facts = record.get("workload_run")
-    if not facts or record.get("status") != "ok":
-        return judgement
-    judgement = judgement.then(rows=[{"rule": WORKLOAD_RULE, "ok": bool(facts.get("reached")),
-                                      "detail": facts.get("detail", "")}])
-    if facts.get("reached") or judgement.verdict != "pass":
-        return judgement
-    return judgement.then("error", f"workload {facts.get('name')} did not take its runtime path: "
-                                   f"{facts.get('detail')}")
-
-
-def state_differences(mine: OutcomeRecord, theirs: OutcomeRecord) -> list[str]:
-    """Where two records' resolved state differs (empty: identical)."""
-    return [*_layer_differences(mine, theirs), *_kv_group_differences(mine, theirs),
-            *_attention_group_differences(mine, theirs)]
-
-
-def _layer_differences(mine: OutcomeRecord, theirs: OutcomeRecord) -> list[str]:
-    out: list[str] = []
-    layers = {la["name"]: la for la in theirs.get("layers") or []}
-    mine_layers = {la["name"]: la for la in mine.get("layers") or []}
-    if set(layers) != set(mine_layers):
-        out.append(f"layers {sorted(mine_layers)} vs the oracle's {sorted(layers)}")
-    for name in sorted(set(layers) & set(mine_layers)):
-        for field in LAYER_STATE:
-            if mine_layers[name].get(field) != layers[name].get(field):
-                out.append(f"{name}: {field} {mine_layers[name].get(field)!r}, oracle {layers[name].get(field)!r}")
-    return out
-
-
-def _kv_group_differences(mine: OutcomeRecord, theirs: OutcomeRecord) -> list[str]:
-    out: list[str] = []
-    groups: list[KvGroup] = theirs.get("kv_groups") or []
-    mine_groups: list[KvGroup] = mine.get("kv_groups") or []
-    if len(groups) != len(mine_groups):
-        out.append(f"{len(mine_groups)} KV-cache groups, oracle {len(groups)}")
-    for g, (a, b) in enumerate(zip(mine_groups, groups, strict=False)):
-        for field in GROUP_STATE:
-            if a.get(field) != b.get(field):
-                out.append(f"kv group {g}: {field} {a.get(field)!r}, oracle {b.get(field)!r}")
-    return out
-
-
-def _attention_group_differences(mine: OutcomeRecord, theirs: OutcomeRecord) -> list[str]:
-    out: list[str] = []
-    builders = {(x.get("group"), x.get("subgroup")): x for x in theirs.get("attn_groups") or []}
-    for group in mine.get("attn_groups") or []:
-        other = builders.get((group.get("group"), group.get("subgroup")))
-        if other is None:
-            out.append(f"attention group {group.get('group')}: not in the oracle")
-            continue
-        if group.get("backend") != other.get("backend"):
-            out.append(f"attention group {group.get('group')}: backend {group.get('backend')!r}, oracle "
-                       f"{other.get('backend')!r}")
-        a, b = group.get("builder") or {}, other.get("builder") or {}
-        for field in sorted((set(a) | set(b)) - {"module"}):
-            if a.get(field) != b.get(field):
-                out.append(f"{group.get('backend')} builder (group {group.get('group')}): {field} {a.get(field)!r}, "
-                           f"oracle {b.get(field)!r}")
-    return out
-
-
-def _lp(position: dict[str, float] | None, token: int) -> float | None:
-    return None if position is None else position.get(str(token))
-
-
-def _lead(position: dict[str, float] | None, chosen: int, other: int) -> list[float]:
-    """[logprob of the chosen token - the other's] at one position, or [] where the other's is not recorded."""
-    other_lp = _lp(position, other)
-    if other_lp is None:
-        return []
-    chosen_lp = _lp(position, chosen)
-    assert chosen_lp is not None, "a position's logprobs hold the token chosen there"
-    return [chosen_lp - other_lp]
-
-
-def compare_sequence(mine: list[int], theirs: list[int], mine_lp: list[dict] | None, theirs_lp: list[dict] | None,
-                     exact: bool, logprob_tolerance: float, tie_tolerance: float) -> dict[str, Any]:
-    """One sequence against the oracle's: the first divergent token (index, the oracle's and this cell's), the
-    largest difference of a chosen token's logprob before it, and whether they agree (exact: the same tokens; else
-    close: logprobs within tolerance up to the divergence, and the divergence a near tie)."""
-    index = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), None)
-    if index is None and len(mine) != len(theirs):
-        index = min(len(mine), len(theirs))
-    out: dict[str, Any] = {"first_divergence": index}
-    if index is not None:
-        out["oracle_token"] = theirs[index] if index < len(theirs) else None
-        out["token"] = mine[index] if index < len(mine) else None
-    if exact:
-        out["ok"] = index is None
-        return out
-    if not mine_lp or not theirs_lp:
-        out["ok"] = index is None
-        out["note"] = "no logprobs recorded: compared exactly"
-        return out
-    upto = len(mine) if index is None else index
-    deltas = [abs(a - b) for i in range(min(upto, len(mine_lp), len(theirs_lp)))
-              if (a := _lp(mine_lp[i], mine[i])) is not None and (b := _lp(theirs_lp[i], theirs[i])) is not None]
-    out["max_logprob_delta"] = round(max(deltas), 5) if deltas else 0.0
-    ok = out["max_logprob_delta"] <= logprob_tolerance
-    if index is not None:
-        # How far each side's chosen token is ahead of the other's, where the other's is among its logprobs.
-        gaps = []
-        if out["token"] is not None and index < len(theirs_lp):
-            gaps += _lead(theirs_lp[index], out["oracle_token"], out["token"])
-        if out["oracle_token"] is not None and index < len(mine_lp):
-            gaps += _lead(mine_lp[index], out["token"], out["oracle_token"])
-        out["tie_gap"] = round(min(abs(g) for g in gaps), 5) if gaps else None
-        ok = ok and out["tie_gap"] is not None and out["tie_gap"] <= tie_tolerance
-    out["ok"] = ok
-    return out
-
-
-# The close rule of one sequence, every function it calls: `kvmatrix repro` copies them into a script verbatim.
-SEQUENCE_RULE = (_lp, _lead, compare_sequence)
-
-
-def compare_tokens(mine: OutcomeRecord | Reference, theirs: Reference, exact: bool, rule: Differential
-                   ) -> TokenComparison:
-    """Every sequence of `mine` (tokens, logprobs) against `theirs`: per-sequence results, and the first that does
-    not agree."""
-    mine_lp, theirs_lp = mine.get("logprobs") or [], theirs.get("logprobs") or []
-    sequences = [compare_sequence(a, b, mine_lp[s] if mine_lp else None, theirs_lp[s] if theirs_lp else None,
-                                  exact, rule.logprob_tolerance, rule.tie_tolerance)
-                 for s, (a, b) in enumerate(zip(mine["tokens"], theirs["tokens"], strict=False))]
-    out: TokenComparison = {"exact": exact, "sequences": len(sequences),
-                            "identical": sum(1 for s in sequences if s["first_divergence"] is None),
-                            "per_sequence": sequences}
-    if len(mine["tokens"]) != len(theirs["tokens"]):
-        out["ok"] = False
-        out["detail"] = f"{len(mine['tokens'])} sequences, the oracle {len(theirs['tokens'])}"
-        return out
-    bad = next((s for s, seq in enumerate(sequences) if not seq["ok"]), None)
-    out["ok"] = bad is None
-    out["detail"] = describe_tokens(sequences, bad, exact, rule)
-    return out
-
-
-def describe_tokens(sequences: list[dict], bad: int | None, exact: bool, rule: Differential) -> str:
-    identical = sum(1 for s in sequences if s["first_divergence"] is None)
-    head = f"{identical}/{len(sequences)} sequences identical" + (" (exact)" if exact else "")
-    if bad is None:
-        deltas = [s.get("max_logprob_delta") or 0.0 for s in sequences]
-        return head + (f", logprobs within {max(deltas):.3g} of the oracle's" if not exact and deltas else "")
-    seq = sequences[bad]
-    text = f"{head}; sequence {bad}"
-    if seq["first_divergence"] is not None:
-        text += (f" first diverges at token {seq['first_divergence']}: oracle {seq['oracle_token']}, this cell "
-                 f"{seq['token']}")
-        if not exact:
-            gap = seq.get("tie_gap")
-            if gap is None:
-                text += " (not a near tie: neither token is in the other run's top logprobs)"
-            elif gap > rule.tie_tolerance:
-                text += f" (not a near tie: logprob gap {gap:.3g} > {rule.tie_tolerance:g})"
-    if not exact and (seq.get("max_logprob_delta") or 0) > rule.logprob_tolerance:
-        text += (f"; a chosen token's logprob differs by {seq['max_logprob_delta']:.3g} from the oracle's "
-                 f"(tolerance {rule.logprob_tolerance:g})")
-    return text
-
-
-def describe_free_running(sequences: list[dict]) -> str:
-    """The free-running tokens as evidence, judging nothing: how many sequences are identical and where the first
-    of the others diverges."""
-    identical = sum(1 for s in sequences if s["first_divergence"] is None)
-    text = f"{identical}/{len(sequences)} sequences identical"
-    first = next(((i, s) for i, s in enumerate(sequences) if s["first_divergence"] is not None), None)
-    if first is not None:
-        i, seq = first
-        text += (f"; sequence {i} first diverges at token {seq['first_divergence']} (oracle {seq['oracle_token']}, "
-                 f"this cell {seq['token']})")
-    return text
-
-
-def _tokens_exact(cell: Cell, context: dict[str, Any]) -> bool:
-    rules = [r for r in cell.case.expect if r.tokens is not None and when_matches(r.when, context)]
-    return bool(rules) and rules[-1].tokens == "exact"
 
 
 def _crashed(record: OutcomeRecord) -> bool:
@@ -305,13 +71,14 @@ def judge_differential(record: OutcomeRecord, judgement: Judgement, cell: Cell, 
     pair = f"{mode} vs its oracle {oracle_id} ({oracle_mode})"
     comparison: DifferentialComparison = {"oracle": oracle_id, "mode": mode, "oracle_mode": oracle_mode}
     rows: list[RuleResult] = []
-    verdict, reason = _differential(record, oracle, cell, rule, context, pair, comparison, rows, judgement)
+    verdict, reason = _differential(record, oracle, cell, rule, context, pair, comparison, rows, judgement,
+                                    gpu_device)
     return judgement.then(verdict, reason, rows, {"differential": comparison})
 
 
 def _differential(record: OutcomeRecord, oracle: JudgedRecord | None, cell: Cell, rule: Differential,
                   context: dict[str, Any], pair: str, comparison: DifferentialComparison, rows: list[RuleResult],
-                  judgement: Judgement) -> tuple[Verdict, str]:
+                  judgement: Judgement, device: str | None) -> tuple[Verdict, str]:
     """(verdict, reason) after the pair's comparison (into `comparison` and `rows`)."""
     verdict, reason, oracle_mode = judgement.verdict, judgement.reason, comparison["oracle_mode"]
     title = f"differential: {pair}"
@@ -326,11 +93,14 @@ def _differential(record: OutcomeRecord, oracle: JudgedRecord | None, cell: Cell
         comparison["crash"] = detail
         rows.append({"rule": title, "ok": ok, "detail": detail})
         return (verdict, reason) if ok else ("fail", f"differential {pair}: {detail}")
-    failures = _compared(record, oracle, cell, rule, context, title, comparison, rows)
+    failures = _compared(record, oracle, cell, rule, context, title, comparison, rows, device)
     if failures and verdict in ("pass", "xfail"):
         return "fail", f"differential {pair}: {failures[0]}"
     if verdict == "pass" and "teacher_forced" in comparison:
         return verdict, (f"{reason}; as its oracle ({oracle_mode}): {comparison['teacher_forced']['detail']}; "
+                         f"free-running: {comparison['tokens']['detail']}")
+    if verdict == "pass" and "shared_context" in comparison:
+        return verdict, (f"{reason}; as its oracle ({oracle_mode}): {comparison['shared_context']['detail']}; "
                          f"free-running: {comparison['tokens']['detail']}")
     if verdict == "pass" and "tokens" in comparison:
         return verdict, f"{reason}; as its oracle ({oracle_mode}): {comparison['tokens']['detail']}"
@@ -373,7 +143,8 @@ def _crash_comparison(record: OutcomeRecord, oracle: JudgedRecord, mode: str, or
 
 
 def _compared(record: OutcomeRecord, oracle: JudgedRecord, cell: Cell, rule: Differential, context: dict[str, Any],
-              title: str, comparison: DifferentialComparison, results: list[RuleResult]) -> list[str]:
+              title: str, comparison: DifferentialComparison, results: list[RuleResult], device: str | None
+              ) -> list[str]:
     """The pair's resolved state, greedy tokens and accuracy compared (into `comparison` and `results`); what
     differs, first failure first."""
     failures: list[str] = []
@@ -391,8 +162,8 @@ def _compared(record: OutcomeRecord, oracle: JudgedRecord, cell: Cell, rule: Dif
         comparison["tokens_missing"] = theirs
         results.append({"rule": f"{title}: greedy tokens agree", "ok": True, "detail": theirs})
     else:
-        failures += _compared_tokens(record, oracle, theirs, _tokens_exact(cell, context), accuracy is not None,
-                                     rule, title, comparison, results)
+        failures += _compared_tokens(record, oracle, theirs, tokens_exact(cell, context), accuracy is not None,
+                                     rule, title, comparison, results, device)
     if paired is not None:
         comparison["accuracy"] = paired
     if paired is not None and accuracy is not None:
@@ -405,13 +176,26 @@ def _compared(record: OutcomeRecord, oracle: JudgedRecord, cell: Cell, rule: Dif
 
 def _compared_tokens(record: OutcomeRecord, oracle: JudgedRecord, theirs: Reference, exact: bool,
                      has_accuracy: bool, rule: Differential, title: str, comparison: DifferentialComparison,
-                     results: list[RuleResult]) -> list[str]:
-    """The greedy tokens compared, and where the pair may differ numerically (the close rule) and the cell decoded
-    its oracle's tokens teacher-forced, that comparison (harness/judge/teacher_forced.py) decides instead: the
-    free-running tokens stay the user's evidence. What fails, first failure first."""
+                     results: list[RuleResult], device: str | None) -> list[str]:
+    """The greedy tokens compared, and where the pair may differ numerically and the cell decoded its oracle's
+    tokens teacher-forced, that comparison (harness/judge/teacher_forced.py) decides instead; where it did not (a
+    draft: vLLM forces no decode with one) but both recorded logprobs, the positions both decoded under the same
+    context decide, by the same calibrated allowance. The free-running tokens stay the user's evidence. What fails,
+    first failure first."""
     tokens = compare_tokens(record, theirs, exact, rule)
     comparison["tokens"] = tokens
-    forced = None if exact else _teacher_forced(record, oracle, theirs, rule, comparison)
+    forced = None if exact else _teacher_forced(record, oracle, theirs, rule, comparison, device)
+    if forced is None and not exact and record.get("logprobs") and theirs.get("logprobs"):
+        shared = judge_shared_context(record, theirs, calibrated(record, device, draft=_drafts(record)))
+        comparison["shared_context"] = shared
+        tokens["detail"] = describe_free_running(tokens["per_sequence"])
+        results.append({"rule": f"{title}: free-running greedy tokens (evidence)", "ok": True,
+                        "detail": tokens["detail"]})
+        ok = shared["ok"] or has_accuracy
+        detail = shared["detail"] + ("" if shared["ok"] or not ok else "; the paired accuracy judges this pair")
+        results.append({"rule": f"{title}: distance under the same context within the calibrated allowance",
+                        "ok": ok, "detail": detail})
+        return [] if ok else [f"{shared['detail']}; free-running: {tokens['detail']}"]
     if forced is not None:
         tokens["detail"] = describe_free_running(tokens["per_sequence"])
         results.append({"rule": f"{title}: free-running greedy tokens (evidence)", "ok": True,
@@ -430,7 +214,7 @@ def _compared_tokens(record: OutcomeRecord, oracle: JudgedRecord, theirs: Refere
 
 
 def _teacher_forced(record: OutcomeRecord, oracle: JudgedRecord, theirs: Reference, rule: Differential,
-                    comparison: DifferentialComparison) -> dict[str, Any] | None:
+                    comparison: DifferentialComparison, device: str | None) -> dict[str, Any] | None:
     """The teacher-forced comparison (into `comparison`), or None where the pair has none (said why, except for a
     record made before cells decoded forced: it is judged as it was)."""
     if "forced" not in record:
@@ -442,16 +226,14 @@ def _teacher_forced(record: OutcomeRecord, oracle: JudgedRecord, theirs: Referen
     forced = record["forced"]
     floor, floor_missing = floor_of(oracle.get("tokens") or [], oracle.get("logprobs") or [],
                                     oracle.get("noise_floor"), rule.tie_tolerance)
-    result = judge_forced(forced, theirs, floor, floor_missing, kv_kind(record), rule.tie_tolerance)
+    result = judge_forced(forced, theirs, floor, floor_missing, calibrated(record, device, draft=False),
+                          rule.tie_tolerance)
     comparison["teacher_forced"] = result
     return result
 
 
-def kv_kind(record: OutcomeRecord) -> str:
-    """"quantized" where any layer resolved a quantized KV dtype (an fp8 checkpoint's `auto` too), else
-    "unquantized"."""
-    dtypes = {layer.get("kv_cache_dtype") for layer in record.get("layers") or []} - {None}
-    return "quantized" if dtypes - set(UNQUANTIZED_KV_DTYPES) else "unquantized"
+def _drafts(record: OutcomeRecord) -> bool:
+    return bool((record.get("axes") or {}).get("speculative"))
 
 
 def _compared_answers(record: OutcomeRecord, oracle: JudgedRecord, cell: Cell, title: str,

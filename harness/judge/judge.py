@@ -6,16 +6,15 @@ by the caller, which knows the run folder) and the waivers go in, a new judged r
 or written here and no input changes. One `Judgement` (verdict.py) goes through the stages, each returning the
 next with its rule results and the record fields it adds.
 
-In order: the case's expectations (verdict.py); accuracy against the baseline cell (accuracy.py); a workload that
-did not take its runtime path, the comparison with the cell's oracle, and an oracle's own noise floor
-(differential.py); a draft cell's greedy outputs against its no-draft twin and its acceptance against its plain
-twin (speculative.py); a failure
-emulation cannot reproduce is `skip`, a failure of the environment (not vLLM) is `error`, a class's clear refusal
-of what its hardware cannot run is `skip`; a cell that failed
-and then passed on a retry stays a (flaky) failure; a known failure (cases/_waivers.txt, waivers.py) is `xfail`
-with its link (a waiver by finding wherever its finding shows), and so is a user's case failing as kvmatrix's own
-cases or waivers know this vLLM fails (known_failures.py: what is known, and the date, are passed in, read by the
-caller). A stored record is judged again from its outcome (record/types.py `outcome_of`): judging again is judging.
+In order: the case's expectations (verdict.py); accuracy against the baseline cell (accuracy.py); a workload that did
+not take its runtime path, the comparison with the cell's oracle, and an oracle's own noise floor (differential.py), the
+model's bf16 reference (reference.py); a draft cell's greedy outputs against its no-draft twin and its acceptance
+against its plain twin (speculative.py); a failure emulation cannot reproduce is `skip`, a failure of the environment
+(not vLLM) is `error`, a class's clear refusal of what its hardware cannot run is `skip`; a cell that failed and then
+passed on a retry stays a (flaky) failure; a known failure (cases/_waivers.txt, waivers.py) is `xfail` with its link (a
+waiver by finding wherever its finding shows), and so is a user's case failing as kvmatrix's own cases or waivers know
+this vLLM fails (known_failures.py: what is known, and the date, are passed in, read by the caller). A stored record is
+judged again from its outcome (record/types.py `outcome_of`): judging again is judging.
 """
 
 from __future__ import annotations
@@ -25,8 +24,10 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from kvmatrix.harness.judge.accuracy import judge_accuracy
-from kvmatrix.harness.judge.differential import judge_differential, judge_oracle_floor, judge_workload
+from kvmatrix.harness.judge.differential import judge_differential, judge_oracle_floor
+from kvmatrix.harness.judge.execution import judge_workload
 from kvmatrix.harness.judge.known_failures import NONE_KNOWN, KnownFailures, explain
+from kvmatrix.harness.judge.reference import judge_reference
 from kvmatrix.harness.judge.speculative import judge_speculative
 from kvmatrix.harness.judge.verdict import Judgement, judge
 from kvmatrix.harness.judge.waivers import Waiver, waive
@@ -69,13 +70,15 @@ def judge_record(outcome: OutcomeRecord, task: Task, neighbours: Neighbours, wai
 def _compared(record: OutcomeRecord, judgement: Judgement, task: Task, neighbours: Neighbours,
               context: dict[str, Any]) -> Judgement:
     """The stages that compare the cell with what it is measured against: its accuracy baseline, its execution
-    and workload, its differential oracle (and an oracle's own noise floor), a draft's twins."""
+    and workload, its differential oracle (and an oracle's own noise floor), its model reference, a draft's
+    twins."""
     cell, gpu_name = task.cell, task.gpu_name
     if cell.baseline_id is not None:
         judgement = judge_accuracy(record, judgement, cell, neighbours.baseline, context)
     judgement = judge_workload(record, judgement, task.gpu.device)
     judgement = judge_differential(record, judgement, cell, neighbours.oracle, gpu_name, task.gpu.device, context)
     judgement = judge_oracle_floor(record, judgement, cell, gpu_name)
+    judgement = judge_reference(record, judgement, cell, neighbours.reference, gpu_name, task.gpu.device)
     return judge_speculative(record, judgement, cell, neighbours, gpu_name, context)
 
 

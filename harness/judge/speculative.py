@@ -2,11 +2,11 @@
 
 - greedy equality: with greedy sampling a draft changes how fast the target decodes, never what it decodes. A
   draft cell's tokens are compared with its no-draft twin's (the same axes without the draft) by the differential
-  rule's token comparison (differential.compare_tokens: exactly where an `expect:` rule says `tokens: exact`,
-  else closely). Closely, because the target verifying several tokens a step computes in other GEMM shapes: where
-  the tokens part, the positions both runs decoded under the same context (each sequence up to and including its
-  first divergence) are compared as teacher-forced positions are (teacher_forced.distance), and the divergence is
-  numerics while their typical distance stays within SHARED_CONTEXT_ALLOWED. Measured on the H200 (vLLM 0.34.0):
+  rule's token comparison (tokens.compare_tokens) exactly where an `expect:` rule says `tokens: exact`; else,
+  because the target verifying several tokens a step computes in other GEMM shapes, the positions both runs decoded
+  under the same context (each sequence up to and including its first divergence) are compared as teacher-forced
+  positions are (teacher_forced.judge_shared_context), within the calibrated allowance of a draft of that cache and
+  weights (allowances.py), the tokens being the evidence. Measured on the H200 (vLLM 0.34.0):
   a bf16 GLM target and its MTP draft agree to distance 0.0 at every position; the FP8-weight GLM (W8A8, whose
   FP8 GEMMs pick kernels by the token count) drifts by 0.001-0.005 at every position, prefill included, and parts
   at a 0.2-logprob swap of two tokens (distance 0.013 there, typical 0.004); a fault moves many positions by
@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvmatrix.harness.judge.differential import compare_tokens
-from kvmatrix.harness.judge.teacher_forced import MIN_TYPICAL, distance, non_finite_positions, typical
+from kvmatrix.harness.judge.allowances import calibrated
+from kvmatrix.harness.judge.teacher_forced import judge_shared_context
+from kvmatrix.harness.judge.tokens import compare_tokens, describe_free_running, tokens_exact
 from kvmatrix.harness.judge.verdict import Judgement
 from kvmatrix.harness.record.files import run_mode
 from kvmatrix.harness.record.neighbours import Neighbours
-from kvmatrix.harness.record.types import JudgedRecord, OutcomeRecord, RuleResult, SpeculativeComparison
-from kvmatrix.matrix.conditions import when_matches
+from kvmatrix.harness.record.types import JudgedRecord, OutcomeRecord, Reference, RuleResult, SpeculativeComparison
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.expectations import Differential
 from kvmatrix.matrix.schema import MODEL_FREE_DRAFT_METHODS
@@ -45,10 +45,6 @@ FORCED_DRAFT_BACKEND_RULE = "a forced draft attention backend is the one the dra
 MIN_PLAIN_ACCEPTANCE = 0.2
 MIN_DRAFT_TOKENS = 10  # fewer drafted tokens than this are too few to call a rate
 MAX_RELATIVE_DROP = 0.5  # a cell accepting under half of what its plain twin accepts has collapsed
-# Greedy divergence from the no-draft twin is numerics while the shared-context positions' typical distance stays
-# within this: the teacher-forced rule's minimum for a quantized cache, whose numerics legitimately differ as a
-# verify pass's do. Flips are not counted: with a few dozen positions a rate of 1-2 % cannot be told apart.
-SHARED_CONTEXT_ALLOWED = MIN_TYPICAL["quantized"]
 
 
 def judge_speculative(record: OutcomeRecord, judgement: Judgement, cell: Cell, neighbours: Neighbours,
@@ -112,47 +108,20 @@ def _greedy_equality(record: OutcomeRecord, cell: Cell, twin: JudgedRecord | Non
         return []
     assert twin is not None, "an absent twin is missing"
     rule = cell.case.differential if cell.case.differential is not False else Differential()
-    tokens = compare_tokens(record, {"tokens": twin.get("tokens") or [], "logprobs": twin.get("logprobs") or []},
-                            _tokens_exact(cell, context), rule)
-    if not tokens["ok"] and not tokens["exact"]:
-        shared = shared_context(record, twin)
+    theirs: Reference = {"tokens": twin.get("tokens") or [], "logprobs": twin.get("logprobs") or []}
+    tokens = compare_tokens(record, theirs, tokens_exact(cell, context), rule)
+    if not tokens["exact"] and record.get("logprobs") and theirs["logprobs"]:
+        # Numerics may differ (the target verifies several tokens a step, in other GEMM shapes): the positions both
+        # decoded under the same context decide, by the calibrated allowance of a draft; the tokens are evidence.
+        shared = judge_shared_context(record, theirs, calibrated(record, context["gpu"].get("device"), draft=True))
         comparison["shared_context"] = shared
-        if shared["positions"] and not shared["non_finite"] and shared["typical"] <= SHARED_CONTEXT_ALLOWED:
-            tokens = {**tokens, "ok": True, "detail": (
-                f"{tokens['detail']}; numerics, not a fault: over the {shared['positions']} positions decoded under "
-                f"the same context, distance {shared['typical']:.3g} typical (worst {shared['worst']:.3g}) <= "
-                f"{SHARED_CONTEXT_ALLOWED:g}")}
-        else:
-            tokens = {**tokens, "detail": (
-                f"{tokens['detail']}; over the {shared['positions']} positions decoded under the same context, "
-                f"distance {shared['typical']:.3g} typical (worst {shared['worst']:.3g}) > {SHARED_CONTEXT_ALLOWED:g}"
-                + (f", {shared['non_finite']} positions not finite" if shared["non_finite"] else ""))}
+        tokens = {**tokens, "ok": shared["ok"],
+                  "detail": f"{describe_free_running(tokens['per_sequence'])}; {shared['detail']}"}
     comparison["tokens"] = tokens
     detail = f"vs {cell.draft_twin}: {tokens['detail']}"
     results.append({"rule": GREEDY_RULE, "ok": tokens["ok"], "detail": detail})
     return [] if tokens["ok"] else [f"greedy outputs differ from the no-draft twin {cell.draft_twin}: "
                                     f"{tokens['detail']}"]
-
-
-def shared_context(record: OutcomeRecord, twin: JudgedRecord) -> dict[str, Any]:
-    """The distance between a draft cell's and its twin's recorded top-k distributions at every position both
-    decoded under the same context: each sequence up to and including its first divergence."""
-    mine, theirs = record.get("logprobs") or [], twin.get("logprobs") or []
-    distances: list[float] = []
-    for s, (a, b) in enumerate(zip(record.get("tokens") or [], twin.get("tokens") or [], strict=False)):
-        if s >= len(mine) or s >= len(theirs):
-            break
-        parted = next((p for p, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
-        end = min(len(mine[s]), len(theirs[s]), len(a) if parted is None else parted + 1)
-        distances += [distance(theirs[s][p], mine[s][p]) for p in range(end) if mine[s][p] and theirs[s][p]]
-    return {"positions": len(distances), "typical": typical(distances),
-            "worst": round(max(distances, default=0.0), 5), "non_finite": len(non_finite_positions(mine))}
-
-
-def _tokens_exact(cell: Cell, context: dict[str, Any]) -> bool:
-    """An `expect:` rule's `tokens: exact` for this cell (the last that applies), as for a differential pair."""
-    rules = [r for r in cell.case.expect if r.tokens is not None and when_matches(r.when, context)]
-    return bool(rules) and rules[-1].tokens == "exact"
 
 
 def _rate(record: OutcomeRecord) -> tuple[float | None, str]:

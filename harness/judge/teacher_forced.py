@@ -21,17 +21,16 @@ The noise floor is the same summary of the oracle against itself: its own tokens
 batch composition. The rule (stated with its numbers in the record and the report): the cell fails where
 
 - any position's logprobs are not finite (the oracle's being finite), or
-- its typical distance exceeds FLOOR_FACTOR x the floor's, and at least MIN_TYPICAL for its KV dtype, or
-- its flip rate exceeds FLOOR_FACTOR x the floor's, and at least MIN_FLIP_RATE for its KV dtype.
+- its typical distance exceeds FLOOR_FACTOR x the floor's, and at least the calibrated allowance of its kind, or
+- its flip rate exceeds FLOOR_FACTOR x the floor's, and at least the calibrated allowance of its kind.
 
 An oracle whose floor exceeds FLOOR_CEILING fails itself (its decode is not reproducible) and its cells are not
-judged by distance against it. The minimums are the distance a correct but differently fused or ordered computation
-may show where the floor
-measures none (a CPU's kernels give bit-identical results in any batch), set by benchmarks/calibration.py: clean
-pairs (every execution mode x {auto, fp8} on the learned models) under them, planted decode-path faults above.
-An unquantized (bf16) cache keeps the tighter pair. The worst position is recorded and reported, and decides
-nothing alone: past a learned model's answer the continuation is one it never learned, where one position's
-distribution may legitimately swing.
+judged by distance against it. The calibrated allowance (allowances.py, from calibration.yaml) is the distance a
+correct but differently fused or ordered computation may show where the floor measures none (a CPU's kernels give
+bit-identical results in any batch), measured on clean pairs by benchmarks/calibration.py per class and release and
+keyed by what moves numerics: the KV cache, the weights' dtype, a draft. The worst position is recorded and
+reported, and decides nothing alone: past a learned model's answer the continuation is one it never learned, where
+one position's distribution may legitimately swing.
 """
 
 from __future__ import annotations
@@ -40,12 +39,11 @@ import math
 import statistics
 from typing import Any
 
+from kvmatrix.harness.judge.allowances import describe
 from kvmatrix.harness.record.types import ForcedRun, Reference
 
-# Allowed = max(FLOOR_FACTOR x the floor, the minimum of the KV dtype's kind).
+# Allowed = max(FLOOR_FACTOR x the floor, the calibrated allowance of the cell's kind: allowances.py).
 FLOOR_FACTOR = 4.0
-MIN_TYPICAL = {"unquantized": 0.003, "quantized": 0.005}
-MIN_FLIP_RATE = {"unquantized": 0.01, "quantized": 0.02}
 # The typical distance leaves out the run's worst positions, this share of them: past a learned model's answer a few
 # positions of a continuation it never learned may legitimately swing (vLLM 0.33.0 on the H200: one position of 80
 # flipped by a logprob gap of 2.5, fp8, every answer right), while a fault moves many.
@@ -127,14 +125,15 @@ def summarize(tokens: list[list[int]], reference: list[list[dict[str, float]]],
     }
 
 
-def allowance(floor: dict[str, Any] | None, kind: str) -> dict[str, Any]:
-    """The rule's numbers for a cell of this KV kind given its oracle's noise floor (None: not measured)."""
+def allowance(floor: dict[str, Any] | None, calibrated: dict[str, Any]) -> dict[str, Any]:
+    """The rule's numbers for a cell given its oracle's noise floor (None: not measured) and its calibrated
+    allowance (allowances.calibrated)."""
     typical = FLOOR_FACTOR * floor["typical"] if floor else 0.0
     flip_rate = FLOOR_FACTOR * floor["flip_rate"] if floor else 0.0
-    return {"kind": kind, "floor_factor": FLOOR_FACTOR,
-            "typical_allowed": round(max(typical, MIN_TYPICAL[kind]), 6),
-            "flip_rate_allowed": round(max(flip_rate, MIN_FLIP_RATE[kind]), 5),
-            "min_typical": MIN_TYPICAL[kind], "min_flip_rate": MIN_FLIP_RATE[kind]}
+    return {"floor_factor": FLOOR_FACTOR,
+            "typical_allowed": round(max(typical, calibrated["typical"]), 6),
+            "flip_rate_allowed": round(max(flip_rate, calibrated["flip_rate"]), 5),
+            "calibrated": calibrated}
 
 
 def floor_of(oracle_tokens: list[list[int]], oracle_logprobs: list[list[dict[str, float]]],
@@ -174,11 +173,11 @@ def unusable(forced: ForcedRun | None, reference: Reference) -> str | None:
 
 
 def judge_forced(forced: ForcedRun, reference: Reference, floor: dict[str, Any] | None, floor_missing: str | None,
-                 kind: str, tie_tolerance: float) -> dict[str, Any]:
+                 calibrated: dict[str, Any], tie_tolerance: float) -> dict[str, Any]:
     """The teacher-forced comparison: the cell's summary, the floor, the rule's numbers, `ok` and `detail` (the
     first failure, or the numbers that passed)."""
     cell = summarize(reference["tokens"], reference["logprobs"], forced["logprobs"], tie_tolerance)
-    rule = allowance(floor, kind)
+    rule = allowance(floor, calibrated)
     out: dict[str, Any] = {"cell": cell, "floor": floor, "rule": rule}
     if floor_missing:
         out["floor_missing"] = floor_missing
@@ -208,9 +207,7 @@ def _failures(cell: dict[str, Any], rule: dict[str, Any], reference: Reference) 
 
 
 def _floor_words(rule: dict[str, Any]) -> str:
-    article = "an" if rule["kind"].startswith("u") else "a"
-    return (f"{rule['floor_factor']:g}x the noise floor, at least {rule['min_typical']:g} for {article} "
-            f"{rule['kind']} cache")
+    return f"{rule['floor_factor']:g}x the noise floor, at least {describe(rule['calibrated'])}"
 
 
 def _passed(cell: dict[str, Any], rule: dict[str, Any], floor: dict[str, Any] | None) -> str:
@@ -223,3 +220,38 @@ def _passed(cell: dict[str, Any], rule: dict[str, Any], floor: dict[str, Any] | 
 
 def _flips(count: int) -> str:
     return f"{count} top-1 flip" + ("" if count == 1 else "s")
+
+
+def shared_context(mine: Any, theirs: Any) -> dict[str, Any]:
+    """The distance between two free-running runs' (records, or references: tokens and logprobs) recorded top-k
+    distributions at every position both decoded
+    under the same context (each sequence up to and including its first divergence): what a pair without a forced
+    decode (a draft cell: vLLM forces no decode with one) can compare as a forced decode would."""
+    mine_lp, theirs_lp = mine.get("logprobs") or [], theirs.get("logprobs") or []
+    distances: list[float] = []
+    for s, (a, b) in enumerate(zip(mine.get("tokens") or [], theirs.get("tokens") or [], strict=False)):
+        if s >= len(mine_lp) or s >= len(theirs_lp):
+            break
+        parted = next((p for p, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        end = min(len(mine_lp[s]), len(theirs_lp[s]), len(a) if parted is None else parted + 1)
+        distances += [distance(theirs_lp[s][p], mine_lp[s][p]) for p in range(end)
+                      if _finite(mine_lp[s][p]) and _finite(theirs_lp[s][p])]
+    return {"positions": len(distances), "typical": typical(distances),
+            "worst": round(max(distances, default=0.0), 5), "non_finite": len(non_finite_positions(mine_lp))}
+
+
+def judge_shared_context(mine: Any, theirs: Any, calibrated: dict[str, Any]) -> dict[str, Any]:
+    """The shared-context comparison judged by the calibrated allowance (typical distance; flips are not counted:
+    with a few dozen positions a rate of 1-2 % cannot be told apart): `ok`, `detail` and the numbers."""
+    shared = shared_context(mine, theirs)
+    theirs_finite = not non_finite_positions(theirs.get("logprobs") or [])
+    ok = bool(shared["positions"]) and not (shared["non_finite"] and theirs_finite) \
+        and shared["typical"] <= calibrated["typical"]
+    numbers = (f"over the {shared['positions']} positions decoded under the same context, distance "
+               f"{shared['typical']:.3g} typical (worst {shared['worst']:.3g})")
+    if shared["non_finite"] and theirs_finite:
+        detail = f"nan_inf_logits: {shared['non_finite']} positions' logprobs are not finite; {numbers}"
+    else:
+        detail = (f"{numbers} {'<=' if ok else '>'} {calibrated['typical']:.3g} allowed ("
+                  f"{describe(calibrated)})")
+    return {**shared, "allowed": calibrated["typical"], "calibrated": calibrated, "ok": ok, "detail": detail}

@@ -327,6 +327,9 @@ class DifferentialComparison(TypedDict, total=False):
     accuracy: AccuracyComparison
     teacher_forced: dict[str, Any]  # harness/judge/teacher_forced.py: the cell's distance, the floor, the rule
     teacher_forced_missing: str  # why the pair was compared free-running only
+    # Without a forced decode (a draft, an older record): the distance under the same context, within the
+    # calibrated allowance (harness/judge/teacher_forced.py judge_shared_context)
+    shared_context: dict[str, Any]
     answers: dict[str, Any]  # harness/judge/answers.py: task correctness, paired with the oracle's
 
 

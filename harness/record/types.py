@@ -97,6 +97,7 @@ class CellOutput(TypedDict, total=False):
     timings: Timings
     emulation: Emulation | None
     worker_cache_dtype: str | None
+    weight_dtypes: list[str] | None  # the target model's parameters' dtypes (FP8 weights: float8_*), as loaded
     tokens: list[list[int]]
     texts: list[str]
     logprobs: list[list[dict[str, float]]]  # cells of a differential pair: per position, {token id: logprob}
@@ -155,6 +156,7 @@ class JudgedRecord(OutcomeRecord, total=False):
     differential: DifferentialComparison
     speculative: SpeculativeComparison  # a draft cell against its no-draft and plain twins
     noise_floor_summary: dict[str, Any]  # an oracle's noise floor, summarized (harness/judge/differential.py)
+    reference: dict[str, Any]  # the cell against its model's bf16 reference (harness/judge/reference.py)
     not_emulable: bool
     flaky: bool
     waived: Waived

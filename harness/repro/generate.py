@@ -14,7 +14,7 @@ from typing import Any
 
 from kvmatrix.harness import vllm_compat
 from kvmatrix.harness.cell import workloads
-from kvmatrix.harness.judge import differential
+from kvmatrix.harness.judge import tokens
 from kvmatrix.harness.models import checkpoint
 from kvmatrix.harness.models.trained import BUILDERS as TRAINED_BUILDERS
 from kvmatrix.harness.record.task import Task
@@ -230,7 +230,7 @@ def render(spec: dict[str, Any], command: str) -> str:
         "from typing import Any  # noqa: E402",
         "",
         "",
-        *_verbatim(workloads._logprobs, *differential.SEQUENCE_RULE),
+        *_verbatim(workloads._logprobs, *tokens.SEQUENCE_RULE),
         "# The runtime, inlined from kvmatrix's harness/repro/standalone.py",
         _body(),
         "",

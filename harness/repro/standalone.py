@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what the script defines ahead of this body, verbatim (harness/repro/generate.py render)
     from kvmatrix.harness.cell.workloads import _logprobs
-    from kvmatrix.harness.judge.differential import compare_sequence
+    from kvmatrix.harness.judge.tokens import compare_sequence
     from kvmatrix.harness.models.checkpoint import per_channel_fp8, weights
 
 import enum

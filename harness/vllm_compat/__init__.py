@@ -46,6 +46,8 @@ from kvmatrix.harness.vllm_compat.engine import (  # noqa: F401
     PER_LAYER_SPECS_ATTR,
     PROBE_ONLY_ARG_NAMES,
     SMALLEST_KV_BLOCK_TOKENS,
+    TARGET_MODEL_CALLS,
+    TARGET_MODEL_PATHS,
     VLLM_LOGGER,
     probe_only_engine_args,
 )

@@ -13,6 +13,10 @@ MODEL_RUNNER_PATHS = [("", ("model_runner", "worker.model_runner"))]
 # From the model runner.
 FORWARD_CONTEXT_PATHS = [("", ("vllm_config.compilation_config.static_forward_context",))]
 KV_CACHE_CONFIG_PATHS = [("", ("kv_cache_config",))]
+# The target model as loaded, unwrapped from any CUDA-graph or compilation wrapper: its parameters' dtypes say
+# whether its weights are FP8 (harness/judge/allowances.py). A method first, then the attribute.
+TARGET_MODEL_CALLS = [("", ("get_model",))]
+TARGET_MODEL_PATHS = [("", ("model",))]
 ATTN_GROUPS_PATHS = [("", ("attn_groups",))]  # attn_groups[group][subgroup]: .backend, .layer_names, .metadata_builders
 # The draft model's attention layers: V1 runner (GPU and CPU) -> drafter; V2 GPU runner -> speculator.
 DRAFT_LAYER_NAME_PATHS = [

@@ -96,7 +96,7 @@ def _attribute_checks(words: frozenset[str], version: str | None) -> Iterator[Ch
     path_tables: tuple[Sequence[tuple[str, tuple[str, ...]]], ...] = (
         engine.MODEL_RUNNER_PATHS, engine.FORWARD_CONTEXT_PATHS, engine.KV_CACHE_CONFIG_PATHS,
         engine.ATTN_GROUPS_PATHS, engine.DRAFT_LAYER_NAME_PATHS, engine.LAYER_BACKEND_CALLS,
-        engine.LAYER_BACKEND_ATTRS)
+        engine.LAYER_BACKEND_ATTRS, engine.TARGET_MODEL_CALLS, engine.TARGET_MODEL_PATHS)
     for table in path_tables:
         for alternatives in for_version(table, version):
             yield "probe path", " | ".join(alternatives), any(

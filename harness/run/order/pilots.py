@@ -69,9 +69,13 @@ def pilot_gates(tasks: list[Task], warm_families: set[str], can_pilot: set[str] 
                 and (can_pilot is None or task.key in can_pilot)):
             pilots[family] = task
     chosen = {t.key for t in pilots.values()}
+    # A pilot's model reference waits for no pilot: the pilot waits for it.
+    chosen |= {t.key for t in tasks if (t.cell.cell_id, t.gpu_name) in
+               {(p.cell.reference_on(p.gpu_name), p.gpu_name) for p in pilots.values()}}
     first = sorted(pilots.values(), key=lambda t: t.cell.axes.get("attention_backend") is None)  # stable
     waits = {t.key: set() if t.key in chosen or families[t.key] not in pilots else {pilots[families[t.key]].key}
              for t in tasks}
+    chosen = {t.key for t in pilots.values()}
     return (first + [t for t in tasks if t.key not in chosen] if pilots_first else tasks), waits
 
 
@@ -104,15 +108,28 @@ class PilotsAhead:
         if context.slots <= 1:
             return draft
         settings, timed = context.settings, context.past.timed
-        # A compared cell waits for its oracle (or twins), so it cannot be the pilot they wait for.
+        # A compared cell waits for its oracle (or twins), so it cannot be the pilot they wait for; one that waits
+        # only for its model reference (a short eager bf16 cell) can: the reference leads with it.
         can_pilot = {t.key for t in draft.tasks if context.expected_failure[t.key] is None
-                     and not_run_reason(t, settings) is None and not t.cell.compared_with(t.gpu_name)}
+                     and not_run_reason(t, settings) is None
+                     and not t.cell.compared_with(t.gpu_name) - {t.cell.reference_on(t.gpu_name)}}
         tasks, pilot_waits = pilot_gates(list(draft.tasks), warm_families(settings), can_pilot,
                                          pilots_first=not timed, backends=dict(context.past.backends))
         draft = replace(draft.with_waits(pilot_waits), tasks=tuple(tasks))
         if timed:
             return draft
         pilots = set().union(*pilot_waits.values())
-        lead = tuple(t for t in tasks
-                     if t.key in pilots and compiles_per_kv_dtype(t.cell.axes["attention_backend"] or ""))
-        return replace(draft, first=draft.first + lead)
+        lead = [t for t in tasks if t.key in pilots and compiles_per_kv_dtype(t.cell.axes["attention_backend"] or "")]
+        return replace(draft, first=draft.first + tuple(_with_references(lead, tasks)))
+
+
+def _with_references(lead: list[Task], tasks: list[Task]) -> list[Task]:
+    """The leading pilots, each after its model reference (once), which it waits for."""
+    by_id = {(t.cell.cell_id, t.gpu_name): t for t in tasks}
+    out: list[Task] = []
+    for pilot in lead:
+        reference_id = pilot.cell.reference_on(pilot.gpu_name)
+        reference = by_id.get((reference_id, pilot.gpu_name)) if reference_id is not None else None
+        out += [reference] if reference is not None and reference not in out else []
+        out.append(pilot)
+    return out

@@ -1,5 +1,6 @@
 """Each cell after what it waits for, and the cells that start ahead of all (`first`: the canary, a cold run's JIT
-pilots) in front, waiting for nothing: the last policy, which places what the others decided."""
+pilots and their model references) in front, waiting only for those in front before them: the last policy, which
+places what the others decided."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from kvmatrix.harness.run.order.policy import StartContext, StartOrder
 class PrerequisitesFirst:
     def order(self, draft: StartOrder, context: StartContext) -> StartOrder:
         placed = prerequisites_first(list(draft.tasks), draft.waits)
-        first = {t.key for t in draft.first}
-        waits = {key: frozenset() if key in first else keys for key, keys in draft.waits.items()}
+        # A task in front waits only for those in front before it (a leading pilot, for its model reference).
+        before = {t.key: {f.key for f in draft.first[:i]} for i, t in enumerate(draft.first)}
+        waits = {key: frozenset(keys & before[key]) if key in before else keys for key, keys in draft.waits.items()}
+        first = set(before)
         return replace(draft, tasks=draft.first + tuple(t for t in placed if t.key not in first), waits=waits, first=())
 
 

@@ -195,6 +195,7 @@ def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mo
     cell, version, length = task.cell, settings.vllm_version, engine_args["max_model_len"]
     differential = cell.case.differential
     paired = differential is not False and (cell.oracle_on(task.gpu_name) or cell.is_oracle_on(task.gpu_name))
+    paired = paired or bool(cell.reference_on(task.gpu_name)) or cell.is_reference_on(task.gpu_name)
     top_logprobs = differential.top_logprobs if differential is not False and paired else None
     if top_logprobs is None and (cell.draft_twin or cell.twin_of_draft):  # the draft's greedy-equality pair
         top_logprobs = (differential or Differential()).top_logprobs
