@@ -38,7 +38,9 @@ def test_judging_twice_gives_the_same_record_and_changes_nothing(cell_id, tmp_pa
     task = Task(cell, CPU, POOL[CPU])
     neighbours = neighbours_of(task, run_dir)
     if cell_id != FP8:
-        assert neighbours == Neighbours(oracle=fixture(FP8)), "the oracle is read from the run folder, as stored"
+        reference = cell.reference_on(CPU)  # the case's model reference, where the cell is compared with one
+        assert neighbours == Neighbours(oracle=fixture(FP8), reference=reference and fixture(reference)), \
+            "the oracle (and the model reference) are read from the run folder, as stored"
     # A waiver over the cell: the judge's waiver stage runs (the cell passes: nothing to waive, a waiver to remove).
     waivers = parse_waivers("execution-modes[*] https://example.org/known\n", "waives.txt")
     outcome = fixture(cell_id)
