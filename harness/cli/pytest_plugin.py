@@ -88,7 +88,7 @@ class KvmatrixRun:
     executor before the items report, and finished (waivers, reports, findings) at the session's end."""
 
     def __init__(self, config: pytest.Config):
-        from kvmatrix.harness.cli import USAGE_ERRORS
+        from kvmatrix.harness.cli import usage_errors
         from kvmatrix.harness.cli.run import history_of
         from kvmatrix.harness.run.host import host_cpu
         from kvmatrix.harness.run.plan import plan_run
@@ -99,7 +99,7 @@ class KvmatrixRun:
             # Invalid case files are collection errors of their own; a listing makes no run folder.
             self.plan: RunPlan = plan_run(run_options(config), history_of, say=lambda line: None,
                                           claim=not config.option.collectonly)
-        except USAGE_ERRORS as err:  # what `kvmatrix run` says in one line, exit 2
+        except usage_errors() as err:  # what `kvmatrix run` says in one line, exit 2
             raise pytest.UsageError(str(err)) from None
         self.records: dict[str, JudgedRecord] = {}
         self.ran: list[JudgedRecord] = []
