@@ -17,7 +17,7 @@ LAYERS = [
     ("kvmatrix.harness.judge", "kvmatrix.harness.cell"),
     ("kvmatrix.harness.run", "kvmatrix.harness.results", "kvmatrix.harness.pipelines"),
     ("kvmatrix.reports", "kvmatrix.harness.bisect", "kvmatrix.harness.audit", "kvmatrix.harness.repro"),
-    ("kvmatrix.harness.pr", "kvmatrix.harness.surface", "kvmatrix.harness.qualify"),
+    ("kvmatrix.harness.pr", "kvmatrix.harness.surface", "kvmatrix.harness.qualify", "kvmatrix.harness.finish"),
     ("kvmatrix.harness.cli",),
 ]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from kvmatrix.harness.cli.exit_codes import FAILED, OK
-from kvmatrix.harness.cli.output import said_unreadable, write_findings, write_reports
+from kvmatrix.harness.cli.output import said_unreadable
+from kvmatrix.harness.finish import write_findings, write_reports
 from kvmatrix.harness.record.files import RUNS_DIR, RunDir
 from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.run.guards import GuardError, cases_dir_for
