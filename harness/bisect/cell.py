@@ -17,8 +17,9 @@ from pathlib import Path
 
 from kvmatrix.harness.record.files import write_json_atomic
 from kvmatrix.harness.run.executor.local import run_locally
+from kvmatrix.harness.run.model_builds import models_needed
 from kvmatrix.harness.run.session import open_session
-from kvmatrix.harness.run.task.spec import engine_args_for, models_needed
+from kvmatrix.harness.run.task.spec import engine_args_for
 from kvmatrix.harness.vllm_compat import known_engine_args, known_kv_cache_dtypes
 from kvmatrix.matrix.expand import Cell, expand_case
 from kvmatrix.matrix.load import CASES_DIR, load_case, load_models, load_pool
