@@ -53,6 +53,7 @@ class RunSettings:
     # GPUs of this machine a cell may span (0 on a CPU class); None where a scheduler places cells (Ray).
     gpus_here: int | None = None
     # The plainest cell first, nothing recorded until it ran, and the run stopped if it does not run
-    # (harness/run/order/canary.py): on in every run plan (`kvmatrix run` and the pytest front end alike,
-    # harness/run/plan.py); off where a run's cells misbehave on purpose (the fault tests).
+    # (harness/run/order/canary.py), on this machine's slots and on a Ray cluster alike: on in every run plan
+    # (`kvmatrix run` and the pytest front end, harness/run/plan.py) but a bisection step's; off where a run's cells
+    # misbehave on purpose (the fault tests).
     canary: bool = False
