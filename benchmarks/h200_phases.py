@@ -2,19 +2,22 @@
 change before and after): each run's wall time, its cells' seconds summed by phase (harness/record/phases.py), the
 cells that paid a cold compile, and whether the runs gave every cell the same verdict.
 
-    PYTHONPATH=. python benchmarks/h200_phases.py RUN [RUN ...] [--same-as RUN]
+    PYTHONPATH=. python benchmarks/h200_phases.py RUN [RUN ...] [--same-as RUN [--rejudge]]
 
 A RUN is a run folder or a packed one (`.tar.xz`, as tests/fixtures/runs/ keeps them; a folder inside it is named
 with `ARCHIVE:FOLDER`). Records written before the phase timings existed get theirs from the cell logs the folder
 kept (vLLM's own lines, harness/vllm_compat/phase_log.py), as far as the logs were kept. `--same-as` names the
 run whose verdicts the others must match (a slow run before a speed change): the differences are listed, one line
-a cell. Reads files only: it runs on the GPU machine or on run folders fetched from it.
+a cell. `--rejudge` judges that run's records again under this checkout's case files and waivers first (a copy of
+them, as `kvmatrix rejudge` does), so that a run made before today's waivers is compared as it would be judged
+now. Reads files only: it runs on the GPU machine or on run folders fetched from it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tarfile
 import tempfile
 from datetime import datetime
@@ -39,6 +42,26 @@ def open_run(spec: str, scratch: Path) -> Path:
             raise SystemExit(f"{spec}: holds run folders {[f.name for f in folders]}: name one as ARCHIVE:FOLDER")
         return chosen[0]
     return Path(spec)
+
+
+def rejudged(run: Path, scratch: Path) -> Path:
+    """A copy of the run folder with every record judged again under this checkout's cases and waivers (twice:
+    a compared cell reads its oracle's or twin's record, which the first pass may have judged anew)."""
+    from kvmatrix.harness.judge.waivers import load_waivers
+    from kvmatrix.harness.record.files import RunDir
+    from kvmatrix.harness.run.rejudge import rejudge_run
+    from kvmatrix.matrix.expand import expand_all
+    from kvmatrix.matrix.load import load_cases, load_models, load_pool
+
+    copy = scratch / f"rejudged-{run.name}" / run.name
+    if not copy.exists():
+        shutil.copytree(run, copy)
+        pool = load_pool()
+        cells = {c.cell_id: c for c in expand_all(load_cases(), load_models(), pool)}
+        waivers = load_waivers(gpu_classes=pool)
+        for _ in range(2):
+            rejudge_run(RunDir(copy), cells, pool, waivers)
+    return copy
 
 
 def records_of(run: Path) -> list[dict]:
@@ -103,6 +126,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+")
     parser.add_argument("--same-as", help="run whose verdicts every run must match")
+    parser.add_argument("--rejudge", action="store_true",
+                        help="judge the --same-as run again under this checkout's cases and waivers first")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="kvm-phases-"))
     folders = [open_run(spec, scratch) for spec in args.runs]
@@ -110,6 +135,8 @@ def main() -> None:
     print_table(list(runs), [column(records) for records in runs.values()])
     if args.same_as:
         reference_folder = open_run(args.same_as, scratch)
+        if args.rejudge:
+            reference_folder = rejudged(reference_folder, scratch)
         reference = records_of(reference_folder)
         for name, records in runs.items():
             differences = verdict_differences(reference, records)

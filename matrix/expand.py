@@ -12,12 +12,15 @@ from typing import Any
 from kvmatrix.matrix.axes import (
     AXES,
     AXIS_DEFAULTS,
-    AXIS_ID_NAMES,
+    AXIS_TABLE,
     DRAFT_AXES,
     OPTIONAL_ID_AXES,
+    ORACLE,
+    RANK_AXES,
     Axes,
     cell_axes,
     resolved_execution,
+    value_text,
 )
 from kvmatrix.matrix.case import Case
 from kvmatrix.matrix.conditions import gpu_matches, matches, when_matches
@@ -52,7 +55,7 @@ class Cell:
     @property
     def gpus_needed(self) -> int:
         """GPUs of its class one engine of this cell spans (tensor x pipeline parallel ranks)."""
-        return self.axes["tensor_parallel_size"] * self.axes["pipeline_parallel_size"]
+        return math.prod(self.axes[axis] for axis in RANK_AXES)
 
     def oracle_on(self, gpu_name: str) -> str | None:
         """The oracle this cell is compared with on that class (None: it is compared with none there)."""
@@ -92,8 +95,13 @@ class Cell:
         return None
 
 
+def case_values(case: Case, axis: str) -> list[Any]:
+    """Every value the case gives an axis: its matrix's, then each `extra:` point's (an unset one its default)."""
+    return list(getattr(case.matrix, axis)) + [getattr(point, axis) for point in case.matrix.extra]
+
+
 def _check_drafts(case: Case, models: dict[str, ModelEntry], source: str) -> None:
-    for i, draft in enumerate(case.matrix.speculative + [c.speculative for c in case.matrix.extra]):
+    for i, draft in enumerate(case_values(case, "speculative")):
         if draft is not None and (draft not in models or models[draft].draft is None):
             field_name = "matrix.speculative" if i < len(case.matrix.speculative) else "matrix.extra"
             drafts = [name for name, entry in models.items() if entry.draft is not None]
@@ -113,13 +121,10 @@ def baseline_axes(case: Case) -> dict[str, Any] | None:
 
 
 def cell_id(case: Case, axes: dict[str, Any], shown_optional: frozenset[str] = frozenset()) -> str:
-    def show(axis: str, value: Any) -> str:
-        if value is None or value == []:
-            return "-"
-        return "+".join(value) if isinstance(value, list) else str(value)
-
-    shown = [a for a in AXES if a not in OPTIONAL_ID_AXES or a in shown_optional]
-    return f"{case.name}[" + ",".join(f"{AXIS_ID_NAMES[a]}={show(a, axes[a])}" for a in shown) + "]"
+    """`case[kv=fp8,skip=-,spec=-]`: every axis named in every id, then those of `shown_optional`, in the table's
+    order."""
+    shown = [a for a in AXIS_TABLE if a.in_every_id or a.name in shown_optional]
+    return f"{case.name}[" + ",".join(f"{a.id_key}={value_text(axes[a.name])}" for a in shown) + "]"
 
 
 # Cells a run expands to at most (`--max-cells` sets another cap, 0 none): a 10^6-cell matrix took 114 s and
@@ -146,17 +151,22 @@ def _key(combo: dict[str, Any], axes: tuple[str, ...] = AXES) -> tuple:
     return tuple(tuple(combo[a]) if isinstance(combo[a], list) else combo[a] for a in axes)
 
 
+def cross_product(case: Case) -> list[dict[str, Any]]:
+    """Every combination of the values the case's matrix gives each axis (before `exclude:` and `extra:`)."""
+    return [dict(zip(AXES, values, strict=True))
+            for values in itertools.product(*(getattr(case.matrix, a) for a in AXES))]
+
+
 def combinations(case: Case) -> list[dict[str, Any]]:
     m = case.matrix
-    product = [dict(zip(AXES, values, strict=True)) for values in itertools.product(*(getattr(m, a) for a in AXES))]
     kept = [
-        combo for combo in product
+        combo for combo in cross_product(case)
         if not any(all(matches(v, combo[k]) for k, v in ex.given().items()) for ex in m.exclude)
         and (combo["speculative"] or not any(combo[a] for a in DRAFT_AXES))  # draft options need a draft
     ]
     seen = {_key(combo) for combo in kept}
     for point in m.extra:
-        combo = {**AXIS_DEFAULTS, **point.given()}
+        combo = point.model_dump()
         if _key(combo) not in seen:
             seen.add(_key(combo))
             kept.append(combo)
@@ -193,7 +203,7 @@ def expand_case(
     added, oracles, references = differential_plan(case, combos, gpu_classes, pool)
     ids = [cell_id(case, c, shown) for c in combos]
     # An oracle the case's own cells do not hold runs where some cell needs it; its id names what it varies.
-    ids += [cell_id(case, c, shown | {a for a in ("execution", "workload") if c[a] != AXIS_DEFAULTS[a]})
+    ids += [cell_id(case, c, shown | {a for a in ORACLE if c[a] != AXIS_DEFAULTS[a]})
             for c, _ in added]
     classes = [gpu_classes] * len(combos) + [tuple(g for g in gpu_classes if g in needed) for _, needed in added]
     combos = combos + [c for c, _ in added]
@@ -227,7 +237,7 @@ def baseline_for(combo: dict[str, Any], baseline: dict[str, Any] | None, index: 
     return ids[index[_key(same_mode)]] if _key(same_mode) in index else ids[index[_key(baseline)]]
 
 
-_SHARED_WITH_ORACLE = tuple(a for a in AXES if a not in ("execution", "workload"))
+_SHARED_WITH_ORACLE = tuple(a for a in AXES if a not in ORACLE)
 
 
 def no_draft(combo: dict[str, Any]) -> dict[str, Any]:
@@ -255,8 +265,7 @@ def plain_twins(index: int, combos: list[dict[str, Any]], positions: dict[tuple,
     combo = combos[index]
     if not combo["speculative"]:
         return ()
-    plain = {**AXIS_DEFAULTS, **{a: combo[a] for a in ("speculative", "tensor_parallel_size",
-                                                        "pipeline_parallel_size")}}
+    plain = {**AXIS_DEFAULTS, **{a: combo[a] for a in ("speculative", *RANK_AXES)}}
     candidates = [positions[k] for k in (_key({**plain, "execution": e}) for e in ("eager", "default"))
                   if k in positions]
     out = []

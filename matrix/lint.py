@@ -6,15 +6,13 @@ its other keys (which release runs is not the case file's to know)."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvmatrix.matrix.axes import AXES
 from kvmatrix.matrix.case import Case
 from kvmatrix.matrix.conditions import matches, when_matches
-from kvmatrix.matrix.expand import Cell
+from kvmatrix.matrix.expand import Cell, cross_product
 from kvmatrix.matrix.messages import did_you_mean
 from kvmatrix.matrix.schema import GpuClass
 
@@ -63,8 +61,7 @@ def _when_clauses(case: Case) -> list[tuple[str, dict]]:
 
 def _dead_excludes(case: Case, names: Mapping[str, Iterable[str]]) -> list[DeadRule]:
     """`exclude:` entries that remove no combination of the case's axes."""
-    product = [dict(zip(AXES, values, strict=True))
-               for values in itertools.product(*(getattr(case.matrix, axis) for axis in AXES))]
+    product = cross_product(case)
     dead = []
     for i, entry in enumerate(case.matrix.exclude):
         given = entry.given()

@@ -1,9 +1,10 @@
-"""The HTML report's view of each case as a grid: rows are the case's KV-cache dtype × skipped layers, columns
-its GPU classes × (speculative, attention backend, execution, workload) where the case varies them. Each square
-is one record: its verdict's colour and a one-word mark (the failure's name, `differs` for a cell that disagrees
-with its oracle, or the resolved KV dtype where it differs from the requested one), and given the history
-database's verdicts, a strip of its cell's last runs. Pure data for the template (reports/templates/matrix.html.j2);
-the square's details, shown when it is clicked, are in reports/html_details.py."""
+"""The HTML report's view of each case as a grid: rows are the row axes of matrix/axes.py's table (KV-cache dtype ×
+skipped layers), columns its GPU classes × every other axis whose value differs between the case's records (an
+axis a record names that the table does not know, from a newer harness, too), so every record has a square of its
+own. Each square is one record: its verdict's colour and a one-word mark (the failure's name, `differs` for a cell
+that disagrees with its oracle, or the resolved KV dtype where it differs from the requested one), and given the
+history database's verdicts, a strip of its cell's last runs. Pure data for the template
+(reports/templates/matrix.html.j2); the square's details, shown when it is clicked, are in reports/html_details.py."""
 
 from __future__ import annotations
 
@@ -12,20 +13,13 @@ from dataclasses import dataclass, field
 
 from kvmatrix.harness.judge.fingerprint import failure_name
 from kvmatrix.harness.record.types import JudgedRecord
+from kvmatrix.matrix.axes import AXIS_TABLE, Axis, value_text, varied
 
 # (GPU class, cell id) → [(run id, verdict, resolved state)], oldest first (harness/results/history.py)
 History = dict[tuple[str, str], list[tuple[str, str, str]]]
-ROW_AXES = ("kv_cache_dtype", "kv_cache_dtype_skip_layers")
-COLUMN_AXES = ("speculative", "attention_backend", "execution", "workload")  # shown only where the case varies them
-_SHORT = {"kv_cache_dtype": "kv", "kv_cache_dtype_skip_layers": "skip", "speculative": "spec",
-          "attention_backend": "attn", "execution": "exec", "workload": "wl"}
-
-
-def axis_text(value) -> str:
-    """An axis value as the cell ids spell it: skipped layers joined with `+`, none as `-`."""
-    if isinstance(value, (list, tuple)):
-        return "+".join(str(v) for v in value) or "-"
-    return "-" if value in (None, "") else str(value)
+ROW_AXES = tuple(axis for axis in AXIS_TABLE if axis.grid == "row")
+COLUMN_AXES = tuple(axis for axis in AXIS_TABLE if axis.grid == "column")  # shown where the case's records differ
+_SHORT = {axis.name: axis.id_key for axis in AXIS_TABLE}
 
 
 # What a failed check's detail (harness/judge/verdict.py) says went wrong, in a word for its square.
@@ -73,7 +67,7 @@ def mark(record: JudgedRecord) -> str:
 class Grid:
     case: str
     row_axes: list[str]
-    column_axes: list[str]  # "gpu" first, then the varied ones of COLUMN_AXES
+    column_axes: list[str]  # "gpu" first, then the axes whose value differs between the case's records
     rows: list[tuple[str, ...]] = field(default_factory=list)
     columns: list[tuple[str, ...]] = field(default_factory=list)
     squares: dict[tuple[tuple[str, ...], tuple[str, ...]], int] = field(default_factory=dict)  # → record index
@@ -82,7 +76,8 @@ class Grid:
         """The template's view: header rows (one per column axis), and per row its squares (None: no record).
         `history`: each square's verdicts in its class's last runs (harness/results/history.py verdict_history),
         shown as a strip in the square."""
-        header = [{"axis": _SHORT.get(axis, axis), "spans": _spans([c[: depth + 1] for c in self.columns])}
+        names = {**_SHORT, _RUN.name: _RUN.id_key}
+        header = [{"axis": names.get(axis, axis), "spans": _spans([c[: depth + 1] for c in self.columns])}
                   for depth, axis in enumerate(self.column_axes)]
         rows = []
         for row in self.rows:
@@ -92,6 +87,7 @@ class Grid:
             rows.append({"label": label, "squares": squares,
                          "all_skip": all(s is None or s["verdict"] == "skip" for s in squares)})
         return {"case": self.case, "header": header, "rows": rows, "n": len(self.squares),
+                "row_axes": " · ".join(_SHORT[a] for a in self.row_axes),
                 "verdicts": sorted({records[i]["verdict"] for i in self.squares.values()})}
 
     @staticmethod
@@ -137,27 +133,59 @@ def _case_of(record: JudgedRecord) -> str:
     return record.get("case") or record["cell_id"].split("[", 1)[0]
 
 
+# Not an axis of the matrix: the run a record is from, a column where records of several runs (`kvmatrix report RUN
+# RUN`) would otherwise share a square.
+_RUN = Axis("run_id", "run", None, str, "argument")
+
+
+def _column_axes(records: list[JudgedRecord], axes: list[dict]) -> list[Axis]:
+    """The columns' axes of one case's grid: the table's whose value differs between its records, then the same of
+    axes the table does not know (a newer harness's), then the run where records would still share a square."""
+    unknown = dict.fromkeys(k for x in axes for k in x if k not in _SHORT)
+    shown = varied(axes, COLUMN_AXES) + varied(axes, tuple(Axis(k, k, None, object, "argument") for k in unknown))
+    places = {(r.get("gpu_class"), *_place(x, ROW_AXES), *_place(x, shown)) for r, x in zip(records, axes, strict=True)}
+    if len(places) < len(records):
+        shown += varied([{"run_id": r.get("run_id")} for r in records], (_RUN,))
+    return shown
+
+
+def _place(values: dict, shown: tuple[Axis, ...] | list[Axis]) -> tuple[str, ...]:
+    return tuple(value_text(values.get(axis.name, axis.default)) for axis in shown)
+
+
 def grids(records: list[JudgedRecord], gpus: list[str]) -> list[Grid]:
-    """One grid per case, cases and rows in first-seen order, columns in `gpus` order then first-seen order."""
-    by_case: dict[str, list[int]] = {}
-    for i, r in enumerate(records):
-        by_case.setdefault(_case_of(r), []).append(i)
+    """One grid per case, cases and rows in first-seen order, columns in `gpus` order then their values'. Every
+    record is a square of its own: one that nothing places apart from another's is a row of its own."""
+    by_case: dict[str, list[JudgedRecord]] = {}
+    for r in records:
+        by_case.setdefault(_case_of(r), []).append(r)
+    index = {id(r): i for i, r in enumerate(records)}
     out = []
-    for case, indices in by_case.items():
-        axes = [axes_of(records[i]) for i in indices]
-        varied = [a for a in COLUMN_AXES if len({axis_text(x.get(a)) for x in axes}) > 1]
-        grid = Grid(case, list(ROW_AXES), ["gpu", *varied])
+    for case, mine in by_case.items():
+        axes = [axes_of(r) for r in mine]
+        shown = _column_axes(mine, axes)
+        grid = Grid(case, [a.name for a in ROW_AXES], ["gpu", *(a.name for a in shown)])
         columns: dict[tuple[str, ...], None] = {}
         rows: dict[tuple[str, ...], None] = {}
-        for i, ax in zip(indices, axes, strict=True):
+        for r, ax in zip(mine, axes, strict=True):
             # A record without axes in any form (a case that did not load) is a row of its own, named by its id.
-            row = tuple(axis_text(ax.get(a)) for a in ROW_AXES) if ax else (records[i]["cell_id"],)
-            column = (records[i].get("gpu_class") or "?", *(axis_text(ax.get(a)) for a in varied))
+            row = _place(ax, ROW_AXES) if ax else (r["cell_id"],)
+            column = (r.get("gpu_class") or "?", *_place({**ax, "run_id": r.get("run_id")}, shown))
+            if (row, column) in grid.squares:
+                row = (f"{r['cell_id']} #{index[id(r)]}",)
             rows.setdefault(row)
             columns.setdefault(column)
-            grid.squares.setdefault((row, column), i)
-        order = {g: n for n, g in enumerate(gpus)}
+            grid.squares[(row, column)] = index[id(r)]
         grid.rows = list(rows)
-        grid.columns = sorted(columns, key=lambda c: order.get(c[0], len(order)))  # stable: first-seen within
+        grid.columns = _ordered(list(columns), gpus)
         out.append(grid)
     return out
+
+
+def _ordered(columns: list[tuple[str, ...]], gpus: list[str]) -> list[tuple[str, ...]]:
+    """Columns in `gpus` order, then by each axis's values in first-seen order: the columns of one value of an axis
+    side by side, under one header cell."""
+    ranks: list[dict[str, int]] = [{g: n for n, g in enumerate(gpus)}]
+    for depth in range(1, len(columns[0]) if columns else 1):
+        ranks.append({v: n for n, v in enumerate(dict.fromkeys(c[depth] for c in columns))})
+    return sorted(columns, key=lambda c: tuple(rank.get(v, len(rank)) for rank, v in zip(ranks, c, strict=True)))

@@ -19,7 +19,7 @@ import pytest
 from kvmatrix.harness.cli import main
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.reports import html
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, unpacked_archive
 from tests.test_diff import BF16, SKIP_AUTO, SKIP_FP8, night_1, night_2
 from tests.test_history import CPU, write_run
 
@@ -201,3 +201,24 @@ def test_screenshots_of_the_grid_and_a_squares_details(h200_report, tmp_path):
         shot.unlink(missing_ok=True)
         chromium(tmp_path / "profile", f"--screenshot={shot}", "--window-size=1400,900", "--hide-scrollbars", url)
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+DRAFT_BACKENDS_0_34 = FIXTURES / "runs" / "h200-vllm-0.34.0-2026-12-04.tar.xz"
+
+
+def test_the_draft_backends_grid_of_the_0_34_run_shows_each_cell(tmp_path_factory, tmp_path):
+    """The H200's vLLM 0.34.0 run filtered to spec-draft-backends (`?cell=`, as a shared link would): its 26
+    records are 26 squares, the two FA3 crashes among them; the screenshot is reports/examples'
+    html-grid-spec-draft-backends.png."""
+    records = RunDir(unpacked_archive(tmp_path_factory, DRAFT_BACKENDS_0_34) / "cold").records()
+    page = tmp_path / "matrix.html"
+    page.write_text(html.render(records, "kvmatrix h200-vllm0.34.0"))
+    url = f"{page.as_uri()}?cell=spec-draft-backends"
+    shown = [(cell, v) for cell, v, faded in dom(tmp_path / "profile", url).squares if not faded]
+    assert sorted(shown) == sorted((r["cell_id"], r["verdict"]) for r in records if r["case"] == "spec-draft-backends")
+    assert len(shown) == 26 and [v for _, v in shown].count("fail") == 2
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTEFACTS / "html-grid-spec-draft-backends.png"
+    shot.unlink(missing_ok=True)
+    chromium(tmp_path / "profile", f"--screenshot={shot}", "--window-size=1700,560", "--hide-scrollbars", url)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000

@@ -84,13 +84,14 @@ def test_slots_pin_one_gpu_each_and_pack_by_the_real_class():
 
 def test_slots_are_sized_by_the_gpus_memory_and_the_hosts_cores():
     assert session("H200", None, 1, cores=16, memory_gib=139.8).slots().count == POOL["H200"].slots_per_device
-    assert session("H200", None, 1, cores=4, memory_gib=139.8).slots().count == 2, "two cores per slot"
-    assert session("H100", None, 1, cores=16, memory_gib=79.6).slots().count == min(POOL["H100"].slots_per_device, 4)
-    assert session("L4", "H200", 1, cores=16, memory_gib=20.0).slots().count == 1, "a small card packs one"
+    assert session("H200", None, 1, cores=4, memory_gib=139.8).slots().count == 2, "1.45 cores a slot"
+    assert session("H100", None, 1, cores=16, memory_gib=79.6).slots().count == 9, "80 GB hold nine, 8 GiB each"
+    assert session("H200", None, 1, cores=16, memory_gib=60.0).slots().count == 7, "8 GiB a slot"
+    assert session("L4", "H200", 1, cores=16, memory_gib=12.0).slots().count == 1, "a small card packs one"
     assert session("cpu-avx512", None, 0, cores=2).slots().count == 2, "a CPU cell needs one core"
     assert session("cpu-avx512", None, 0, cores=1).slots().count == 1
     h200 = session("H200", None, 2, cores=16, memory_gib=139.8)
-    assert [h200.slots().env(s)["OMP_NUM_THREADS"] for s in range(h200.slots().count)] == ["2"] * 8
+    assert [h200.slots().env(s)["OMP_NUM_THREADS"] for s in range(h200.slots().count)] == ["1"] * 11
 
 
 def test_cpu_slots_bind_their_own_cores():

@@ -150,11 +150,13 @@ def test_the_last_runs_timings_are_kept_with_the_caches(tmp_path):
     assert recall(path) == ({}, {}, {})  # a damaged file costs the order, never the run
 
 
-def test_the_h200_packs_eight_cells_within_its_memory_and_cores():
+def test_the_h200_packs_eleven_cells_within_its_memory_and_cores():
     h200 = load_pool()["H200"]
-    assert slot_count(h200, devices=1, cores=16, device_memory_gib=139.8) == 8
-    assert slot_count(h200, devices=2, cores=32, device_memory_gib=139.8) == 16
-    assert slot_count(h200, devices=1, cores=8, device_memory_gib=139.8) == 4, "two cores a slot"
+    assert slot_count(h200, devices=1, cores=16, device_memory_gib=139.8) == 11
+    assert slot_count(h200, devices=2, cores=32, device_memory_gib=139.8) == 22
+    assert slot_count(h200, devices=1, cores=8, device_memory_gib=139.8) == 5, "1.45 cores a slot"
+    h100 = load_pool()["H100"]
+    assert slot_count(h100, devices=1, cores=16, device_memory_gib=79.6) == 9, "8 GiB a slot"
 
 
 def test_an_expected_accuracy_drop_starts_in_a_fresh_process_once_per_case(tmp_path):

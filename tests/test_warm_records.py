@@ -47,7 +47,7 @@ def test_a_known_failure_seen_in_a_worker_is_the_fresh_process_record():
 
 
 def test_a_worker_holding_gpu_memory_after_teardown_retired():
-    # Captured when a worker retired above 512 MiB kept (now: 4 GiB, harness/vllm_compat/teardown.py).
+    # Captured when a worker retired above 512 MiB kept (now: 7 GiB, harness/vllm_compat/teardown.py).
     for name in ("H200--flashinfer-qdtype[kv=fp8,skip=-,spec=-,attn=FLASHINFER]",
                  "H200--deepseek-v32-sparse-mla[kv=fp8_ds_mla,skip=-,spec=-]"):
         worker = WORKER[name]["worker"]

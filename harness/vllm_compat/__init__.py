@@ -113,7 +113,6 @@ from kvmatrix.harness.vllm_compat.sources import (  # noqa: F401
     vendored_pynvml,
 )
 from kvmatrix.harness.vllm_compat.speculative import (  # noqa: F401
-    DRAFT_AXIS_FIELDS,
     SPEC_DECODE_METRICS,
     SPECULATIVE_CONFIG_FIELDS,
     missing_speculative_fields,

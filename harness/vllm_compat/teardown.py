@@ -19,11 +19,13 @@ CUDA_ERROR_MARKERS = ("CUDA error", "cudaError", "CUBLAS_STATUS_", "CUDNN_STATUS
                       "device-side assert", "AcceleratorError", "NCCL error")
 # What torch's allocator may still reserve after teardown before the worker retires. Kernel libraries keep their
 # workspaces for the process's life (FlashInfer's, FlashMLA's, DeepGEMM's: 0.5-1.7 GiB after a cell on the H200
-# with vLLM 0.26.0, where retiring at 512 MiB restarted a worker after nearly every sparse-MLA cell). What a
-# worker keeps never changes a later cell's state: every GPU class sizes the KV cache explicitly
-# (kv_cache_memory_bytes in cases/_pool.yaml), so vLLM profiles no free memory. The cap bounds what buffers that
-# outlived their engine can add up to: a quarter of a packed slot's share of the GPU (harness/run/host/slots.py).
-MEMORY_KEPT_CAP_MIB = 4096
+# with vLLM 0.26.0, where retiring at 512 MiB restarted a worker after nearly every sparse-MLA cell; with 0.34.0,
+# 1.3-2.7 GiB, and 6.0-6.1 GiB after glm5-fp8's FP8 cells, which at a 4 GiB cap retired their worker after each
+# of them: a new worker's first engine costs 40-50 s against 3 s warm). What a worker keeps never changes a later
+# cell's state: every GPU class sizes the KV cache explicitly (kv_cache_memory_bytes in cases/_pool.yaml), so vLLM
+# profiles no free memory. The cap bounds what buffers that outlived their engine can add up to, within a packed
+# slot's share of the GPU (harness/run/host/slots.py).
+MEMORY_KEPT_CAP_MIB = 7168
 
 
 def teardown_engine() -> None:

@@ -10,14 +10,18 @@ from dataclasses import dataclass
 from kvmatrix.harness.vllm_compat import CPU_THREADS_BIND_ENV
 from kvmatrix.matrix.schema import GpuClass
 
-# Cores one slot needs, by device. A GPU engine's scheduler and its launch thread each keep a core busy: fewer
-# and packed cells wait on each other. A CPU cell with a tiny model spends its time in single-threaded Python
+# Cores one slot needs, by device. A running GPU cell kept 1.42 cores busy on average (its CPU seconds over its
+# wall seconds, FlashInfer's nvcc builds included) in the H200's cold vLLM 0.34.0 run, 1.2-1.6 in the 0.33.0 runs
+# (benchmarks/h200_scaling.py): 16 cores hold eleven before the CPU is the bound; that run's eight slots kept the
+# host only half busy (6505 CPU-s in 811 s). A CPU cell with a tiny model spends its time in single-threaded Python
 # (imports, engine start, probes): two one-core slots ran the 2-core CPU matrix in 201 s against 314 s for one
 # two-core slot, every record equal (benchmarks/README.md).
-MIN_CORES_PER_SLOT = {"cuda": 2, "cpu": 1}
+MIN_CORES_PER_SLOT = {"cuda": 1.45, "cpu": 1}
 # What one packed cell may hold of a GPU (CUDA context, a tiny model, the class's 1 GiB KV cache, activations
-# and compile workspaces) with room to spare: a 24 GiB card packs one, an 80 GiB card up to five.
-GPU_GIB_PER_SLOT = 16
+# and compile workspaces, and what its slot's warm workers keep between cells) with room to spare: the busiest
+# moment of the H200's cold vLLM 0.34.0 run (8 slots, tests/fixtures/runs/h200-vllm-0.34.0-2026-12-04.tar.xz) held
+# 47.7 GiB on the card, 6 GiB a slot. An 80 GiB card packs up to nine, a 141 GiB card seventeen, a 24 GiB card two.
+GPU_GIB_PER_SLOT = 8
 
 
 def slot_count(host: GpuClass, devices: int, cores: int, device_memory_gib: float | None = None) -> int:
@@ -26,7 +30,7 @@ def slot_count(host: GpuClass, devices: int, cores: int, device_memory_gib: floa
     if host.device == "cuda" and device_memory_gib:
         per_device = min(per_device, max(1, int(device_memory_gib // GPU_GIB_PER_SLOT)))
     wanted = per_device * (max(1, devices) if host.device == "cuda" else 1)
-    return max(1, min(wanted, cores // MIN_CORES_PER_SLOT[host.device]))
+    return max(1, min(wanted, int(cores // MIN_CORES_PER_SLOT[host.device])))
 
 
 def slot_env(host: GpuClass, slot: int, slots: int, devices: int, cores: int) -> dict[str, str]:

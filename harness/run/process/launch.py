@@ -91,7 +91,8 @@ class FreshProcess:
 # Warm workers a slot keeps, each for other process-wide state (a case's `env:`): a slot that runs a case with
 # its own environment and comes back finds its first worker still warm instead of paying the imports and a first
 # engine again (on a cold H200, 16 workers were started only to switch between the default environment and
-# glm5-fp8's). An idle worker holds its CUDA context and the workspaces it kept (at most 4 GiB).
+# glm5-fp8's). An idle worker holds its CUDA context and the workspaces it kept (at most 7 GiB,
+# harness/vllm_compat/teardown.py).
 WORKERS_PER_SLOT = 2
 
 

@@ -2,14 +2,16 @@
 `vllm.LLM`, its generation and workload, and the oracle's tokens it decodes teacher-forced.
 
 Layers, later ones winning: the harness's base (small, deterministic, eager), the GPU class's engine defaults (KV
-cache sized in bytes), the model registry entry, the case's `engine_args`, then the cell's axes: the execution mode
-as the class runs it (harness/vllm_compat/execution.py) and the workload's runtime settings.
+cache sized in bytes), the model registry entry, the case's `engine_args`, then the cell's axes, each by its route
+(matrix/axes.py AXIS_TABLE, ENGINE_ROUTES here): its own engine argument, the draft's speculative_config, the
+execution mode as the class runs it (harness/vllm_compat/execution.py) and the workload's runtime settings.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvmatrix.harness.cell.spec import AccuracySpec, CellSpec
 from kvmatrix.harness.record.parts import Mode
@@ -25,8 +27,8 @@ from kvmatrix.harness.vllm_compat import (
     probe_only_engine_args,
 )
 from kvmatrix.harness.vllm_compat.forcing import forcing_method
-from kvmatrix.matrix.axes import resolved_execution
-from kvmatrix.matrix.expand import Cell
+from kvmatrix.matrix.axes import AXIS_BY_NAME, AXIS_TABLE, Axis, resolved_execution
+from kvmatrix.matrix.expand import Cell, case_values
 from kvmatrix.matrix.expectations import Differential
 from kvmatrix.matrix.schema import GpuClass, ModelEntry
 
@@ -64,28 +66,67 @@ def engine_args_for(
     args: dict[str, Any] = {**BASE_ENGINE_ARGS, **gpu.engine_defaults, **entry.engine_args}
     args.update(model_source(entry, built, cell.model, use_hub))
     args.update(cell.case.engine_args)
-    axes = cell.axes
-    args["kv_cache_dtype"] = axes["kv_cache_dtype"]
-    if axes["kv_cache_dtype_skip_layers"]:
-        args["kv_cache_dtype_skip_layers"] = list(axes["kv_cache_dtype_skip_layers"])
-    if axes["attention_backend"]:
-        args["attention_config"] = {**args.get("attention_config", {}), "backend": axes["attention_backend"]}
-    for axis in ("tensor_parallel_size", "pipeline_parallel_size"):
-        if axes[axis] > 1:
-            args[axis] = axes[axis]
-    if axes["speculative"]:
-        draft = models[axes["speculative"]]
-        source = model_source(draft, built, axes["speculative"], use_hub) if needs_draft_checkpoint(draft) else None
-        args["speculative_config"] = speculative_config(cell, models, source)
-        args["disable_log_stats"] = False  # vLLM keeps its spec-decode counters (the acceptance) only with stats
-    execution = resolved_execution(axes["execution"], gpu.device)
-    args.update(execution_engine_args(execution, vllm_version, args.get("compilation_config")))
     if runs_workloads(cell) and "max_model_len" not in cell.case.engine_args:
         args["max_model_len"] = max(args["max_model_len"], WORKLOAD_MAX_MODEL_LEN)
     if probe:
         args.update(probe_only_engine_args(args["max_model_len"], vllm_version))
-    args.update(workload_plan(axes["workload"], args["max_model_len"], vllm_version)[0])
+    cell_engine = CellEngine(cell, gpu, models, built, use_hub, vllm_version)
+    for axis in AXIS_TABLE:  # the workload last: its arguments win over probe-only's
+        ENGINE_ROUTES[axis.engine](args, axis, cell.axes[axis.name], cell_engine)
     return args
+
+
+class CellEngine(NamedTuple):
+    """What a route needs besides the axis's value: the cell, its class, the models and the release."""
+
+    cell: Cell
+    gpu: GpuClass
+    models: dict[str, ModelEntry]
+    built: dict[str, Path]
+    use_hub: bool
+    vllm_version: str | None
+
+
+def _argument(args: dict[str, Any], axis: Axis, value: Any, _: CellEngine) -> None:
+    args[axis.engine_field or axis.name] = list(value) if isinstance(value, list) else value
+
+
+def _argument_if_set(args: dict[str, Any], axis: Axis, value: Any, on: CellEngine) -> None:
+    if value != axis.default:
+        _argument(args, axis, value, on)
+
+
+def _attention_config(args: dict[str, Any], axis: Axis, value: Any, _: CellEngine) -> None:
+    if value is not None:
+        args["attention_config"] = {**args.get("attention_config", {}), axis.engine_field: value}
+
+
+def _draft(args: dict[str, Any], _: Axis, value: Any, on: CellEngine) -> None:
+    if value:
+        draft = on.models[value]
+        source = model_source(draft, on.built, value, on.use_hub) if needs_draft_checkpoint(draft) else None
+        args["speculative_config"] = speculative_config(on.cell, on.models, source)  # with the draft_field axes
+        args["disable_log_stats"] = False  # vLLM keeps its spec-decode counters (the acceptance) only with stats
+
+
+def _in_speculative_config(args: dict[str, Any], axis: Axis, value: Any, on: CellEngine) -> None:
+    """A draft's own setting: the `draft` route writes it into speculative_config."""
+
+
+def _execution(args: dict[str, Any], _: Axis, value: Any, on: CellEngine) -> None:
+    execution = resolved_execution(value, on.gpu.device)
+    args.update(execution_engine_args(execution, on.vllm_version, args.get("compilation_config")))
+
+
+def _workload(args: dict[str, Any], _: Axis, value: Any, on: CellEngine) -> None:
+    args.update(workload_plan(value, args["max_model_len"], on.vllm_version)[0])
+
+
+# How each axis reaches vLLM's engine arguments, by its route (matrix/axes.py EngineRoute says what each does).
+ENGINE_ROUTES: dict[str, Callable[[dict[str, Any], Axis, Any, CellEngine], None]] = {
+    "argument": _argument, "argument_if_set": _argument_if_set, "attention_config": _attention_config,
+    "draft": _draft, "draft_field": _in_speculative_config, "execution": _execution, "workload": _workload,
+}
 
 
 # A case that varies the workload gives all its cells (oracles included) this context: the shared prefix covers
@@ -96,7 +137,8 @@ CHUNKED_SEQUENCES = 4  # vLLM wants max_num_seqs <= max_num_batched_tokens
 
 
 def runs_workloads(cell: Cell) -> bool:
-    return any(w != "plain" for w in cell.case.matrix.workload + [c.workload for c in cell.case.matrix.extra])
+    """Does any cell of the cell's case run a workload other than the default?"""
+    return any(w != AXIS_BY_NAME["workload"].default for w in case_values(cell.case, "workload"))
 
 
 def workload_plan(workload: str, max_model_len: int, vllm_version: str | None

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvmatrix.harness.vllm_compat import DRAFT_AXIS_FIELDS, missing_speculative_fields
+from kvmatrix.harness.vllm_compat import missing_speculative_fields
+from kvmatrix.matrix.axes import AXIS_TABLE
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.schema import MODEL_FREE_DRAFT_METHODS, ModelEntry
 
@@ -22,9 +23,9 @@ def draft_fields(cell: Cell, models: dict[str, ModelEntry]) -> dict[str, Any]:
         raise KeyError(f"speculative model {name} has no draft section in the model registry")
     fields: dict[str, Any] = {"method": draft.method, "num_speculative_tokens": draft.num_speculative_tokens,
                               **draft.config, **cell.case.speculative_config}
-    for axis, field in DRAFT_AXIS_FIELDS.items():
-        if cell.axes.get(axis) is not None:
-            fields[field] = cell.axes[axis]  # type: ignore[literal-required]
+    for axis in AXIS_TABLE:
+        if axis.engine == "draft_field" and cell.axes.get(axis.name) is not None:
+            fields[axis.engine_field] = cell.axes[axis.name]
     return fields
 
 
