@@ -70,3 +70,29 @@ def test_a_bisection_step_executes_its_plan(matrix_with_waiver, tmp_path, execut
     assert settings.waivers == [] and not settings.canary and settings.isolation == "worker"
     assert settings.run_dir.root == Path(tmp_path / "steps" / "v1")
     assert list(answer["skips"]) == ["nosuch[kv=auto]"] and answer["records"] == {}
+
+
+def test_what_a_run_builds_is_its_own_not_its_plans(matrix_with_waiver, tmp_path, monkeypatch):
+    """The models a run builds as its cells start reach its cells (their engine arguments name the build) but
+    never the plan, whose settings stay as `plan_run` made them."""
+    from dataclasses import replace
+
+    from kvmatrix.harness.run import plan as run_plan
+    from kvmatrix.harness.run.cases import CaseSelection
+    from tests.test_front_ends import FAKE_CELL, FAKE_WORKER
+
+    opened = run_plan.open_session
+
+    def fake_cells(*args, **kwargs):
+        session = opened(*args, **kwargs)
+        session.settings = replace(session.settings, cell_command=FAKE_CELL, worker_command=FAKE_WORKER)
+        return session
+
+    monkeypatch.setattr(run_plan, "open_session", fake_cells)
+    plan = run_plan.plan_run(run_plan.RunOptions(
+        gpu=CPU_CLASS, runs_dir=tmp_path / RUNS_DIR, cache_dir=tmp_path / "cache", cases_dir=matrix_with_waiver,
+        selection=CaseSelection(cells=(OK_CELL,)), template=False), say=lambda line: None)
+    (record,) = run_plan.execute(plan, list(plan.tasks))
+    assert record["verdict"] == "pass"
+    assert Path(record["engine_args"]["model"]).parent == tmp_path / "cache" / "models"  # built by this run
+    assert plan.settings.built == {}

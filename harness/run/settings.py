@@ -1,7 +1,8 @@
 """A run's settings as every executor and cell process sees them: the run folder, the models, the vLLM version,
 the caches, the cell, worker and template commands and which of them start cells, the waivers that judging applies and
 the GPU-memory check. Frozen: a run's plan makes them once (harness/run/plan.py), so no executor or cell sees them
-change under it (only `built` fills in, as models are built)."""
+change under it: the models a run builds as its cells start fill the executor's own copy of `built`, never the
+plan's."""
 
 from __future__ import annotations
 

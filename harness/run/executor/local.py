@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvmatrix.harness.judge.facts import facts
 from kvmatrix.harness.record.task import Task
@@ -48,6 +48,9 @@ class LocalExecutor:
     past: PastRuns = PastRuns()
 
     def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[JudgedRecord]:
+        # The models this run builds as its cells start are its own: the settings it was given (a run plan's)
+        # never change under their holder.
+        settings = replace(settings, built=dict(settings.built))
         records, todo = finished_records(tasks, settings.run_dir, settings.waivers, on_record)
         # Why each cell is expected not to pass (None: it is expected to). In a warm run the first such cell of
         # a case confirms its failure in a fresh process, its siblings wait and then stay in warm workers; in any
