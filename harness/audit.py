@@ -9,12 +9,14 @@ The target is an empty list. Its arguments, and its exit status (1 otherwise), a
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.known_failures import known_failures_for
 from kvmatrix.harness.judge.outcome import reclassified
 from kvmatrix.harness.judge.waivers import waive
 from kvmatrix.harness.record.files import RunDir
@@ -64,6 +66,7 @@ def rejudged(run_dir: RunDir, cases_dir: Path) -> list[tuple[JudgedRecord, Judge
     pool, models = load_pool(cases_dir), load_models(cases_dir)
     waivers = session_waivers(cases_dir, pool)
     cells = {c.cell_id: c for c in expand_all(load_cases(case_files(cases_dir)), models, pool)}
+    known, today = known_failures_for(cells.values()), datetime.date.today()
     pairs = []
     for stored in run_dir.records():
         cell, gpu = cells.get(stored["cell_id"]), stored.get("gpu_class")
@@ -73,11 +76,11 @@ def rejudged(run_dir: RunDir, cases_dir: Path) -> list[tuple[JudgedRecord, Judge
         if cell is not None and gpu in pool and stored.get("status") != "skipped":
             task = Task(cell, gpu, pool[gpu], stored.get("emulated_from"))
             now = judge_record(reclassified(stored, run_dir.log_tail(stored)), task, neighbours_of(task, run_dir),
-                               waivers)
+                               waivers, today, known)
         else:
             now = stored if cell is not None else {
                 **stored, "verdict": "error", "reason": "no cell of the current cases has this id (renamed or removed)"}
-            now, _ = waive(now, waivers)
+            now, _ = waive(now, waivers, today)
         pairs.append((stored, now))
     return pairs
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvmatrix.harness.judge.waivers import WaiverProblem, cell_keys, waiver_problems
-from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.files import RunDir, write_text_atomic
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
 from kvmatrix.harness.record.types import JudgedRecord, check_judged
 from kvmatrix.harness.results import history
@@ -110,9 +110,9 @@ def write_reports(run_dir: RunDir, records: list[JudgedRecord], title: str, head
         "html": run_dir.root / "matrix.html",
         "junit": run_dir.root / "junit.xml",
     }
-    out["md"].write_text(markdown.render(records, title, header, compare_to))
-    out["html"].write_text(html.render(records, title, header))
-    out["junit"].write_text(junit.render(records))
+    write_text_atomic(out["md"], markdown.render(records, title, header, compare_to))
+    write_text_atomic(out["html"], html.render(records, title, header))
+    write_text_atomic(out["junit"], junit.render(records))
     return out
 
 

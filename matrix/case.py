@@ -12,6 +12,11 @@ from kvmatrix.matrix.conditions import check_condition_value
 from kvmatrix.matrix.expectations import Accuracy, Differential, Expectation, SkipRule
 from kvmatrix.matrix.schema import Strict
 
+# Bounds on what a case may ask of a run: a day for one cell (a bigger finite number overflowed the timer and lost
+# the run), and a few tries more for a flaky one (a million kept the run, and every record after it, waiting).
+MAX_TIMEOUT_S = 24 * 3600.0
+MAX_RETRIES = 5
+
 
 class Generation(Strict):
     prompts: list[str] = Field(default_factory=lambda: ["The capital of France is", "1 2 3 4 5"], min_length=1)
@@ -43,8 +48,8 @@ class Case(Strict):
     # PATH, LD_PRELOAD or the harness's own.
     env: dict[str, str] = Field(default_factory=dict)
     generate: Generation = Field(default_factory=Generation)
-    timeout_s: float = Field(default=600, gt=0)
-    retries: int = Field(default=0, ge=0)
+    timeout_s: float = Field(default=600, gt=0, le=MAX_TIMEOUT_S)
+    retries: int = Field(default=0, ge=0, le=MAX_RETRIES)
     skip: list[SkipRule] = Field(default_factory=list)
     expect: list[Expectation] = Field(default_factory=list)
     accuracy: Accuracy | None = None

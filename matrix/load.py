@@ -2,23 +2,26 @@
 and the GPU pool (`_pool.yaml`). Files whose name starts with `_` are shared data, never cases; a case may pull
 shared blocks in with `include: [_file.yaml]` (the lm-evaluation-harness idea), its own keys winning.
 
-YAML is read with a SafeLoader only (`read_yaml`): case files are data, nothing in them is executed, and what they
-may say is bounded (size, UTF-8, no aliases; the cells they expand to, matrix/expand.py).
+YAML is read with a SafeLoader only (`read_yaml`, matrix/data_file.py): case files are data, nothing in them is
+executed, and what they may say is bounded (size, UTF-8, no aliases; the cells they expand to, matrix/expand.py).
+What a folder other than the built-in one may say is matrix/trust.py's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+import functools
+import re
+from collections.abc import Callable, Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from kvmatrix.matrix.case import Case
+from kvmatrix.matrix.data_file import read_yaml, shown
 from kvmatrix.matrix.expand import MAX_CELLS, check_size, combinations
-from kvmatrix.matrix.messages import did_you_mean, unknown_name
+from kvmatrix.matrix.messages import did_you_mean, excerpt, unknown_name
 from kvmatrix.matrix.schema import (
     CaseError,
     GpuClass,
@@ -29,6 +32,14 @@ from kvmatrix.matrix.schema import (
     wrap_validation_error,
 )
 from kvmatrix.matrix.spelling import current_spelling
+from kvmatrix.matrix.trust import (
+    TRUST_HINT,
+    code_trusted,
+    is_builtin,
+    model_entry_problems,
+    pool_class_problems,
+    speculative_field_problem,
+)
 
 # The default case set: cases/ of the checkout, package data of an installed kvmatrix (wherever it was installed).
 CASES_DIR = Path(str(resources.files("kvmatrix.cases")))
@@ -36,77 +47,10 @@ MODELS_FILE = "_models.yaml"
 POOL_FILE = "_pool.yaml"
 
 
-# Bounds on a data file: the shipped ones are at most a few KiB, and nothing in one is worth more.
-MAX_FILE_BYTES = 1 << 20
-
-
-class _DataLoader(yaml.SafeLoader):
-    """`yaml.safe_load` without what no data file needs and a hostile one abuses: aliases (`*name`: 600 bytes of
-    nested aliases expand to a 112 MB engine argument) and a key given twice (YAML keeps the last one silently:
-    a second `expect:` would drop the first's rules)."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            raise yaml.MarkedYAMLError(None, None, "an alias (*name): data files repeat nothing by reference; "
-                                       "write the value out, or share a block with include:",
-                                       self.peek_event().start_mark)
-        return super().compose_node(parent, index)
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, Hashable) and key in seen:
-                raise yaml.MarkedYAMLError(None, None, f"key {key!r} appears twice in one mapping",
-                                           key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep)
-
-
-def shown(path: Path | str) -> str:
-    """A path as messages show it: a character that is not printable (a line break, bytes that are not UTF-8)
-    escaped, so that the message stays one line and can be printed."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(path))
-
-
-def read_yaml(path: Path) -> Any:
-    """A data file's YAML (nothing in it executed), or CaseError naming the file: unreadable, not a regular file,
-    over MAX_FILE_BYTES, not UTF-8, not YAML, nested past the parser's depth, or with aliases or a key twice."""
-    where = shown(path)
-    try:
-        if not Path(path).is_file():
-            raise CaseError(where, None, None, "not a regular file")
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as err:
-        raise CaseError(where, None, None, f"cannot read: {err.strerror}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise CaseError(where, None, None, f"over {MAX_FILE_BYTES >> 10} KiB: no data file needs that much")
-    try:
-        text = data.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as err:
-        line = data[:err.start].count(b"\n") + 1
-        raise CaseError(where, None, None, f"not UTF-8 text: byte 0x{data[err.start]:02x} on line {line}") from None
-    try:
-        return yaml.load(text, Loader=_DataLoader)  # noqa: S506 - _DataLoader is a SafeLoader
-    except yaml.YAMLError as err:
-        raise CaseError(where, None, None, f"not valid YAML: {_one_line(err)}") from None
-    except RecursionError:
-        raise CaseError(where, None, None, "not valid YAML: nested too deeply to read") from None
-
-
 def case_files(cases_dir: Path = CASES_DIR) -> list[Path]:
     if not Path(cases_dir).is_dir():
         raise CaseError(str(cases_dir), None, None, "no such folder of case files")
     return sorted(p for p in cases_dir.glob("*.yaml") if not p.name.startswith("_"))
-
-
-def _one_line(err: yaml.YAMLError) -> str:
-    """PyYAML's error as one line: what is wrong and where (its own message spans several, with a snippet)."""
-    if not isinstance(err, yaml.MarkedYAMLError):
-        return " ".join(str(err).split())
-    where = f" (line {err.problem_mark.line + 1}, column {err.problem_mark.column + 1})" if err.problem_mark else ""
-    return " ".join(filter(None, [err.context, err.problem])) + where
 
 
 def _with_includes(path: Path, data: dict, case: str, seen: tuple[Path, ...] = ()) -> dict:
@@ -138,8 +82,8 @@ def _with_includes(path: Path, data: dict, case: str, seen: tuple[Path, ...] = (
 
 # A case's name is its file's: it is part of every cell id, record file name, report row and command line that
 # names a cell. So it is printable UTF-8 text without spaces (a line break split the report's rows, bytes that are
-# not UTF-8 could not be printed) and without what cell ids, report tables and selections give a meaning to.
-NOT_IN_A_CASE_NAME = frozenset("[]|*?")
+# not UTF-8 could not be printed) and without what cell ids, report tables, selections and markup give a meaning to.
+NOT_IN_A_CASE_NAME = frozenset("[]|*?<>&`")
 
 
 def case_name_problem(name: str) -> str | None:
@@ -170,6 +114,7 @@ def load_case(path: Path, vocabulary: Vocabulary | None = None, max_cells: int |
     except RecursionError:
         raise CaseError(str(path), name, None, "nested too deeply to check") from None
     _check_data_only(path, case)
+    _check_id_values(path, case)
     check_size(case, str(path), max_cells)
     if vocabulary is not None:
         _check_vocabulary(path, case, vocabulary)
@@ -184,6 +129,35 @@ def _check_data_only(path: Path, case: Case) -> None:
     for name, value in case.engine_args.items():
         if problem := case_engine_arg_problem(name, value):
             raise CaseError(str(path), case.name, f"engine_args.{name}", problem)
+    for name, value in case.speculative_config.items():
+        if problem := speculative_field_problem(name, value):
+            raise CaseError(str(path), case.name, f"speculative_config.{name}", problem)
+
+
+# An axis value is part of its cells' ids, and so of every progress line, record file name, report row and waiver
+# line naming them: a word, a number or a dotted version, nothing that breaks a line, escapes the terminal, opens
+# HTML or means something in a cell id (`[`, `,`, `=`).
+_ID_VALUE = re.compile(r"[A-Za-z0-9_.:+-]{1,64}")
+
+
+def _strings(value: Any, where: str) -> Iterable[tuple[str, str]]:
+    """(dotted field, text) for every string inside a dumped model."""
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _strings(item, f"{where}.{i}")
+
+
+def _check_id_values(path: Path, case: Case) -> None:
+    for field, text in _strings(case.matrix.model_dump(), "matrix"):
+        if not _ID_VALUE.fullmatch(text):
+            raise CaseError(str(path), case.name, field,
+                            f"{excerpt(text)}: an axis value is part of cell ids, so it is a word, a number or a "
+                            "version (letters, digits and _ . : + -, at most 64), no space, line break or markup")
 
 
 def _check_vocabulary(path: Path, case: Case, vocabulary: Vocabulary) -> None:
@@ -258,19 +232,34 @@ def load_cases(paths: Iterable[Path] | None = None, vocabulary: Vocabulary | Non
     return [load_case(p, vocabulary) for p in (case_files() if paths is None else paths)]
 
 
-def _load_named(path: Path, cls: type[BaseModel], what: str) -> dict[str, Any]:
+def _load_named(path: Path, cls: type[BaseModel], what: str,
+                untrusted: Callable[[Any], list[tuple[str, str]]] | None = None) -> dict[str, Any]:
+    """A registry or pool file's entries; `untrusted`: each entry's values that load code or files, refused
+    unless the file is the built-in one or the user trusts the folder's code (matrix/trust.py)."""
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise CaseError(str(path), None, None, f"the {what} file is a mapping of name to entry")
+    check = untrusted if untrusted and not is_builtin(path, CASES_DIR) and not code_trusted() else None
+    builtin = _builtin_entries(path.name) if check else {}
     out = {}
     for name, entry in data.items():
         try:
             out[str(name)] = cls.model_validate(entry if entry is not None else {})
         except ValidationError as err:
             problem = wrap_validation_error(err, str(path), None)
-            raise CaseError(str(path), None, f"{name}.{problem.field}" if problem.field else name,
+            raise CaseError(str(path), None, f"{name}.{problem.field}" if problem.field else str(name),
                             problem.message) from None
+        verbatim = name in builtin and builtin[name] == entry  # the built-in's own entry, copied: trusted as it is
+        for field, refused in check(out[str(name)]) if check and not verbatim else []:
+            raise CaseError(str(path), None, f"{name}.{field}", refused + TRUST_HINT)
     return out
+
+
+@functools.cache
+def _builtin_entries(name: str) -> dict:
+    """The built-in registry's or pool's entries as written (`name`: the file's name), for a folder's copies."""
+    data = read_yaml(CASES_DIR / name) if (CASES_DIR / name).is_file() else {}
+    return data if isinstance(data, dict) else {}
 
 
 def shared_file(cases_dir: Path, name: str) -> Path:
@@ -287,8 +276,8 @@ def cases_option(cases_dir: Path | None) -> list[str]:
 
 
 def load_models(cases_dir: Path = CASES_DIR) -> dict[str, ModelEntry]:
-    return _load_named(shared_file(cases_dir, MODELS_FILE), ModelEntry, "model registry")
+    return _load_named(shared_file(cases_dir, MODELS_FILE), ModelEntry, "model registry", model_entry_problems)
 
 
 def load_pool(cases_dir: Path = CASES_DIR) -> dict[str, GpuClass]:
-    return _load_named(shared_file(cases_dir, POOL_FILE), GpuClass, "GPU pool")
+    return _load_named(shared_file(cases_dir, POOL_FILE), GpuClass, "GPU pool", pool_class_problems)

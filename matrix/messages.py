@@ -19,6 +19,17 @@ _TAG = re.compile(r"(literal|function-\w+|list|dict|tuple|set|is-instance|json-o
 _SIMPLE = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false", "none": "null"}
 
 
+# What a message quotes of a stranger's file: enough to find it, escaped onto one line (no terminal escape, no line
+# break forging another line of output), never a whole file's worth (`ln -s /etc/shadow x.yaml` once printed it all).
+EXCERPT_CHARS = 60
+
+
+def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """`repr(value)`, escaped (printable, one line) and cut to `limit` characters with an ellipsis."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in repr(value))
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def did_you_mean(word: object, choices: Iterable[str]) -> str:
     """` (did you mean 'x'?)` where one of `choices` is close to `word`; else nothing."""
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
@@ -35,7 +46,7 @@ def one_of(choices: Iterable[str], limit: int = 30) -> str:
 def unknown_name(what: str, word: object, choices: Iterable[str], limit: int = 30) -> str:
     """`unknown <what> 'x' (did you mean 'y'?); valid: a, b, c`."""
     choices = list(choices)
-    return f"unknown {what} {word!r}{did_you_mean(word, choices)}; valid: {one_of(choices, limit)}"
+    return f"unknown {what} {excerpt(word)}{did_you_mean(word, choices)}; valid: {one_of(choices, limit)}"
 
 
 def _is_tag(part: object, models: Mapping[str, type[BaseModel]]) -> bool:
@@ -100,13 +111,13 @@ def _message(error: dict, root: type[BaseModel], models: Mapping[str, type[BaseM
     if error["type"] == "extra_forbidden":
         model = _model_at(root, loc[:-1], models)
         fields = list(model.model_fields) if model else []
-        return (f"unknown field {loc[-1]!r}{did_you_mean(loc[-1], fields)}"
+        return (f"unknown field {excerpt(loc[-1])}{did_you_mean(loc[-1], fields)}"
                 + (f"; fields here: {', '.join(fields)}" if fields else ""))
     if error["type"] == "missing":
         return "required, but missing"
     if error["type"] == "literal_error" and isinstance(error.get("input"), str):
         expected = re.findall(r"'([^']*)'", error["msg"])
-        return f"{error['input']!r} is not one of {', '.join(expected)}{did_you_mean(error['input'], expected)}"
+        return f"{excerpt(error['input'])} is not one of {', '.join(expected)}{did_you_mean(error['input'], expected)}"
     return error["msg"].removeprefix("Value error, ")
 
 
@@ -123,7 +134,7 @@ def _union_choice(errors: list[dict], at: int, models: Mapping[str, type[BaseMod
     first = errors[0]
     alternatives = " or ".join(_describe(tag, models) for tag in branches)
     return [{**first, "loc": first["loc"][:at], "type": "union",
-             "msg": f"expected {alternatives}, not {first.get('input')!r}"}]
+             "msg": f"expected {alternatives}, not {excerpt(first.get('input'))}"}]
 
 
 def readable_problems(err: ValidationError, models: Mapping[str, type[BaseModel]]) -> list[tuple[str, str]]:

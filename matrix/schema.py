@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from kvmatrix.matrix.messages import readable_problems
+from kvmatrix.matrix.messages import EXCERPT_CHARS, excerpt, readable_problems
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ def located(file: str, case: str | None, field: str | None, message: str) -> str
     where = [f"{file}"]
     if case:
         where.append(f"case '{case}'")
-    if field:
-        where.append(f"field '{field}'")
+    if field:  # a key of the file: escaped and cut, as every quote of a stranger's file (messages.excerpt)
+        where.append(f"field '{excerpt(field, 2 * EXCERPT_CHARS)[1:-1]}'")
     return f"{': '.join(where)}: {message}"
 
 
@@ -143,7 +143,7 @@ _PLAIN_TEXT = re.compile(r"[A-Za-z0-9_.,:+-]{0,256}")
 _DOTTED_NAME = re.compile(r"[A-Za-z_]\w*\.[A-Za-z_]")
 
 
-def _plain(value: Any) -> bool:
+def plain_value(value: Any) -> bool:
     if isinstance(value, bool | int) or (isinstance(value, float) and math.isfinite(value)):
         return True
     return isinstance(value, str) and bool(_PLAIN_TEXT.fullmatch(value)) and not _DOTTED_NAME.search(value)
@@ -154,7 +154,7 @@ def case_env_problem(name: str, value: str) -> str | None:
     if name not in CASE_ENV_VARS:
         return ("not one of vLLM's switches a case may set (matrix/schema.py CASE_ENV_VARS): a variable that names "
                 "a path, library, plugin, module or config loads code or files in the cell")
-    if not _plain(value):
+    if not plain_value(value):
         return f"{value!r} is not a plain value (a word, a number or a flag; no path, space or dotted name)"
     return None
 
@@ -173,7 +173,7 @@ def case_engine_arg_problem(name: str, value: Any) -> str | None:
         return ("not an engine argument a case may set (matrix/schema.py CASE_ENGINE_ARGS): the model registry "
                 "(_models.yaml) names models, tokenizers, remote code and how they load, the matrix's axes set the KV "
                 "cache, backend, draft and execution, and nothing in a case loads code or files")
-    if not all(_plain(item) for item in (value if isinstance(value, list) else [value])):
+    if not all(plain_value(item) for item in (value if isinstance(value, list) else [value])):
         return (f"{value!r} is not a plain value: a case's engine arguments are words, finite numbers, flags or "
                 "lists of them (no path, dotted name or nested configuration)")
     return None

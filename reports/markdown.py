@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 import pandas as pd
 
 from kvmatrix.harness.record.parts import LISTED_VERDICTS
@@ -38,7 +40,7 @@ def class_differences(records: list[JudgedRecord], reference: str) -> list[str]:
 
 def cells_per_tag(records: list[JudgedRecord]) -> pd.DataFrame:
     """Cells that ran (any verdict but skip) per case tag and GPU class, e.g. per regression class."""
-    rows = [(tag, r["gpu_class"]) for r in records if r.get("verdict") != "skip" for tag in r.get("tags") or []]
+    rows = [(inline(tag), r["gpu_class"]) for r in records if r.get("verdict") != "skip" for tag in r.get("tags") or []]
     if not rows:
         return pd.DataFrame()
     counted = pd.DataFrame(rows, columns=["tag", "gpu_class"]).value_counts().unstack(fill_value=0)
@@ -133,12 +135,20 @@ def known_failure_lines(records: list[JudgedRecord]) -> list[str]:
     return out[:-1]
 
 
+def waived_beyond_lines(records: list[JudgedRecord]) -> list[str]:
+    """Each cell a waiver by finding waived beyond the cells it was written for (harness/judge/waivers.py): the
+    finding, the waiver's line, so it is widened on purpose."""
+    return [f"- `{r['cell_id']}` on {r.get('gpu_class')}: finding `{w.get('finding')}` ({w.get('link')}), by the "
+            f"waiver at {w.get('waiver')}" for r in records if (w := r.get("waived") or {}).get("beyond")]
+
+
 def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "", compare_to: str | None = None,
            first_seen: dict[str, str] | None = None) -> str:
     """`first_seen` (fingerprint → run id, from the history database) dates each failure's crash."""
     df = frame(records)
     if df.empty:
         return f"# {title}\n\nNo cells.\n"
+    df = df.assign(text=df["text"].map(inline), reason=df["reason"].map(inline))
     total = ", ".join(f"{n} {v}" for v, n in counts(df).items())
     lines = [f"# {title}", ""]
     if header:
@@ -152,6 +162,8 @@ def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "
     lines += _section("Failures and expected failures", _problems(df, records, first_seen))
     lines += _section("Known vLLM failures in these cases (kvmatrix's own cases or waivers know them; to expect one, "
                       "copy its rule into the case)", known_failure_lines(records))
+    lines += _section("Waived by finding beyond the cells the waiver was written for (widen it, or file the finding "
+                      "there)", waived_beyond_lines(records))
     lines += _section("Differential cells (each against its oracle: the same configuration run eager and plain)",
                       [line if line.startswith(" ") else f"- {line}" for line in differential_lines(records)])
     lines += _section("Speculative decoding (target and draft; acceptance against the plain twin: the same draft, auto "
@@ -168,6 +180,12 @@ def render(records: list[JudgedRecord], title: str = "kvmatrix", header: str = "
     lines += _section("Skipped", [f"- {len(group)} on {gpu}: {reason}" for (reason, gpu), group
                                   in skipped.groupby(["reason", "gpu_class"], sort=False)])
     return "\n".join(lines) + "\n"
+
+
+def inline(text: object) -> str:
+    """Text from a record (a reason quoting vLLM, a case's strings) as Markdown shows it and nothing more: markup
+    escaped (a renderer would run `<img onerror=...>`), a `|` kept from splitting a table row, one line."""
+    return " ".join(html.escape(str(text), quote=False).replace("|", "\\|").split())
 
 
 def _section(heading: str, items: list[str]) -> list[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.known_failures import known_failures_for
 from kvmatrix.harness.judge.outcome import reclassified
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.neighbours import Neighbours
@@ -72,7 +73,8 @@ def test_a_users_explicit_16bit_mla_case_is_the_known_vllm_failure(path, tmp_pat
     record = amx_record(path)
     (cell,) = [c for c in expand_case(load_case(USER_CASE / "mla-16bit-kv.yaml"), load_models(), pool,
                                       str(USER_CASE / "mla-16bit-kv.yaml")) if c.cell_id == record["cell_id"]]
-    record = judge_record(record, Task(cell, "cpu-amx", pool["cpu-amx"]), Neighbours())
+    record = judge_record(record, Task(cell, "cpu-amx", pool["cpu-amx"]), Neighbours(),
+                          known=known_failures_for([cell]))
     assert record["verdict"] == "xfail"
     assert record["known_failure"]["link"] == "reports/findings/README.md#amx-mla-explicit-16bit-kv-crashes"
     assert record["known_failure"]["verdict"] == "fail"

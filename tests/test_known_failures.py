@@ -6,9 +6,11 @@ cases judge their own cells by their own rules."""
 from __future__ import annotations
 
 import copy
+import datetime
 from pathlib import Path
 
 from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.known_failures import known_failures_for
 from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.harness.record.task import Task
 from kvmatrix.matrix.expand import expand_case
@@ -21,6 +23,7 @@ FP8_RECORD = AMX_RECORDS / "cpu-avx512--deepseek-mla[kv=fp8,skip=-,spec=-].json"
 MY_MLA = {"description": "my MLA model with an fp8 KV cache", "model": "deepseek-mla", "gpus": [{"device": "cpu"}],
           "matrix": {"kv_cache_dtype": ["auto", "fp8"]}, "expect": [{"crash": False}]}
 LINK = "reports/findings/README.md#cpu-mla-fp8-fails-at-decode"
+TODAY = datetime.date(2026, 12, 5)
 
 
 def judged_in(cases_dir: Path, name: str, data: dict, tmp_path: Path) -> dict:
@@ -30,7 +33,7 @@ def judged_in(cases_dir: Path, name: str, data: dict, tmp_path: Path) -> dict:
     (cell,) = [c for c in expand_case(load_case(path), load_models(cases_dir), pool, str(path))
                if c.axes["kv_cache_dtype"] == "fp8"]
     record = copy.deepcopy(amx_record(FP8_RECORD)) | {"cell_id": cell.cell_id, "case": name}
-    return judge_record(record, Task(cell, "cpu-amx", pool["cpu-amx"]), Neighbours())
+    return judge_record(record, Task(cell, "cpu-amx", pool["cpu-amx"]), Neighbours(), known=known_failures_for([cell]))
 
 
 def test_amx_mlas_fp8_assert_in_a_users_case_is_the_known_failure_with_its_link(cases_dir, tmp_path):
@@ -71,5 +74,33 @@ def test_a_known_failure_is_applied_afresh_when_judged_again(cases_dir, tmp_path
     path = write_case(cases_dir, "my-mla", {**MY_MLA, "model": "llama"})
     (cell,) = [c for c in expand_case(load_case(path), load_models(cases_dir), pool, str(path))
                if c.axes["kv_cache_dtype"] == "fp8"]
-    again = judge_record(record, Task(cell, "cpu-amx", pool["cpu-amx"]), Neighbours())
+    again = judge_record(record, Task(cell, "cpu-amx", pool["cpu-amx"]), Neighbours(), known=known_failures_for([cell]))
     assert again["verdict"] == "fail" and "known_failure" not in again
+
+
+def test_judging_reads_no_file(cases_dir, tmp_path, monkeypatch):
+    """What is known is read before judging (`known_failures_for`); judging itself, a user's failure explained by
+    it included, opens, stats and resolves nothing, whatever the current folder."""
+    import builtins
+    import os
+
+    path = write_case(cases_dir, "my-mla", MY_MLA)
+    pool = load_pool(cases_dir)
+    (cell,) = [c for c in expand_case(load_case(path), load_models(cases_dir), pool, str(path))
+               if c.axes["kv_cache_dtype"] == "fp8"]
+    record = copy.deepcopy(amx_record(FP8_RECORD)) | {"cell_id": cell.cell_id, "case": "my-mla"}
+    known = known_failures_for([cell])
+    monkeypatch.chdir(tmp_path)
+
+    def refused(*args, **kwargs):
+        raise AssertionError(f"judging touched the file system: {args[:1]}")
+
+    for owner, name in [(builtins, "open"), (os, "stat"), (os, "scandir"), (os, "listdir"), (Path, "open"),
+                        (Path, "stat"), (Path, "exists"), (Path, "is_file"), (Path, "resolve"), (Path, "read_text"),
+                        (Path, "read_bytes"), (Path, "glob"), (Path, "iterdir")]:
+        monkeypatch.setattr(owner, name, refused)
+    try:
+        judged = judge_record(record, Task(cell, "cpu-amx", pool["cpu-amx"]), Neighbours(), today=TODAY, known=known)
+    finally:
+        monkeypatch.undo()  # pytest itself reads files to report
+    assert judged["verdict"] == "xfail" and judged["known_failure"]["link"] == LINK

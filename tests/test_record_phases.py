@@ -64,7 +64,7 @@ def test_what_a_cell_process_wrote_is_a_cell_output(path):
 
 
 @pytest.mark.parametrize(("field", "phase"), [("verdict", "the judgement"), ("signature", "the outcome"),
-                                              ("finished_at", "the judgement"), ("log", "the outcome")])
+                                              ("finished_at", "the outcome"), ("log", "the outcome")])
 def test_a_cell_output_with_a_later_phase_field_is_refused_naming_it(field, phase):
     result = {**RECORDS[RESULT], field: RECORDS[CRASH][field]}
     with pytest.raises(RecordError) as caught:

@@ -31,7 +31,8 @@ def executed(monkeypatch) -> list[dict]:
         while frame is not None:
             callers.append(f"{frame.f_globals.get('__name__')}.{frame.f_code.co_name}")
             frame = frame.f_back
-        calls.append({"callers": callers, "cells": [t.cell.cell_id for t in tasks], "settings": settings})
+        calls.append({"callers": callers, "cells": [t.cell.cell_id for t in tasks], "settings": settings,
+                      "past": dict(self.past.verdicts)})
         return []
 
     monkeypatch.setattr(LocalExecutor, "run", spy)
@@ -66,7 +67,7 @@ def test_a_bisection_step_executes_its_plan(matrix_with_waiver, tmp_path, execut
     (call,) = executed
     assert _through_the_plan(call) and "kvmatrix.harness.bisect.cell.run" in call["callers"]
     settings = call["settings"]
-    assert call["cells"] == [OK_CELL]
+    assert call["cells"] == [OK_CELL] and call["past"] == {}
     assert settings.waivers == [] and not settings.canary and settings.isolation == "worker"
     assert settings.run_dir.root == Path(tmp_path / "steps" / "v1")
     assert list(answer["skips"]) == ["nosuch[kv=auto]"] and answer["records"] == {}

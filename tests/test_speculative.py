@@ -253,7 +253,8 @@ def test_a_speculative_config_field_no_release_has_is_a_case_error(cases_dir):
     path = write_case(cases_dir, "c", {**DRAFT, "speculative_config": {"parralel_drafting": True},
                                        "matrix": {"speculative": ["llama-eagle3-flat"]}})
     with pytest.raises(CaseError, match=r"c.yaml: case 'c': field 'speculative_config.parralel_drafting': not a "
-                                        r"field of vLLM's speculative_config"):
+                                        r"field a case may set in speculative_config \(did you mean "
+                                        r"'parallel_drafting'\?\)"):
         load_case(path, vllm_vocabulary(load_models(cases_dir)))
 
 

@@ -72,11 +72,12 @@ def run(cell_ids: list[str], runs_dir: Path, run_id: str, cache_dir: Path, gpu: 
 def step_options(cells: tuple[Cell, ...], runs_dir: Path, run_id: str, cache_dir: Path, gpu: str | None,
                  isolation: str, cases_dir: Path) -> RunOptions:
     """A step's run: its cells, as the class asked (emulated on this machine's GPU) or this machine's, together in
-    one slot (one warm worker with `isolation: worker`), judged without waivers (the raw verdict is what changed)
-    and without a canary or templates (a step's environment is the thing under test, each cell's error its own)."""
+    one slot (one warm worker with `isolation: worker`), judged without waivers (the raw verdict is what changed),
+    without a canary or templates (a step's environment is the thing under test, each cell's error its own), and in
+    their own order (what runs in other environments saw does not apply)."""
     return RunOptions(gpu=gpu, emulate=gpu is not None, run_id=run_id, runs_dir=runs_dir, cache_dir=cache_dir,
                       cases_dir=cases_dir, cells=cells, jobs=1, isolation=isolation, template=False, waivers=False,
-                      canary=False)
+                      canary=False, read_past=False)
 
 
 def main(argv: list[str]) -> int:

@@ -7,12 +7,14 @@ output.py."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from typing import TextIO
 
 from kvmatrix.harness.cli.commands import COMMANDS
@@ -53,7 +55,29 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=info.summary, description=info.summary)
         if name == chosen:
             importlib.import_module(info.module).add_arguments(command)
+            command.add_argument("--trust-case-code", action="store_true",
+                                 help="the case folder is your own, trusted like code: its model registry and pool "
+                                      "may name remote code, tokenizers, paths and classes, as the built-in ones "
+                                      "do (without it a folder's files are a stranger's data: docs/case-files.md)")
     return parser
+
+
+@contextlib.contextmanager
+def case_code_trust(trusted: bool) -> Iterator[None]:
+    """--trust-case-code for this command and the processes it starts (cells, pytest workers, bisection steps
+    read the same variable), undone when it ends."""
+    from kvmatrix.matrix.trust import TRUST_CASE_CODE_ENV  # the matrix's, read when a command runs
+
+    before = os.environ.get(TRUST_CASE_CODE_ENV)
+    if trusted:
+        os.environ[TRUST_CASE_CODE_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TRUST_CASE_CODE_ENV, None)
+        else:
+            os.environ[TRUST_CASE_CODE_ENV] = before
 
 
 class Terminated(KeyboardInterrupt):
@@ -80,8 +104,8 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
 
 
 def _run(args: argparse.Namespace) -> int:
-    with warnings.catch_warnings():  # restores Python's own display after the command
-        warnings.showwarning = _show_warning
+    with warnings.catch_warnings(), case_code_trust(getattr(args, "trust_case_code", False)):
+        warnings.showwarning = _show_warning  # catch_warnings restores Python's own display after the command
         return args.func(args)
 
 

@@ -14,9 +14,10 @@ from kvmatrix.harness.judge.waivers import WAIVERS_FILE, WaiverError, cell_keys,
 from kvmatrix.harness.run.guards import cases_dir_for
 from kvmatrix.harness.run.session import vllm_vocabulary
 from kvmatrix.harness.vllm_compat import known_kv_cache_dtypes
+from kvmatrix.matrix.data_file import read_yaml
 from kvmatrix.matrix.expand import Cell, expand_case
 from kvmatrix.matrix.lint import DeadRule, dead_rules
-from kvmatrix.matrix.load import case_files, load_case, load_models, load_pool, read_yaml
+from kvmatrix.matrix.load import case_files, load_case, load_models, load_pool
 from kvmatrix.matrix.schema import CaseError
 
 

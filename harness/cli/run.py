@@ -37,7 +37,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                           "the host's cores)")
     run.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="built models and compile/JIT caches")
     run.add_argument("--hub", action="store_true", help="use the registry's hub ids instead of tiny models")
-    run.add_argument("--timeout-scale", type=_positive, default=1.0)
+    run.add_argument("--timeout-scale", type=_scale, default=1.0,
+                     help=f"multiply every case's timeout_s (above 0, at most {MAX_TIMEOUT_SCALE:g})")
     run.add_argument("--force", action="store_true", help="resume a results folder made with other case files")
     run.add_argument("--min-free-gb", type=_gib, default=2.0, help="refuse to start with less free disk")
     run.add_argument("--db", default=str(history.DEFAULT_DB),
@@ -74,6 +75,17 @@ def _positive(text: str) -> float:
     value = float(text)
     if not (math.isfinite(value) and value > 0):  # a NaN or infinite timeout never ends a hung cell
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number above 0")
+    return value
+
+
+# A slower machine takes a few times longer, a debugger a hundred; a bigger scale only overflows the timer.
+MAX_TIMEOUT_SCALE = 100.0
+
+
+def _scale(text: str) -> float:
+    value = _positive(text)
+    if value > MAX_TIMEOUT_SCALE:
+        raise argparse.ArgumentTypeError(f"{text!r} is over {MAX_TIMEOUT_SCALE:g}")
     return value
 
 

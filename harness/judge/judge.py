@@ -13,8 +13,9 @@ twin (speculative.py); a failure
 emulation cannot reproduce is `skip`, a failure of the environment (not vLLM) is `error`, a class's clear refusal
 of what its hardware cannot run is `skip`; a cell that failed
 and then passed on a retry stays a (flaky) failure; a known failure (cases/_waivers.txt, waivers.py) is `xfail`
-with its link, and so is a user's case failing as kvmatrix's own cases or waivers know this vLLM fails
-(known_failures.py).
+with its link (a waiver by finding wherever its finding shows), and so is a user's case failing as kvmatrix's own
+cases or waivers know this vLLM fails (known_failures.py: what is known, and the date, are passed in, read by the
+caller). A stored record is judged again from its outcome (record/types.py `outcome_of`): judging again is judging.
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ from typing import Any, cast
 
 from kvmatrix.harness.judge.accuracy import judge_accuracy
 from kvmatrix.harness.judge.differential import judge_differential, judge_oracle_floor, judge_workload
-from kvmatrix.harness.judge.known_failures import explain
+from kvmatrix.harness.judge.known_failures import NONE_KNOWN, KnownFailures, explain
 from kvmatrix.harness.judge.speculative import judge_speculative
 from kvmatrix.harness.judge.verdict import Judgement, judge
 from kvmatrix.harness.judge.waivers import Waiver, waive
 from kvmatrix.harness.record.neighbours import Neighbours
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.record.types import JudgedRecord, OutcomeRecord, check_judged
+from kvmatrix.harness.record.types import JudgedRecord, OutcomeRecord, check_judged, outcome_of
 from kvmatrix.harness.vllm_compat import (
     ENVIRONMENT_SIGNATURES,
     NOT_EMULABLE_SIGNATURES,
@@ -41,29 +42,27 @@ from kvmatrix.harness.vllm_compat import (
 from kvmatrix.harness.vllm_compat.declarations import UNQUANTIZED_KV_DTYPES
 from kvmatrix.matrix.conditions import gpu_matches
 
-# What judging decides afresh: a stored record judged again loses them first (and gets them back, at the end of
-# the record, where they still hold).
-REJUDGED_FIELDS = ("waived", "known_failure", "differential", "noise_floor_summary", "speculative", "not_emulable")
-
 
 def judge_record(outcome: OutcomeRecord, task: Task, neighbours: Neighbours, waivers: Sequence[Waiver] = (),
-                 first_failure: str | None = None, today: datetime.date | None = None) -> JudgedRecord:
+                 today: datetime.date | None = None, known: KnownFailures = NONE_KNOWN) -> JudgedRecord:
     """The outcome record judged, as a new record (the outcome is left as it is): its final verdict and reason
     and the per-rule results, checked as a judged record. Its fields keep the outcome's order, those judging adds
     follow in the order of the stages. `neighbours`: the records the cell is compared with
-    (record/neighbours.py). `first_failure` is the reason an earlier attempt of the same cell failed with (a
-    retry); a stored record judged again keeps its `flaky` mark. Stored records are judged again from scratch: a
-    waiver applied earlier is undone first. `today` decides which waivers have expired (default: the date now)."""
-    record = normalized_record(cast(OutcomeRecord, {k: v for k, v in outcome.items() if k not in REJUDGED_FIELDS}))
+    (record/neighbours.py). A stored record is judged again from its outcome (`outcome_of`: everything an earlier
+    judgement added is dropped first), so judging it again is judging it. `today` decides which waivers have
+    expired (the callers pass their run's date; default: the date now). `known`: what kvmatrix knows fails, for a
+    user's case (known_failures.py `known_failures_for`, read by the caller: judging reads no file)."""
+    record = normalized_record(outcome_of(outcome))
     context = task.context(record.get("vllm_version"))
     judgement = _compared(record, judge(record, task.cell.case.expect, context), task, neighbours, context)
     judgement = _not_vllms_fault(record, judgement, task, context)
-    judgement = _flaky(record, judgement, first_failure)
+    judgement = _flaky(record, judgement)
     judged = cast(JudgedRecord, {**record, **judgement.fields, "expectations": judgement.results,
                                  "verdict": judgement.verdict, "reason": judgement.reason,
                                  "tags": list(task.cell.case.tags)})
+    today = today or datetime.date.today()
     waived, _ = waive(judged, waivers, today)  # a "removable" waiver is reported over the whole run
-    return check_judged(explain(waived, task, today),  # a user's case failing as kvmatrix knows this vLLM fails
+    return check_judged(explain(waived, task, known, today),  # a user's case failing as kvmatrix knows vLLM fails
                         f"the judged record of {task.key}")
 
 
@@ -94,17 +93,12 @@ def _not_vllms_fault(record: OutcomeRecord, judgement: Judgement, task: Task, co
     return judgement
 
 
-def _flaky(record: OutcomeRecord, judgement: Judgement, first_failure: str | None) -> Judgement:
-    """A cell that failed (`first_failure`: this run's earlier attempt; a stored `flaky` mark: an earlier judgement)
-    and then passed stays a failure."""
-    if judgement.verdict != "pass":
+def _flaky(record: OutcomeRecord, judgement: Judgement) -> Judgement:
+    """A cell that failed (`first_failure`: this run's earlier attempt) and then passed stays a failure."""
+    first = record.get("first_failure")
+    if judgement.verdict != "pass" or first is None:
         return judgement
-    if first_failure is not None:
-        judgement = judgement.then(fields={"flaky": True, "first_failure": first_failure})
-    if not (first_failure is not None or record.get("flaky")):
-        return judgement
-    first = first_failure if first_failure is not None else record.get("first_failure")
-    return judgement.then("fail", f"flaky: failed first{f' ({first})' if first else ''}, then passed")
+    return judgement.then("fail", f"flaky: failed first ({first}), then passed", fields={"flaky": True})
 
 
 def _refused_by_platform(record: OutcomeRecord, context: dict) -> bool:

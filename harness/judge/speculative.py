@@ -69,7 +69,7 @@ def judge_speculative(record: OutcomeRecord, judgement: Judgement, cell: Cell, n
         if not ok:
             failures.append(detail)
     comparison: SpeculativeComparison = {}
-    if cell.draft_twin and neighbours.draft_twin is not None:  # none in the run (selected out, or from before twins)
+    if cell.draft_twin:
         failures += _greedy_equality(record, cell, neighbours.draft_twin, context, comparison, rows)
     plain = cell.plain_twin_on(gpu_name)
     method = ((record.get("engine_args") or {}).get("speculative_config") or {}).get("method")
@@ -89,8 +89,11 @@ def _forced_draft_backend(record: OutcomeRecord, forced: str) -> tuple[bool, str
     return True, f"the draft runs the forced {forced}" if ran else f"no draft layer recorded (forced {forced})"
 
 
-def _twin_problem(record: OutcomeRecord, twin: JudgedRecord) -> str | None:
-    """Why a twin's record cannot be compared with this one (None: it can)."""
+def _twin_problem(record: OutcomeRecord, twin: JudgedRecord | None) -> str | None:
+    """Why a twin's record cannot be compared with this one (None: it can); a twin the run lacks (selected out,
+    not shipped, a run from before twins) is said so, never passed over silently."""
+    if twin is None:
+        return "the twin has no record in this run"
     if twin.get("status") != "ok":
         return f"the twin did not run ({twin.get('status')}: {twin.get('reason') or twin.get('signature') or ''})"
     if run_mode(twin) != run_mode(record):
@@ -98,7 +101,7 @@ def _twin_problem(record: OutcomeRecord, twin: JudgedRecord) -> str | None:
     return None
 
 
-def _greedy_equality(record: OutcomeRecord, cell: Cell, twin: JudgedRecord, context: dict[str, Any],
+def _greedy_equality(record: OutcomeRecord, cell: Cell, twin: JudgedRecord | None, context: dict[str, Any],
                      comparison: SpeculativeComparison, results: list[RuleResult]) -> list[str]:
     assert cell.draft_twin is not None, "called for a cell with a twin"
     comparison["twin"] = cell.draft_twin
@@ -107,6 +110,7 @@ def _greedy_equality(record: OutcomeRecord, cell: Cell, twin: JudgedRecord, cont
         comparison["missing"] = missing
         results.append({"rule": GREEDY_RULE, "ok": True, "detail": f"not compared with {cell.draft_twin}: {missing}"})
         return []
+    assert twin is not None, "an absent twin is missing"
     rule = cell.case.differential if cell.case.differential is not False else Differential()
     tokens = compare_tokens(record, {"tokens": twin.get("tokens") or [], "logprobs": twin.get("logprobs") or []},
                             _tokens_exact(cell, context), rule)
@@ -163,7 +167,7 @@ def _rate(record: OutcomeRecord) -> tuple[float | None, str]:
 
 def _acceptance(record: OutcomeRecord, plain_id: str, plain: JudgedRecord | None,
                 comparison: SpeculativeComparison, results: list[RuleResult]) -> list[str]:
-    if plain is None or "spec_decode" not in record:  # a run without it, or a record from before the figures
+    if "spec_decode" not in record:  # a record from before the figures
         return []
     comparison["plain_twin"] = plain_id
     rate, mine = _rate(record)
@@ -173,6 +177,7 @@ def _acceptance(record: OutcomeRecord, plain_id: str, plain: JudgedRecord | None
         comparison["acceptance"] = f"not compared with {plain_id}: {missing}"
         results.append({"rule": ACCEPTANCE_RULE, "ok": True, "detail": comparison["acceptance"]})
         return []
+    assert plain is not None, "an absent plain twin is missing"
     plain_rate, theirs = _rate(plain)
     comparison["plain_acceptance_rate"] = plain_rate
     drafted = (plain.get("spec_decode") or {}).get("draft_tokens") or 0

@@ -10,13 +10,18 @@ already reported upstream shows as `xfail` with its link instead of failing ever
   bug of some releases;
 - the link (http:// or https://, or a section of the project's own findings, reports/findings/README.md#name) is
   required: a waiver says where the failure is tracked;
-- `until=YYYY-MM-DD` (optional) is the last day the waiver holds; `#` after a space starts a comment.
+- `until=YYYY-MM-DD` (optional) is the last day the waiver holds; `#` after a space starts a comment;
+- `finding=<name>` (optional) waives a finding by what vLLM does (vllm_compat/findings.py: its crash signature or
+  failing check, in the configuration that triggers it) rather than by cell: the waiver then holds wherever that
+  finding shows, in every case and on every class, within its `vllm=` releases, and nothing else there; the pattern
+  and `gpu=` say which cells it was written for, and a match beyond them is reported (`beyond`), so that it is
+  widened on purpose, not by accident.
 
 The judge applies the waivers (`waive`, its last stage but one; a run resumed applies today's to the records it
 keeps: harness/run/resume.py): a waived failure becomes `xfail` (its reason names the link). Over a run's records
-(`waiver_problems`): a waived cell that passes is reported as "waiver can be removed"; an expired waiver waives
-nothing and is an error; a waiver that matches no cell of the matrix is an error (a typo, or a cell that was
-renamed or removed).
+(`waiver_problems`): a waived cell that passes is reported as "waiver can be removed"; a finding's waiver that
+waived a cell it was not written for says where; an expired waiver waives nothing and is an error; a waiver that
+matches no cell of the matrix is an error (a typo, or a cell that was renamed or removed).
 """
 
 from __future__ import annotations
@@ -29,15 +34,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvmatrix.harness.record.parts import FAILING_VERDICTS
-from kvmatrix.harness.record.types import JudgedRecord
-from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES
-from kvmatrix.matrix.conditions import check_condition_value, matches
+from kvmatrix.harness.record.types import JudgedRecord, Waived
+from kvmatrix.harness.vllm_compat import ENVIRONMENT_SIGNATURES, FINDING_SIGNATURES, signature_matches
+from kvmatrix.matrix.conditions import check_condition_value, matches, when_matches
+from kvmatrix.matrix.data_file import read_data_file
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.load import CASES_DIR
+from kvmatrix.matrix.patterns import glob_fullmatch
+from kvmatrix.matrix.schema import CaseError
 
 WAIVERS_FILE = CASES_DIR / "_waivers.txt"
 # Where a waived failure is tracked: an upstream issue, or our own findings page for bugs not yet filed upstream.
 LINK_PREFIXES = ("http://", "https://", "reports/findings/")
+_FIELDS = ("gpu=", "until=", "vllm=", "finding=")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _COMMENT = re.compile(r"(^|\s)#.*$")  # a `#` inside a link (a URL fragment) is not a comment
 
@@ -57,14 +66,27 @@ class Waiver:
     file: str = ""
     line: int = 0
     vllm: str | None = None  # a condition on the record's vLLM version (matrix/conditions.py); None: every version
+    finding: str | None = None  # a finding of vllm_compat/findings.py: waived wherever it shows (module docstring)
 
     @property
     def where(self) -> str:
         return f"{self.file}:{self.line}"
 
+    def waives(self, record: JudgedRecord) -> bool:
+        """Whether the waiver holds for a record: its cell, class and vLLM version; for a finding's waiver, the
+        finding showing in it within the vLLM releases, whatever its case and class."""
+        if self.finding is None:
+            return self.matches(record["cell_id"], record.get("gpu_class") or "?", record.get("vllm_version"))
+        version = record.get("vllm_version")
+        return (self.vllm is None or version is None or matches(self.vllm, version)) and shows(self.finding, record)
+
+    def beyond(self, record: JudgedRecord) -> bool:
+        """Whether a finding's waiver holds for a record of a cell or class it was not written for."""
+        return self.finding is not None and not self.matches(record["cell_id"], record.get("gpu_class") or "?")
+
     def matches(self, cell_id: str, gpu_class: str, vllm_version: str | None = None) -> bool:
         """`vllm_version` None (a cell of the matrix, not a record) matches every version scope."""
-        return cell_pattern(self.pattern).fullmatch(cell_id) is not None and (
+        return glob_fullmatch(self.pattern, cell_id) and (
             not self.gpus or any(fnmatch.fnmatchcase(gpu_class, g) for g in self.gpus)) and (
             self.vllm is None or vllm_version is None or matches(self.vllm, vllm_version))
 
@@ -72,9 +94,16 @@ class Waiver:
         return self.until is not None and today > self.until
 
 
-def cell_pattern(pattern: str) -> re.Pattern:
-    """A cell id with `*` and `?` as wildcards, `[` and `]` literal: what a waiver and `-k` match whole ids with."""
-    return re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."))
+def shows(finding: str, record: JudgedRecord) -> bool:
+    """Whether a record shows the finding: in its configuration, the crash signature (or one of its family) or
+    a failing row of the check."""
+    known = FINDING_SIGNATURES[finding]
+    if not when_matches(known.when, dict(record.get("axes") or {})):
+        return False
+    if known.signature is not None:
+        return signature_matches(known.signature, record.get("signature"))
+    return any(not row.get("ok") and str(row.get("rule", "")).startswith(f"{known.check}:")
+               for row in record.get("expectations") or [])
 
 
 def parse_waivers(text: str, file: str = "<waivers>", gpu_classes: Iterable[str] | None = None) -> list[Waiver]:
@@ -102,13 +131,15 @@ def _parse_line(tokens: list[str], file: str, number: int, known: list[str] | No
         return WaiverError(file, number, message)
 
     pattern, *rest = tokens
-    if pattern.startswith(("gpu=", "until=", "vllm=", *LINK_PREFIXES)):
+    if pattern.startswith((*_FIELDS, *LINK_PREFIXES)):
         raise fail(f"a line starts with the cell pattern, not {pattern!r}")
     fields = _fields(pattern, rest, fail)
     gpus, until = _gpus(fields, known, fail), _until(fields, fail)
     if "vllm" in fields and (problem := check_condition_value(fields["vllm"])):
         raise fail(f"vllm={fields['vllm']}: {problem}")
-    return Waiver(pattern, fields["link"], gpus, until, file, number, fields.get("vllm"))
+    if "finding" in fields and fields["finding"] not in FINDING_SIGNATURES:
+        raise fail(f"finding={fields['finding']} is no known finding ({', '.join(sorted(FINDING_SIGNATURES))})")
+    return Waiver(pattern, fields["link"], gpus, until, file, number, fields.get("vllm"), fields.get("finding"))
 
 
 Fail = Callable[[str], WaiverError]
@@ -119,10 +150,10 @@ def _fields(pattern: str, tokens: list[str], fail: Fail) -> dict[str, str]:
     fields: dict[str, str] = {}
     for token in tokens:
         name = ("link" if token.startswith(LINK_PREFIXES)
-                else token.split("=", 1)[0] if token.startswith(("gpu=", "until=", "vllm=")) else None)
+                else token.split("=", 1)[0] if token.startswith(_FIELDS) else None)
         if name is None:
-            raise fail(f"unexpected {token!r}: expected gpu=<class>, vllm=<versions>, a link (https://...) or "
-                       f"until=YYYY-MM-DD")
+            raise fail(f"unexpected {token!r}: expected gpu=<class>, vllm=<versions>, finding=<name>, a link "
+                       f"(https://...) or until=YYYY-MM-DD")
         if name in fields:
             raise fail(f"more than one {name} for {pattern!r}")
         fields[name] = token if name == "link" else token.split("=", 1)[1]
@@ -156,9 +187,9 @@ def _until(fields: dict[str, str], fail: Fail) -> datetime.date | None:
 
 def load_waivers(path: Path = WAIVERS_FILE, gpu_classes: Iterable[str] | None = None) -> list[Waiver]:
     try:
-        data = Path(path).read_bytes()
-    except OSError as err:
-        raise WaiverError(str(path), 0, f"cannot read: {err.strerror}") from None
+        data = read_data_file(Path(path))
+    except CaseError as err:
+        raise WaiverError(str(path), 0, err.message) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -169,13 +200,14 @@ def load_waivers(path: Path = WAIVERS_FILE, gpu_classes: Iterable[str] | None = 
 
 @dataclass(frozen=True)
 class WaiverProblem:
-    kind: str  # "expired" | "unmatched": errors; "removable": the waived cell no longer fails
+    kind: str  # "expired" | "unmatched": errors; "removable": the waived cell no longer fails; "beyond": a
+    # finding's waiver waived a cell it was not written for
     waiver: Waiver
     detail: str
 
     @property
     def is_error(self) -> bool:
-        return self.kind != "removable"
+        return self.kind not in ("removable", "beyond")
 
     def __str__(self) -> str:
         return f"{self.waiver.where}: {self.detail}"
@@ -187,9 +219,10 @@ def cell_keys(cells: Iterable[Cell]) -> list[tuple[str, str]]:
 
 
 def waiver_for(record: JudgedRecord, waivers: Iterable[Waiver]) -> Waiver | None:
-    """The first waiver that matches a record's cell, class and vLLM version."""
-    return next((w for w in waivers if w.matches(record["cell_id"], record.get("gpu_class") or "?",
-                                                 record.get("vllm_version"))), None)
+    """The first waiver that holds for a record (`Waiver.waives`), one written for its cell and class before one
+    of a finding that holds there beyond them."""
+    holding = [w for w in waivers if w.waives(record)]
+    return next((w for w in holding if not w.beyond(record)), holding[0] if holding else None)
 
 
 def unwaived(record: JudgedRecord) -> JudgedRecord:
@@ -197,7 +230,7 @@ def unwaived(record: JudgedRecord) -> JudgedRecord:
     waived = record.get("waived")
     if not isinstance(waived, dict):
         return record
-    prefix = f"waived ({waived.get('link')}): "
+    prefix = f"waived ({_said(waived.get('finding'), waived.get('link'))}): "
     reason = record.get("reason") or ""
     out = record.copy()
     del out["waived"]
@@ -225,14 +258,36 @@ def waive(record: JudgedRecord, waivers: Iterable[Waiver], today: datetime.date 
         # over a record of the install without `quack`).
         return record, None
     if record["verdict"] in FAILING_VERDICTS:
-        return {**record, "verdict": "xfail", "reason": f"waived ({waiver.link}): {record.get('reason', '')}",
-                "waived": {"verdict": record["verdict"], "waiver": waiver.where, "link": waiver.link}}, None
+        return _waived(record, waiver)
     if record["verdict"] == "pass":
         return record, WaiverProblem("removable", waiver, f"waiver can be removed: {where} passes")
     if record["verdict"] == "xfail":
         return record, WaiverProblem("removable", waiver,
                                      f"waiver can be removed: the case already expects {where} to fail")
     return record, None
+
+
+def _waived(record: JudgedRecord, waiver: Waiver) -> tuple[JudgedRecord, WaiverProblem | None]:
+    """The failing record as the waiver makes it `xfail`; a finding's waiver names the finding, and where it
+    holds beyond the cells it was written for, says so in the record and as a (non-error) problem."""
+    waived = Waived(verdict=record["verdict"], waiver=waiver.where, link=waiver.link)
+    if waiver.finding is not None:
+        waived["finding"] = waiver.finding
+    problem = None
+    if waiver.beyond(record):
+        waived["beyond"] = True
+        problem = WaiverProblem("beyond", waiver, f"finding {waiver.finding} waived {record['cell_id']} "
+                                                  f"@{record.get('gpu_class')}, beyond {waiver.pattern}"
+                                                  f"{' gpu=' + ','.join(waiver.gpus) if waiver.gpus else ''}")
+    return {**record, "verdict": "xfail", "reason": f"waived ({_said(waiver.finding, waiver.link)}): "
+                                                    f"{record.get('reason', '')}", "waived": waived}, problem
+
+
+def _said(finding: str | None, link: str | None) -> str:
+    """What a waived record's reason names: the finding (its name and site) where the waiver is a finding's, and
+    the link."""
+    known = FINDING_SIGNATURES.get(finding or "")
+    return f"{known.title} at {known.site}, {link}" if known else str(link)
 
 
 def waiver_problems(

@@ -5,6 +5,7 @@ that the new release has run: kept, removed, bounded below the new release, or w
 
 from __future__ import annotations
 
+import datetime
 import fnmatch
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -14,6 +15,7 @@ from packaging.version import InvalidVersion, Version
 
 from kvmatrix.harness.judge.fingerprint import failure_name
 from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.known_failures import known_failures_for
 from kvmatrix.harness.judge.outcome import reclassified
 from kvmatrix.harness.judge.waivers import Waiver, waive, waiver_for
 from kvmatrix.harness.qualify.registry import Check
@@ -33,13 +35,15 @@ def judged_again(folder: Path, cells: Mapping[str, Cell], pool: Mapping[str, Gpu
     """Every kept record of a run folder judged again under the current cases, without any waiver (copies: the
     folder is left as it was); a record of a cell or class the cases no longer have, as stored."""
     run_dir, out = RunDir(folder), []
+    known, today = known_failures_for(cells.values()), datetime.date.today()
     for stored in run_dir.records():
         if not keep(stored):
             continue
         cell, gpu = cells.get(stored["cell_id"]), stored.get("gpu_class", "")
         if cell is not None and gpu in pool and stored.get("status") != "skipped":
             task = Task(cell, gpu, pool[gpu], stored.get("emulated_from"))
-            stored = judge_record(reclassified(stored, run_dir.log_tail(stored)), task, neighbours_of(task, run_dir))
+            stored = judge_record(reclassified(stored, run_dir.log_tail(stored)), task, neighbours_of(task, run_dir),
+                                  (), today, known)
         out.append(stored)
     return out
 

@@ -85,21 +85,37 @@ class RunDir:
     def records(self) -> list[JudgedRecord]:
         """Every record of the folder; a file that cannot be read as one (torn, empty, not JSON, not a judged
         record) is there as an `error` record saying so (`unreadable_record`): a reader never loses a cell."""
-        out = []
+        out: list[JudgedRecord] = []
+        claims: dict[tuple[str, str], list[Path]] = {}  # (cell, class) -> the files holding its record
         for path in sorted(self.root.glob("*.json")):
             if path.name == "run.json" or path.name.startswith("."):  # .tmp-*: a write not yet renamed
                 continue
             record, why = read_record(path)
-            out.append(record if record is not None else unreadable_record(path, why or "absent"))
+            if record is None:
+                out.append(unreadable_record(path, why or "absent"))
+                continue
+            key = (record["cell_id"], record.get("gpu_class", "?"))
+            claims.setdefault(key, []).append(path)
+            if len(claims[key]) == 1:
+                out.append(record)
+            else:  # a second file for one cell (a copy of a PASS beside its FAIL): neither is believed
+                out = [r for r in out if (r["cell_id"], r.get("gpu_class", "?")) != key]
+                out.append(duplicate_record(*key, claims[key]))
         return out
 
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=False, default=str), suffix=".json")
+
+
+def write_text_atomic(path: Path, text: str, suffix: str = "") -> None:
+    """`path` holding `text`, or as it was: a temporary file beside it renamed over it (a full disk leaves the last
+    report whole, never an empty one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=suffix)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=False, default=str)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -165,3 +181,15 @@ def unreadable_record(path: Path, why: str) -> JudgedRecord:
                           reason=f"the record file {Path(path).name} cannot be read ({why}): what the cell did is "
                                  "unknown; the same run id runs the cell again")
     return check_judged(record, f"the stand-in for {Path(path).name}")
+
+
+def duplicate_record(cell_id: str, gpu_class: str, paths: list[Path]) -> JudgedRecord:
+    """What a reader shows for a cell that several record files claim: an `error` naming them (which one the run
+    wrote is not for a reader to guess: a copied PASS would hide the cell's FAIL), never a record file of its own."""
+    names = ", ".join(p.name for p in paths)
+    why = f"{len(paths)} record files claim this cell: {names}"
+    record = JudgedRecord(cell_id=cell_id, case=cell_id.split("[")[0], gpu_class=gpu_class, status="error",
+                          verdict="error", expectations=[], unreadable_record=why,
+                          reason=f"{why}; one record per cell: remove the ones that are not "
+                                 f"{record_stem(cell_id, gpu_class)}.json, or run the cell again")
+    return check_judged(record, f"the stand-in for {names}")

@@ -377,3 +377,5 @@ class Waived(TypedDict, total=False):
     verdict: Verdict
     waiver: str
     link: str
+    finding: str  # a finding's waiver (vllm_compat/findings.py): the finding it waived the record by
+    beyond: bool  # that waiver holds here beyond the cells it was written for

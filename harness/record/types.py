@@ -139,6 +139,8 @@ class OutcomeRecord(CellOutput, total=False):
     # the cell whose fresh process showed this expected failure first (harness/run/task/confirmations.py)
     confirmed_by: str
     warm_attempt: WarmAttempt
+    first_failure: str  # why this run's earlier attempt of the cell failed (a retry): judged `flaky` if it passes
+    finished_at: str  # when the cell's last attempt ended (UTC, to the second)
 
 
 @open_to_other_keys
@@ -155,10 +157,8 @@ class JudgedRecord(OutcomeRecord, total=False):
     noise_floor_summary: dict[str, Any]  # an oracle's noise floor, summarized (harness/judge/differential.py)
     not_emulable: bool
     flaky: bool
-    first_failure: str
     waived: Waived
     known_failure: KnownFailureNote
-    finished_at: str
     # A record file a reader could not read (files.unreadable_record): why; such a record is never written.
     unreadable_record: str
 
@@ -171,6 +171,13 @@ def _fields(phase: Any) -> frozenset[str]:
 # The fields each phase adds to the one before it.
 _OUTCOME_FIELDS = _fields(OutcomeRecord) - _fields(CellOutput)
 _JUDGEMENT_FIELDS = _fields(JudgedRecord) - _fields(OutcomeRecord)
+
+
+def outcome_of(record: Mapping[str, Any]) -> OutcomeRecord:
+    """A record less everything judging adds (a new dict, in the record's order): what judging it again starts
+    from, so a record judged again is built whole, as when first judged, and keeps nothing of an earlier judgement.
+    A record's fields of other harnesses (older, newer) are not judging's and stay."""
+    return cast(OutcomeRecord, {key: value for key, value in record.items() if key not in _JUDGEMENT_FIELDS})
 
 
 class RecordError(ValueError):

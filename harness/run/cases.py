@@ -6,10 +6,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvmatrix.harness.judge.waivers import cell_pattern
 from kvmatrix.harness.run.session import vllm_vocabulary
 from kvmatrix.matrix.expand import MAX_CELLS, Cell, expand_case
 from kvmatrix.matrix.load import case_files, load_case, load_models, load_pool
+from kvmatrix.matrix.patterns import glob_fullmatch
 from kvmatrix.matrix.schema import CaseError
 
 
@@ -73,5 +73,5 @@ def cell_selected(cell_id: str, pattern: str) -> bool:
     `?` are wildcards, `[` and `]` literal (as in the waivers file), so an id from `kvmatrix list` selects itself."""
     whole_id = "[" in pattern and pattern.endswith("]")
     if whole_id or set("*?") & set(pattern):
-        return cell_pattern(pattern).fullmatch(cell_id) is not None
+        return glob_fullmatch(pattern, cell_id)
     return pattern in cell_id

@@ -14,7 +14,9 @@ from typing import IO
 
 from kvmatrix.harness.judge.waivers import WAIVERS_FILE
 from kvmatrix.harness.record.files import write_json_atomic
+from kvmatrix.matrix.data_file import read_data_file
 from kvmatrix.matrix.load import CASES_DIR, MODELS_FILE, POOL_FILE, shared_file
+from kvmatrix.matrix.schema import CaseError
 
 RUN_META = "run.json"
 LOCK_FILE = ".lock"  # held by the run writing the folder (lock_run_folder)
@@ -32,8 +34,17 @@ def cases_fingerprint(cases_dir: Path) -> str:
                 if not (folder / name).exists()]
     digest = hashlib.sha256()
     for path in sorted(folder.glob("*.yaml")) + sorted(folder.glob("*.txt")) + borrowed:
-        digest.update(os.fsencode(path.name) + b"\0" + path.read_bytes() + b"\0")  # any name, UTF-8 or not
+        digest.update(os.fsencode(path.name) + b"\0" + _fingerprinted(path) + b"\0")  # any name, UTF-8 or not
     return digest.hexdigest()[:16]
+
+
+def _fingerprinted(path: Path) -> bytes:
+    """A file's bytes as loading reads them; a file loading refuses (a device, a pipe, a link out of the folder, a
+    20 GB notes.txt) by why, never read in full: it would hang the run or exhaust memory."""
+    try:
+        return read_data_file(path)
+    except CaseError as err:
+        return err.message.encode()
 
 
 def lock_run_folder(root: Path) -> IO[str]:

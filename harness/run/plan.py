@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
+from kvmatrix.harness.judge.known_failures import known_failures_for
 from kvmatrix.harness.record.files import RUNS_DIR
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
 from kvmatrix.harness.record.task import Task
@@ -23,7 +24,7 @@ from kvmatrix.harness.run.guards import cases_dir_for, check_free_disk, claim_ru
 from kvmatrix.harness.run.host.slots import Slots
 from kvmatrix.harness.run.last_run import last_run_file, recall
 from kvmatrix.harness.run.order.policy import PastRuns
-from kvmatrix.harness.run.run_ids import resumed_run_id
+from kvmatrix.harness.run.run_ids import checked_run_id, resumed_run_id
 from kvmatrix.harness.run.session import Session, open_session, waivers_lent
 from kvmatrix.harness.run.settings import CELL_COMMAND, WORKER_COMMAND, RunSettings
 from kvmatrix.matrix.expand import Cell
@@ -65,6 +66,10 @@ class RunOptions:
     ray: str | None = None  # the address of a Ray cluster to run the cells on
     ray_real_gpus: bool = False
     history_db: Path | None = None  # whose last verdicts and timings order the cells
+    # Order the cells by what earlier runs of the class saw (the history, else the last run on these caches); off
+    # for a bisection step, whose environment is not theirs (a cell that failed in another vLLM would start alone in
+    # a fresh process instead of its step's warm worker).
+    read_past: bool = True
     force: bool = False  # resume a results folder made with other case files
     min_free_gib: float = 2.0
     waivers: bool = True  # judge with the cases' known failures (a bisection step looks for the raw verdict)
@@ -108,6 +113,7 @@ def plan_run(options: RunOptions, read_history: HistoryReader | None = None, say
     the run folder claimed (unless `claim` is False: a listing makes no folder; `lock`: one run writes the folder
     at a time), the tasks chosen, the slots, and the history read with `read_history`."""
     run_id = resumed_run_id(options.resume, options.runs_dir) if options.resume else options.run_id
+    run_id = checked_run_id(run_id) if run_id is not None else None
     cases = load_cases(options, run_id)
     for err in cases.invalid:
         say(f"kvmatrix: {err}")
@@ -123,8 +129,10 @@ def plan_run(options: RunOptions, read_history: HistoryReader | None = None, say
         tasks = options.only(tasks, session.settings.vllm_version)
     machine_slots = session.slots().count
     jobs = options.jobs or (max(1, machine_slots // options.shared_by) if options.shared_by > 1 else 0)
-    past = PastRuns() if options.ray else read_past(options.history_db, read_history, session)
-    return RunPlan(options, run_settings(options, session), session.gpu_name, session.emulated_from, session.pool,
+    past = PastRuns() if options.ray or not options.read_past else read_past(options.history_db, read_history,
+                                                                                 session)
+    settings = replace(run_settings(options, session), known_failures=known_failures_for(cases.selected))
+    return RunPlan(options, settings, session.gpu_name, session.emulated_from, session.pool,
                    cases, tuple(tasks), session.slots(jobs), past, held)
 
 

@@ -8,6 +8,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 
 from kvmatrix.harness.judge.judge import judge_record
+from kvmatrix.harness.judge.known_failures import known_failures_for
 from kvmatrix.harness.judge.outcome import reclassified
 from kvmatrix.harness.judge.waivers import Waiver
 from kvmatrix.harness.record.files import RunDir
@@ -22,7 +23,9 @@ def rejudge_run(run_dir: RunDir, cells: Mapping[str, Cell], pool: Mapping[str, G
                 waivers: Sequence[Waiver], today: datetime.date | None = None) -> list[JudgedRecord]:
     """Every record of a run folder, those of a known cell and class that ran judged again and written back in
     place (the others as stored, a file that could not be read as its error). `today` decides which waivers have
-    expired (default: the date now)."""
+    expired (default: the date now). What kvmatrix knows fails is read here, once, for the cells of a user's case."""
+    today = today or datetime.date.today()
+    known = known_failures_for(cells.values())
     records = []
     for record in run_dir.records():
         cell, gpu = cells.get(record["cell_id"]), record.get("gpu_class", "")
@@ -30,7 +33,7 @@ def rejudge_run(run_dir: RunDir, cells: Mapping[str, Cell], pool: Mapping[str, G
                 "unreadable_record"):
             task = Task(cell, gpu, pool[gpu], record.get("emulated_from"))
             record = judge_record(reclassified(record, run_dir.log_tail(record)), task,
-                                  neighbours_of(task, run_dir), waivers, today=today)
+                                  neighbours_of(task, run_dir), waivers, today, known)
             run_dir.write(record)
         records.append(record)
     return records

@@ -5,6 +5,7 @@ what the report shows. The runner writes every record a run has; no front end re
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable, Sequence
 
 from kvmatrix.harness.judge.waivers import Waiver, waive
@@ -16,8 +17,10 @@ OnRecord = Callable[[JudgedRecord, int, int, bool], None]  # (record, done, tota
 
 
 def finished_records(tasks: list[Task], run_dir: RunDir, waivers: Sequence[Waiver],
-                     on_record: OnRecord | None = None) -> tuple[dict[str, JudgedRecord], list[Task]]:
-    """(the records already in the run folder by task key, under today's waivers; the tasks still to run)."""
+                     on_record: OnRecord | None = None, today: datetime.date | None = None
+                     ) -> tuple[dict[str, JudgedRecord], list[Task]]:
+    """(the records already in the run folder by task key, under the waivers as of `today`, the run's date; the
+    tasks still to run)."""
     records: dict[str, JudgedRecord] = {}
     todo = []
     for task in tasks:
@@ -25,7 +28,7 @@ def finished_records(tasks: list[Task], run_dir: RunDir, waivers: Sequence[Waive
         if existing is None:
             todo.append(task)
             continue
-        waived, _ = waive(existing, waivers)  # a "removable" waiver is reported over the whole run
+        waived, _ = waive(existing, waivers, today)  # a "removable" waiver is reported over the whole run
         if waived != existing:
             run_dir.write(waived)
         records[task.key] = waived

@@ -23,6 +23,14 @@ def new_run_id(gpu_name: str, vllm_version: str | None, runs_dir: Path) -> str:
     return run_id
 
 
+def checked_run_id(run_id: str) -> str:
+    """A run id is a folder name under --runs-dir: `../x` or an absolute path would put the run folder elsewhere."""
+    if run_id in ("", ".", "..") or "/" in run_id or "\\" in run_id or "\0" in run_id:
+        raise GuardError(f"--run-id {run_id!r}: a run id is one folder name under --runs-dir (no / or ..); "
+                         "--runs-dir says where the run folders go")
+    return run_id
+
+
 def runs_in(runs_dir: Path) -> list[Path]:
     """The run folders under `runs_dir` (those a run claimed: they hold its run.json), the latest started last."""
     folders = [meta.parent for meta in Path(runs_dir).glob(f"*/{RUN_META}")]

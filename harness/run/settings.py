@@ -1,16 +1,18 @@
 """A run's settings as every executor and cell process sees them: the run folder, the models, the vLLM version,
-the caches, the cell, worker and template commands and which of them start cells, the waivers that judging applies and
-the GPU-memory check. Frozen: a run's plan makes them once (harness/run/plan.py), so no executor or cell sees them
-change under it: the models a run builds as its cells start fill the executor's own copy of `built`, never the
-plan's."""
+the caches, the cell, worker and template commands and which of them start cells, the waivers, known failures and
+date that judging is given, and the GPU-memory check. Frozen: a run's plan makes them once (harness/run/plan.py), so
+no executor or cell sees them change under it: the models a run builds as its cells start fill the executor's own
+copy of `built`, never the plan's."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvmatrix.harness.judge.known_failures import NONE_KNOWN, KnownFailures
 from kvmatrix.harness.judge.waivers import Waiver
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.run.host.gpu_memory import GpuMemory
@@ -51,6 +53,10 @@ class RunSettings:
     gpu_memory: GpuMemory | None = None  # where set, each cell's GPU is checked back at its baseline
     gpu_settle_s: float = 15.0  # how long a cell's GPU may take to free its memory before it counts as leaked
     waivers: list[Waiver] = field(default_factory=list)  # known failures (cases/_waivers.txt): judged xfail
+    # What kvmatrix knows fails, for the run's cells of a user's case (harness/judge/known_failures.py), and the
+    # date the run judges as of (which waivers have expired): read once, passed to every judgement.
+    known_failures: KnownFailures = NONE_KNOWN
+    today: datetime.date = field(default_factory=datetime.date.today)
     # GPUs of this machine a cell may span (0 on a CPU class); None where a scheduler places cells (Ray).
     gpus_here: int | None = None
     # The plainest cell first, nothing recorded until it ran, and the run stopped if it does not run

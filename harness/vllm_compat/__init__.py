@@ -12,8 +12,8 @@ classes, and the source paths every cell depends on), emulation.py (another GPU 
 preimport.py (what a template process imports before it forks cells), phase_log.py (what vLLM's log lines say
 about where an engine's start went), records.py (renamed record fields), speculative.py (speculative_config's
 fields per release, the spec-decode metrics),
-signatures.py (failure messages), teardown.py (one engine's end in a warm worker); source_check.py checks these
-tables against an installed release's source.
+signatures.py (failure messages), findings.py (known failures by their signature and configuration), teardown.py
+(one engine's end in a warm worker); source_check.py checks these tables against an installed release's source.
 
 This package imports nothing from vLLM at import time: the classifier runs in the harness process, which may not
 have vLLM at all.
@@ -58,6 +58,7 @@ from kvmatrix.harness.vllm_compat.execution import (  # noqa: F401
     TINY_CAPTURE_SIZES,
     execution_engine_args,
 )
+from kvmatrix.harness.vllm_compat.findings import FINDING_SIGNATURES, FindingSignature  # noqa: F401
 from kvmatrix.harness.vllm_compat.kernels import JIT_PER_KV_DTYPE_BACKENDS, compiles_per_kv_dtype  # noqa: F401
 from kvmatrix.harness.vllm_compat.modules import (  # noqa: F401
     ATTN_GROUP_MODULE_FIELDS,

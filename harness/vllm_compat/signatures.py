@@ -159,6 +159,11 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     # in FlashInferImpl.maybe_quant_query; fp8 KV, head_dim 64, H200).
     ("flashinfer_query_not_contiguous", "", (r"assert query\.is_contiguous\(\)",)),
     ("no_common_block_size", "", (r"No common block size",)),
+    # FlashAttention 3's scheduler metadata refuses a query dtype it has no kernel for (vLLM 0.34.0 on the H200: a
+    # draft's own fp8 KV cache under a bf16 target on the default FLASH_ATTN, "mha_fwd_get_scheduler_metadata, ...
+    # FlashAttention only supports fp16, bf16, and fp8_e4m3 data type").
+    ("fa3_scheduler_metadata_dtype", "", (
+        r"mha_fwd_get_scheduler_metadata\b.{0,200}FlashAttention only supports fp16, bf16, and fp8_e4m3",)),
     # An unquantized KV dtype other than the model's (float16 cache, bf16 model), accepted at start, then refused
     # by the kernel (FA2/FA3/FlashMLA) or by FlashInfer's builder in the first forward (seen with vLLM 0.26.0).
     ("kv_dtype_not_model_dtype", "", (

@@ -51,7 +51,7 @@ class LocalExecutor:
         # The models this run builds as its cells start are its own: the settings it was given (a run plan's)
         # never change under their holder.
         settings = replace(settings, built=dict(settings.built))
-        records, todo = finished_records(tasks, settings.run_dir, settings.waivers, on_record)
+        records, todo = finished_records(tasks, settings.run_dir, settings.waivers, on_record, settings.today)
         # Why each cell is expected not to pass (None: it is expected to). In a warm run the first such cell of
         # a case confirms its failure in a fresh process, its siblings wait and then stay in warm workers; in any
         # run such a cell is never a pilot.
@@ -107,13 +107,17 @@ class _LocalRun:
             raise EnvironmentBroken(self.broken[0])
         _run_on_whole_gpus(list(order.wide), self.executor.devices, self.one_wide, self.processes)
 
-    def keep(self, task: Task, record: JudgedRecord) -> None:
+    def keep(self, task: Task, record: JudgedRecord, stand_in: bool = False) -> None:
+        """The task's record, written and counted; `stand_in`: an error the harness made up for a cell whose files
+        it could not write, counted and shown but never written (a resume would keep it as the cell's result)."""
         try:
-            self.settings.run_dir.write(record)
+            if not stand_in:
+                self.settings.run_dir.write(record)
         except OSError as err:  # a full disk: the run goes on; the reports show the cell, a resume runs it again
             record = unwritable_record(task, self.settings.run_dir.root.name, err, record)
         else:
-            remember(last_run_file(self.settings.cache_dir, task.gpu_name, self.settings.vllm_version), record)
+            if not stand_in:
+                remember(last_run_file(self.settings.cache_dir, task.gpu_name, self.settings.vllm_version), record)
         with self.lock:
             self.records[task.key] = record
             if self.on_record:
@@ -126,13 +130,14 @@ class _LocalRun:
         once the canary ran: a canary that fails kills the cells beside it, and nothing of this environment is
         recorded, so the same run, once the environment is mended, starts with it again."""
         is_canary = self.canary is not None and task.key == self.canary.key
+        stand_in = False
         try:
             if self.processes.stopping or self.broken:
                 return
             try:
                 record = self._in_slot(task)
             except OSError as err:  # the cell's files (spec, log) could not be written: this cell's error
-                record = unwritable_record(task, self.settings.run_dir.root.name, err)
+                record, stand_in = unwritable_record(task, self.settings.run_dir.root.name, err), True
             if is_canary and not self.processes.stopping and (why := canary_failure(task, record)):
                 self.broken.append(why)
                 self.processes.kill_all()  # the cells beside it run in an environment that cannot be judged
@@ -141,7 +146,7 @@ class _LocalRun:
                 self.canary_ran.set()
         if self.processes.stopping or self.broken or not self._canary_passed():
             return
-        self.keep(task, record)
+        self.keep(task, record, stand_in)
         if self.jobs > 1 and record.get("status") == "ok":  # a skip or a crash compiled nothing, or not all
             mark_warm(self.settings, kernel_family(task, facts(record).get("backend")))
 
@@ -190,12 +195,13 @@ class _LocalRun:
         ranks_env = self.executor.ranks_env
         env = ranks_env(gpus) if ranks_env else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
         # A fresh process each: the ranks are the engine's own processes, nothing a slot's worker could keep.
+        stand_in = False
         try:
             record = judged_record(task, self.settings, self.processes, env)
         except OSError as err:
-            record = unwritable_record(task, self.settings.run_dir.root.name, err)
+            record, stand_in = unwritable_record(task, self.settings.run_dir.root.name, err), True
         if not self.processes.stopping:
-            self.keep(task, record)
+            self.keep(task, record, stand_in)
 
 
 def _case_env(task: Task) -> tuple:

@@ -29,7 +29,7 @@ from typing import Any
 
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.record.files import RunDir, record_stem
-from kvmatrix.harness.record.neighbours import neighbours_of
+from kvmatrix.harness.record.neighbours import neighbour_ids, neighbours_of
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.record.types import JudgedRecord, finished_now
 from kvmatrix.harness.run.order.baselines import baselines_first
@@ -59,9 +59,10 @@ def placement(task: Task, real_gpus: bool = False, gpu_classes: dict[str, GpuCla
     return resource, {"num_cpus": 0, "resources": {resource: gpus * slots if gpus > 1 else 1}}
 
 
-def run_on_node(task: Task, settings: RunSettings, baselines: list[JudgedRecord]) -> tuple[JudgedRecord, bytes | None]:
-    """On the node: the task's judged record and its cell log. The baseline records it is compared with are
-    written into the scratch run folder first, so that judging reads them as it would locally."""
+def run_on_node(task: Task, settings: RunSettings, neighbours: list[JudgedRecord]) -> tuple[JudgedRecord, bytes | None]:
+    """On the node: the task's judged record and its cell log. The records it is compared with (its neighbours,
+    record/neighbours.py) are written into the scratch run folder first, so that judging reads them as it would
+    locally."""
     # Under the run's cache folder rather than /tmp: what a killed worker leaves is found, and cleared with it.
     (settings.cache_dir / "ray-scratch").mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=settings.cache_dir / "ray-scratch"))
@@ -69,8 +70,8 @@ def run_on_node(task: Task, settings: RunSettings, baselines: list[JudgedRecord]
         # The cell builds the models this node lacks (judged_record: ensure_models), into this copy.
         here = dataclasses.replace(settings, run_dir=RunDir(scratch / settings.run_dir.root.name),
                                    built=dict(settings.built))
-        for baseline in baselines:
-            here.run_dir.write(baseline)
+        for neighbour in neighbours:
+            here.run_dir.write(neighbour)
         record = judged_record(task, here, CellProcesses())
         log = here.run_dir.log_path(task.cell.cell_id, task.gpu_name)
         return record, log.read_bytes() if record.get("log") and log.exists() else None
@@ -84,7 +85,8 @@ def unobserved_record(task: Task, settings: RunSettings, why: str) -> JudgedReco
     record: JudgedRecord = {**skip_record(task, why, settings.run_dir.root.name), "status": "error",
                             "error_tail": why, "vllm_version": settings.vllm_version, "signature": None,
                             "finished_at": finished_now()}
-    return judge_record(record, task, neighbours_of(task, settings.run_dir), settings.waivers)
+    return judge_record(record, task, neighbours_of(task, settings.run_dir), settings.waivers, settings.today,
+                        settings.known_failures)
 
 
 def run_tasks_on_ray(
@@ -104,7 +106,7 @@ def run_tasks_on_ray(
 
     remote = ray.remote(run_on_node)
     run_dir, total = settings.run_dir, len(tasks)
-    records, todo = finished_records(tasks, run_dir, settings.waivers, on_record)
+    records, todo = finished_records(tasks, run_dir, settings.waivers, on_record, settings.today)
 
     def keep(task: Task, record: JudgedRecord, log: bytes | None, written: bool) -> None:
         if written:
@@ -120,7 +122,7 @@ def run_tasks_on_ray(
     sender = _Sender(ray, remote, settings, records, real_gpus, gpu_classes, accelerator_types, max_retries,
                      unplaceable_after_s)
     canary = _canary_first(sender, todo, keep)
-    for wave in baselines_first([t for t in todo if t is not canary]):  # a compared cell after its baseline's record
+    for wave in baselines_first([t for t in todo if t is not canary]):  # a compared cell after its neighbours
         sender.send(wave, keep)
     return [records[t.key] for t in tasks if t.key in records]
 
@@ -132,7 +134,7 @@ class _Sender:
     ray: Any
     remote: Any
     settings: RunSettings
-    records: dict[str, JudgedRecord]  # the finished ones, which a compared cell's baselines are read from
+    records: dict[str, JudgedRecord]  # the finished ones, which a compared cell's neighbours are read from
     real_gpus: bool
     gpu_classes: dict[str, GpuClass] | None
     accelerator_types: dict[str, str] | None
@@ -144,7 +146,7 @@ class _Sender:
         for task in wave:
             resource, options = placement(task, self.real_gpus, self.gpu_classes, self.accelerator_types)
             ref = self.remote.options(max_retries=self.max_retries, retry_exceptions=False, **options).remote(
-                task, self.settings, _baselines_of(task, self.records))
+                task, self.settings, _neighbours_of(task, self.records))
             pending[ref] = (task, resource)
         try:
             _drain(self.ray, pending, kept, self.settings, self.unplaceable_after_s)
@@ -177,13 +179,12 @@ def ray_canary(todo: list[Task], settings: RunSettings, finished: list[JudgedRec
     return pick_canary(todo, settings, expected, finished)
 
 
-def _baselines_of(task: Task, records: dict[str, JudgedRecord]) -> list[JudgedRecord]:
-    """The finished records a compared cell is judged against: its accuracy baseline and its differential oracle,
-    whose greedy tokens it also decodes teacher-forced (none for a baseline or a plain cell)."""
-    others = {task.cell.oracle_on(task.gpu_name)}
-    if task.cell.baseline_id != task.cell.cell_id:
-        others.add(task.cell.baseline_id)
-    found = [records.get(record_stem(other, task.gpu_name)) for other in sorted(o for o in others if o)]
+def _neighbours_of(task: Task, records: dict[str, JudgedRecord]) -> list[JudgedRecord]:
+    """The finished records a compared cell is judged against, as the local executor's cells read them from the
+    run folder: every neighbour `neighbour_ids` names (the differential oracle's greedy tokens the cell also decodes
+    teacher-forced); those the run lacks are not sent, and the judge says so."""
+    found = [records.get(record_stem(other, task.gpu_name))
+             for other in sorted(set(neighbour_ids(task.cell, task.gpu_name).values()))]
     return [record for record in found if record is not None]
 
 

@@ -4,12 +4,13 @@ before any runs, not after the rest."""
 
 from __future__ import annotations
 
+from kvmatrix.harness.record.neighbours import neighbour_ids
 from kvmatrix.harness.run.order.policy import StartContext, StartOrder
 
 
 def baselines_first(tasks: list) -> list[list]:
     """Waves (each may run in parallel), each task in the first wave after every task it waits for
-    (`baseline_gates`: its accuracy baseline, its differential oracle): every cell compared with another runs
+    (`baseline_gates`: its neighbours, record/neighbours.py): every cell compared with another runs
     after it. Tasks that wait for each other are an error of the plan, named before anything runs."""
     gates = baseline_gates(tasks)
     waves: list[list] = []
@@ -26,17 +27,12 @@ def baselines_first(tasks: list) -> list[list]:
 
 
 def baseline_gates(tasks: list) -> dict[str, set[str]]:
-    """Which task keys each task waits for: a compared cell, its accuracy baseline's task, its differential
-    oracle's and its speculative twins' (Cell.compared_with), when those run too (the same GPU class; one
+    """Which task keys each task waits for: a compared cell, its neighbours' tasks (record/neighbours.py: its
+    accuracy baseline, differential oracle, speculative twins), when those run too (the same GPU class; one
     already recorded waits for nothing)."""
     keys = {(t.cell.cell_id, t.gpu_name): t.key for t in tasks}
-    gates: dict[str, set[str]] = {}
-    for t in tasks:
-        others: set[str | None] = set(t.cell.compared_with(t.gpu_name))
-        if t.cell.baseline_id != t.cell.cell_id:
-            others.add(t.cell.baseline_id)
-        gates[t.key] = {keys[(o, t.gpu_name)] for o in others if o is not None and (o, t.gpu_name) in keys}
-    return gates
+    return {t.key: {keys[(o, t.gpu_name)] for o in neighbour_ids(t.cell, t.gpu_name).values()
+                    if (o, t.gpu_name) in keys} for t in tasks}
 
 
 class BaselinesFirst:

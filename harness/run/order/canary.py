@@ -3,6 +3,8 @@ does not start and generate, nothing else this environment runs can be judged (a
 torch, a missing package, a broken install failed 33 of 35 cells on the H200 before this existed): the run stops
 with one error naming the exception and its fix where one is known (`EnvironmentBroken`), and records no FAIL.
 
+The environment is broken only where a plain configuration fails: a case that sets its own engine arguments,
+environment, draft fields, timeout or a longer generation never gives the canary (its cells' failures are its own).
 As a start-order policy: the plainest cell of the first model, picked in the order the earlier runs gave, starts
 ahead of all and waits for nothing; a run without a canary (`settings.canary` off) has none."""
 
@@ -16,6 +18,7 @@ from kvmatrix.harness.run.order.policy import StartContext, StartOrder
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.harness.run.task.skips import not_run_reason
 from kvmatrix.matrix.axes import AXIS_DEFAULTS
+from kvmatrix.matrix.case import Case, Generation
 from kvmatrix.matrix.conditions import when_matches
 
 # How to mend what the canary meets, said with it: the broken environments whose fix is known.
@@ -54,10 +57,23 @@ def pick_canary(todo: list[Task], settings: RunSettings, expected_failure: dict[
 
 def _plain(task: Task) -> bool:
     """Every axis at its default but the execution (a GPU class runs its default cells against their eager twin,
-    which is the one that waits for nothing), no accuracy run and no cell it is compared with."""
+    which is the one that waits for nothing), no accuracy run and no cell it is compared with, of a case that is
+    plain itself."""
     cell = task.cell
     return (all(cell.axes.get(a) == v for a, v in AXIS_DEFAULTS.items() if a != "execution")
-            and cell.case.accuracy is None and cell.oracle_on(task.gpu_name) is None)
+            and cell.case.accuracy is None and cell.oracle_on(task.gpu_name) is None and _plain_case(cell.case))
+
+
+# What a case may set and still be a plain configuration: a case's own engine arguments (`max_model_len:
+# 100000000`, a KV cache of a terabyte), environment, draft fields, a shorter timeout or a longer generation are
+# its own choices, and a cell failing by them is that case's FAIL, never a broken environment.
+_DEFAULTS = Case.model_fields
+
+
+def _plain_case(case: Case) -> bool:
+    return (not case.engine_args and not case.env and not case.speculative_config
+            and case.timeout_s >= _DEFAULTS["timeout_s"].default
+            and case.generate.max_tokens <= Generation().max_tokens)
 
 
 def _may_refuse(task: Task, settings: RunSettings) -> bool:

@@ -27,6 +27,7 @@ from kvmatrix.harness.record.types import (
     check_judged,
     check_outcome,
     finished_now,
+    outcome_of,
 )
 from kvmatrix.harness.run.host.gpu_memory import physical_index
 from kvmatrix.harness.run.model_builds import ensure_models
@@ -116,17 +117,26 @@ def add_engine_phases(outcome: OutcomeRecord, log: Path, vllm_version: str | Non
 
 def finish(record: OutcomeRecord, task: Task, settings: RunSettings, outcome: OutcomeRecord, started: float,
            first_failure: str | None = None) -> JudgedRecord:
-    """The task's record with the attempt's outcome added, judged against its neighbours as the run folder holds
-    them now (they ran first: harness/run/order/baselines.py), timed, and stamped with when it finished."""
+    """The task's record with the attempt's outcome added (`first_failure`: why this run's earlier attempt failed),
+    timed and stamped with when it finished, judged against its neighbours as the run folder holds them now (they
+    ran first: harness/run/order/baselines.py)."""
     record.update(outcome)
     record.setdefault("vllm_version", settings.vllm_version)
     record.setdefault("signature", None)
     timings = (record.get("timings") or Timings()).copy()
     timings["total_s"] = round(time.monotonic() - started, 3)
     record["timings"] = timings
-    judged = judge_record(check_outcome(record, f"the outcome record of {task.key}"), task,
-                          neighbours_of(task, settings.run_dir), settings.waivers, first_failure)
-    return {**judged, "finished_at": finished_now()}
+    if first_failure is not None:
+        record["first_failure"] = first_failure
+    record["finished_at"] = finished_now()
+    return judged(check_outcome(record, f"the outcome record of {task.key}"), task, settings)
+
+
+def judged(outcome: OutcomeRecord, task: Task, settings: RunSettings) -> JudgedRecord:
+    """The outcome judged as it is written: against the neighbours the run folder holds, under the run's waivers
+    and known failures, as of the run's date."""
+    return judge_record(outcome, task, neighbours_of(task, settings.run_dir), settings.waivers, settings.today,
+                        settings.known_failures)
 
 
 def skip_record(task: Task, reason: str, run_id: str) -> JudgedRecord:
@@ -170,21 +180,24 @@ def judged_record(task: Task, settings: RunSettings, processes: CellProcesses,
         confirmations is not None and confirmations.has_group(task.cell.case.name, fresh_first))
     launcher = fresh if launcher is None or starts_fresh else launcher
     record = run_attempt(task, settings, processes, launcher, extra_env)
+    facts: OutcomeRecord = {}  # how the run came to its record: the runner's facts, judged with the outcome
     if launcher.isolation != fresh.isolation and _needs_fresh_process(record):
         confirmed_by = confirmations.confirmed_by(record) if confirmations is not None else None
         if confirmed_by:
-            record["confirmed_by"] = confirmed_by
+            facts["confirmed_by"] = confirmed_by
         else:
             warm = record
             record = run_attempt(task, settings, processes, fresh, extra_env)
-            record["warm_attempt"] = warm_attempt(warm)
+            facts["warm_attempt"] = warm_attempt(warm)
             launcher = fresh
     retries = task.cell.case.retries
-    while (judged := unwaived(record))["verdict"] in FAILING_VERDICTS and retries > 0:
+    while (attempt := unwaived(record))["verdict"] in FAILING_VERDICTS and retries > 0:
         retries -= 1
-        record = run_attempt(task, settings, processes, launcher, extra_env, first_failure=judged["reason"])
+        record = run_attempt(task, settings, processes, launcher, extra_env, first_failure=attempt["reason"])
     if starts_fresh and fresh_first:
-        record["fresh_first"] = fresh_first
+        facts["fresh_first"] = fresh_first
+    if facts:  # the record is the judgement of everything it holds: judging it again gives it back
+        record = judged({**outcome_of(record), **facts}, task, settings)
     if confirmations is not None:
         confirmations.add(record, fresh_first)
     return record

