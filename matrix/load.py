@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from kvmatrix.matrix.schema import (
     Vocabulary,
     case_engine_arg_problem,
     case_env_problem,
+    every_problem,
     wrap_validation_error,
 )
 from kvmatrix.matrix.spelling import current_spelling
@@ -113,25 +114,27 @@ def load_case(path: Path, vocabulary: Vocabulary | None = None, max_cells: int |
         raise wrap_validation_error(err, str(path), name) from None
     except RecursionError:
         raise CaseError(str(path), name, None, "nested too deeply to check") from None
-    _check_data_only(path, case)
-    _check_id_values(path, case)
+    if id_problems := list(_id_value_problems(path, case)):  # before any message quotes a value of the matrix
+        raise every_problem(id_problems)
     check_size(case, str(path), max_cells)
-    if vocabulary is not None:
-        _check_vocabulary(path, case, vocabulary)
+    problems = [*_data_only_problems(path, case),
+                *(_vocabulary_problems(path, case, vocabulary) if vocabulary is not None else ())]
+    if problems:  # every one, not only the first: one `kvmatrix check` shows them all
+        raise every_problem(problems)
     return case
 
 
-def _check_data_only(path: Path, case: Case) -> None:
+def _data_only_problems(path: Path, case: Case) -> Iterator[CaseError]:
     """A case's environment and engine arguments are data: nothing that loads code or files (schema.py says why)."""
     for name, value in case.env.items():
         if problem := case_env_problem(name, value):
-            raise CaseError(str(path), case.name, f"env.{name}", problem)
+            yield CaseError(str(path), case.name, f"env.{name}", problem)
     for name, value in case.engine_args.items():
         if problem := case_engine_arg_problem(name, value):
-            raise CaseError(str(path), case.name, f"engine_args.{name}", problem)
+            yield CaseError(str(path), case.name, f"engine_args.{name}", problem)
     for name, value in case.speculative_config.items():
         if problem := speculative_field_problem(name, value):
-            raise CaseError(str(path), case.name, f"speculative_config.{name}", problem)
+            yield CaseError(str(path), case.name, f"speculative_config.{name}", problem)
 
 
 # An axis value is part of its cells' ids, and so of every progress line, record file name, report row and waiver
@@ -152,15 +155,15 @@ def _strings(value: Any, where: str) -> Iterable[tuple[str, str]]:
             yield from _strings(item, f"{where}.{i}")
 
 
-def _check_id_values(path: Path, case: Case) -> None:
+def _id_value_problems(path: Path, case: Case) -> Iterator[CaseError]:
     for field, text in _strings(case.matrix.model_dump(), "matrix"):
         if not _ID_VALUE.fullmatch(text):
-            raise CaseError(str(path), case.name, field,
+            yield CaseError(str(path), case.name, field,
                             f"{excerpt(text)}: an axis value is part of cell ids, so it is a word, a number or a "
                             "version (letters, digits and _ . : + -, at most 64), no space, line break or markup")
 
 
-def _check_vocabulary(path: Path, case: Case, vocabulary: Vocabulary) -> None:
+def _vocabulary_problems(path: Path, case: Case, vocabulary: Vocabulary) -> Iterator[CaseError]:
     named = [(f"matrix.kv_cache_dtype.{i}", d) for i, d in enumerate(case.matrix.kv_cache_dtype)]
     named += [
         (f"matrix.extra.{i}.kv_cache_dtype", c.kv_cache_dtype)
@@ -172,29 +175,29 @@ def _check_vocabulary(path: Path, case: Case, vocabulary: Vocabulary) -> None:
               for i, c in enumerate(case.matrix.extra) if c.draft_kv_cache_dtype]
     for field, dtype in named:
         if vocabulary.kv_cache_dtypes and dtype not in vocabulary.kv_cache_dtypes:
-            raise CaseError(str(path), case.name, field, unknown_name("kv_cache_dtype", dtype,
+            yield CaseError(str(path), case.name, field, unknown_name("kv_cache_dtype", dtype,
                                                                       vocabulary.kv_cache_dtypes)
                             + " (the installed vLLM's CacheDType)")
-    _check_signature_names(path, case, vocabulary)
-    _check_skip_layers(path, case, vocabulary)
+    yield from _signature_name_problems(path, case, vocabulary)
+    yield from _skip_layer_problems(path, case, vocabulary)
     for name in case.speculative_config:
         if vocabulary.speculative_fields and name not in vocabulary.speculative_fields:
-            raise CaseError(str(path), case.name, f"speculative_config.{name}",
+            yield CaseError(str(path), case.name, f"speculative_config.{name}",
                             "not a field of vLLM's speculative_config in any release the harness knows "
                             "(harness/vllm_compat/speculative.py)")
     for name in case.env:
         if name not in vocabulary.env_vars:
-            raise CaseError(str(path), case.name, f"env.{name}",
+            yield CaseError(str(path), case.name, f"env.{name}",
                             f"not an environment variable the installed vLLM reads (vllm.envs)"
                             f"{did_you_mean(name, vocabulary.env_vars)}; case files may set only those")
     for name in case.engine_args:
         if vocabulary.engine_args and name not in vocabulary.engine_args:
-            raise CaseError(str(path), case.name, f"engine_args.{name}",
+            yield CaseError(str(path), case.name, f"engine_args.{name}",
                             f"not an engine argument of the installed vLLM (vllm.engine.arg_utils.EngineArgs)"
                             f"{did_you_mean(name, vocabulary.engine_args)}")
 
 
-def _check_signature_names(path: Path, case: Case, vocabulary: Vocabulary) -> None:
+def _signature_name_problems(path: Path, case: Case, vocabulary: Vocabulary) -> Iterator[CaseError]:
     """A `crash:` or `refuse:` rule names failures the classifier knows: a made-up name would never match, and
     the rule would fail every cell it applies to for the wrong reason."""
     if not vocabulary.signatures:
@@ -203,12 +206,12 @@ def _check_signature_names(path: Path, case: Case, vocabulary: Vocabulary) -> No
         for kind, expected in (("crash", rule.crash), ("refuse", rule.refuse)):
             for name in getattr(expected, "names", []):
                 if name not in vocabulary.signatures:
-                    raise CaseError(str(path), case.name, f"expect.{i}.{kind}.signature",
+                    yield CaseError(str(path), case.name, f"expect.{i}.{kind}.signature",
                                     unknown_name("failure signature", name, vocabulary.signatures, limit=200)
                                     + " (harness/vllm_compat/signatures.py)")
 
 
-def _check_skip_layers(path: Path, case: Case, vocabulary: Vocabulary) -> None:
+def _skip_layer_problems(path: Path, case: Case, vocabulary: Vocabulary) -> Iterator[CaseError]:
     """Every skip-list entry names a layer of the cell's engine (its target's, then its draft's, numbered on) or
     a word vLLM knows: vLLM ignores anything else silently, so such a cell would test nothing it claims to."""
     target = vocabulary.model_layers.get(case.model)
@@ -219,11 +222,11 @@ def _check_skip_layers(path: Path, case: Case, vocabulary: Vocabulary) -> None:
             if entry.isdigit():
                 if target is not None and draft is not None and int(entry) >= target + draft:
                     spec = f" and its draft {combo['speculative']!r} ({draft})" if combo["speculative"] else ""
-                    raise CaseError(str(path), case.name, "matrix.kv_cache_dtype_skip_layers",
+                    yield CaseError(str(path), case.name, "matrix.kv_cache_dtype_skip_layers",
                                     f"layer {entry} is not a layer of {case.model!r}: its engine has layers 0-"
                                     f"{target + draft - 1} ({case.model!r}: {target}{spec})")
             elif vocabulary.skip_layer_words and entry not in vocabulary.skip_layer_words:
-                raise CaseError(str(path), case.name, "matrix.kv_cache_dtype_skip_layers",
+                yield CaseError(str(path), case.name, "matrix.kv_cache_dtype_skip_layers",
                                 f"{entry!r} is neither a layer index nor a word vLLM reads there "
                                 f"({', '.join(sorted(vocabulary.skip_layer_words))})")
 

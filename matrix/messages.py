@@ -17,6 +17,11 @@ from pydantic import BaseModel, ValidationError
 _TAG = re.compile(r"(literal|function-\w+|list|dict|tuple|set|is-instance|json-or-python)\[.*\]"
                   r"|str|int|float|bool|none")
 _SIMPLE = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false", "none": "null"}
+# pydantic's error types of a value of the wrong type, and what the file should hold there.
+_EXPECTED = {"list_type": "a list", "tuple_type": "a list", "string_type": "a string", "int_type": "an integer",
+             "int_from_float": "an integer", "float_type": "a number", "bool_type": "true or false",
+             "dict_type": "a mapping (key: value)", "model_type": "a mapping (key: value)",
+             "model_attributes_type": "a mapping (key: value)"}
 
 
 # What a message quotes of a stranger's file: enough to find it, escaped onto one line (no terminal escape, no line
@@ -31,8 +36,10 @@ def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
 
 
 def did_you_mean(word: object, choices: Iterable[str]) -> str:
-    """` (did you mean 'x'?)` where one of `choices` is close to `word`; else nothing."""
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    """` (did you mean 'x'?)` where one of `choices` other than `word` itself is close to it; else nothing (a word
+    that is one of the choices is right where they are valid: the message says why it is not here)."""
+    others = [str(c) for c in choices if str(c) != str(word)]
+    close = difflib.get_close_matches(str(word), others, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -115,10 +122,33 @@ def _message(error: dict, root: type[BaseModel], models: Mapping[str, type[BaseM
                 + (f"; fields here: {', '.join(fields)}" if fields else ""))
     if error["type"] == "missing":
         return "required, but missing"
+    if error["type"] in _EXPECTED:
+        return wrong_type(_EXPECTED[error["type"]], error.get("input"))
     if error["type"] == "literal_error" and isinstance(error.get("input"), str):
         expected = re.findall(r"'([^']*)'", error["msg"])
         return f"{excerpt(error['input'])} is not one of {', '.join(expected)}{did_you_mean(error['input'], expected)}"
     return error["msg"].removeprefix("Value error, ")
+
+
+def as_written(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """A value as YAML writes it (true, null, 'fp8', [a, b]), escaped onto one line and cut as `excerpt` cuts."""
+    if isinstance(value, bool) or value is None:
+        text = {True: "true", False: "false", None: "null"}[value]
+    elif isinstance(value, list):
+        text = "[" + ", ".join(as_written(v, limit) for v in value[:limit]) + "]"
+    elif isinstance(value, dict):
+        items = list(value.items())[:limit]
+        text = "{" + ", ".join(f"{excerpt(k, limit)}: {as_written(v, limit)}" for k, v in items) + "}"
+    else:
+        return excerpt(value, limit)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def wrong_type(expected: str, value: object) -> str:
+    """`expected a list, not 'fp8' (one value is a list of one: [fp8])`: what the field takes, in the file's words."""
+    short = isinstance(value, str | int) and len(str(value)) <= 40 and str(value).isprintable()
+    hint = f" (one value is a list of one: [{value}])" if expected == "a list" and short else ""
+    return f"expected {expected}, not {as_written(value)}{hint}"
 
 
 def _union_choice(errors: list[dict], at: int, models: Mapping[str, type[BaseModel]]) -> list[dict]:
@@ -132,9 +162,9 @@ def _union_choice(errors: list[dict], at: int, models: Mapping[str, type[BaseMod
     if inside:
         return min(inside, key=len)
     first = errors[0]
-    alternatives = " or ".join(_describe(tag, models) for tag in branches)
+    alternatives = " or ".join(dict.fromkeys(_describe(tag, models) for tag in branches))
     return [{**first, "loc": first["loc"][:at], "type": "union",
-             "msg": f"expected {alternatives}, not {excerpt(first.get('input'))}"}]
+             "msg": f"expected {alternatives}, not {as_written(first.get('input'))}"}]
 
 
 def readable_problems(err: ValidationError, models: Mapping[str, type[BaseModel]]) -> list[tuple[str, str]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,11 +41,31 @@ class Vocabulary:
 
 
 class CaseError(ValueError):
-    """A data file that cannot be used, with where the problem is."""
+    """A data file that cannot be used, with where the problem is; `also`, the file's other problems found with
+    it (said after it, so that one pass over a file shows every mistake)."""
 
-    def __init__(self, file: str, case: str | None, field: str | None, message: str):
-        self.file, self.case, self.field, self.message = file, case, field, message
-        super().__init__(located(file, case, field, message))
+    def __init__(self, file: str, case: str | None, field: str | None, message: str,
+                 also: Sequence[CaseError] = ()):
+        self.also = tuple(also)
+        more = "; also: " + "; ".join(other.as_also() for other in self.also) if self.also else ""
+        self.file, self.case, self.field = file, case, field
+        self.message: str = message + more
+        self._own = message
+        super().__init__(located(file, case, field, self.message))
+
+    def as_also(self) -> str:
+        return f"field '{self.field}': {self.message}" if self.field else self.message
+
+    def each(self) -> list[CaseError]:
+        """Every problem, one CaseError each."""
+        return [CaseError(self.file, self.case, self.field, self._own), *self.also]
+
+
+def every_problem(problems: Sequence[CaseError]) -> CaseError:
+    """Several problems of one file as one CaseError (the first, the others in `also`)."""
+    unique = {str(one): one for problem in problems for one in problem.each()}  # a check per cell says it once
+    first, *rest = unique.values()
+    return CaseError(first.file, first.case, first.field, first.message, rest)
 
 
 def located(file: str, case: str | None, field: str | None, message: str) -> str:
@@ -79,10 +99,7 @@ def wrap_validation_error(err: ValidationError, file: str, case: str | None) -> 
     """The first pydantic error as a CaseError, worded for a person (matrix/messages.py: the field as the file spells
     it, the valid names where one is unknown); the rest follow in the message so none is hidden."""
     problems = readable_problems(err, _schema_models())
-    field, message = problems[0]
-    if len(problems) > 1:
-        message += "; also: " + "; ".join(f"field '{f}': {m}" for f, m in problems[1:])
-    return CaseError(file, case, field or None, message)
+    return every_problem([CaseError(file, case, field or None, message) for field, message in problems])
 
 
 class Strict(BaseModel):

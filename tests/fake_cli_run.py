@@ -6,6 +6,7 @@ FAKE_TEMPLATES=1: processes are forked from the fake template (tests/fake_templa
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,8 @@ from tests.test_front_ends import fake_sessions
 
 
 def main() -> int:
+    # A harness started by an xdist worker inherits SIGINT ignored; the tests interrupt it as a terminal would.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cases_dir, work = Path(sys.argv[1]), Path(sys.argv[2])
     fake = fake_sessions(run_plan.open_session, cases_dir, work)
     templates = os.environ.get("FAKE_TEMPLATES") == "1"

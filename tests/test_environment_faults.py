@@ -124,4 +124,4 @@ def test_a_broken_environment_the_canary_meets_is_said_with_its_fix(tmp_path):
     line = canary_failure(task, record)
     assert "did not run: RuntimeError: operator torchvision::nms does not exist" in line
     assert line.endswith("remove them, `pip uninstall torchvision torchaudio torchcodec` (with `uv tool install`, "
-                         "pass `--excludes` a file naming them, as kvmatrix's README installs it)")
+                         "pass `--excludes` a file naming them, as docs/install.md's uv line does)")

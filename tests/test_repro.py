@@ -113,8 +113,9 @@ def test_script_fails_its_assert_against_a_misbehaving_vllm(tmp_path):
 def test_findings_pages_give_the_standalone_command():
     from kvmatrix.reports.findings_pages import page
 
-    record = {"cell_id": BF16_CELL, "gpu_class": "cpu-avx512", "verdict": "fail", "reason": "kv fp8"}
-    assert f"kvmatrix repro '{BF16_CELL}' --gpu cpu-avx512 --out repro.py\npython repro.py" in page(record)
+    record = {"cell_id": BF16_CELL, "gpu_class": "cpu-avx512", "verdict": "fail", "reason": "kv fp8", "run_id": "r1"}
+    assert (f"kvmatrix repro '{BF16_CELL}' --run reports/runs/r1 --gpu cpu-avx512 --out repro.py\npython repro.py"
+            in page(record))
 
 
 def test_layer_fields_the_probe_reads_are_encoded_and_a_trained_model_is_refused(tmp_path):

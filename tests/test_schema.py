@@ -26,10 +26,11 @@ def error_of(path, **kw) -> CaseError:
     ("data", "field", "words"),
     [
         ({"model": "llama", "colour": "red"}, "colour", "unknown field 'colour'; fields here: name, description"),
-        ({"model": "llama", "timeout_s": "fast"}, "timeout_s", "valid number"),
-        ({"model": "llama", "matrix": {"kv_cache_dtype": "fp8"}}, "matrix.kv_cache_dtype", "valid list"),
+        ({"model": "llama", "timeout_s": "fast"}, "timeout_s", "expected a number, not 'fast'"),
+        ({"model": "llama", "matrix": {"kv_cache_dtype": "fp8"}}, "matrix.kv_cache_dtype",
+         "expected a list, not 'fp8'"),
         ({"model": "llama", "matrix": {"kv_cache_dtype_skip_layers": [[0]]}},
-         "matrix.kv_cache_dtype_skip_layers.0.0", "valid string"),
+         "matrix.kv_cache_dtype_skip_layers.0.0", "expected a string, not 0"),
         ({"model": "llama", "expect": [{"when": {"kv_cache_dtype": "auto"}}]}, "expect.0", "at least one of"),
         ({"model": "llama", "expect": [{"when": {"colour": "red"}, "crash": False}]}, "expect.0.when",
          "unknown key 'colour'"),
@@ -222,7 +223,7 @@ def test_what_vllm_would_silently_ignore_is_a_case_error(cases_dir):
          "required, but missing; also: field 'expect.0.crash.signatur': unknown field 'signatur' (did you mean "
          "'signature'?); fields here: signature, link, reason"),
         ({"model": "llama", "expect": [{"crash": True}]}, "expect.0.crash",
-         "expected false or a mapping of signature, link, reason, not True"),
+         "expected false or a mapping of signature, link, reason, not true"),
         ({"model": "llama", "differential": {"orcle": {}}}, "differential.orcle", "did you mean 'oracle'?"),
         ({"model": "llama", "matrix": {"execution": ["eagr"]}}, "matrix.execution.0",
          "'eagr' is not one of default, eager, compiled"),

@@ -89,6 +89,18 @@ def _terminated(signum: int, frame: object) -> None:
     raise Terminated
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    """The first Ctrl-C unwinds (running cells are killed, a partial report written); a second one, while that
+    goes on, ends the process at once: its cell processes and templates die with it (their parent-death signal)."""
+    signal.signal(signal.SIGINT, _interrupted_again)
+    raise KeyboardInterrupt
+
+
+def _interrupted_again(signum: int, frame: object) -> None:
+    os.write(2, b"kvmatrix: interrupted again: stopping now, without the reports\n")
+    os._exit(INTERRUPTED)
+
+
 _python_show_warning = warnings.showwarning
 
 
@@ -114,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     main_thread = threading.current_thread() is threading.main_thread()  # only there may a handler be set
     on_term = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    # Where SIGINT is Python's (not ignored: a job started in the background keeps it ignored), a second one stops.
+    on_int = signal.getsignal(signal.SIGINT) if main_thread else None
+    if on_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted)
     try:
         try:
             return _run(args)
@@ -141,3 +157,5 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, on_term)
+            if on_int is signal.default_int_handler:
+                signal.signal(signal.SIGINT, on_int)

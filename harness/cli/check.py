@@ -15,10 +15,10 @@ from kvmatrix.harness.run.guards import cases_dir_for
 from kvmatrix.harness.run.session import vllm_vocabulary
 from kvmatrix.harness.vllm_compat import known_kv_cache_dtypes
 from kvmatrix.matrix.data_file import read_yaml
-from kvmatrix.matrix.expand import Cell, expand_case
+from kvmatrix.matrix.expand import Cell, expand_case, model_problem
 from kvmatrix.matrix.lint import DeadRule, dead_rules
 from kvmatrix.matrix.load import case_files, load_case, load_models, load_pool
-from kvmatrix.matrix.schema import CaseError
+from kvmatrix.matrix.schema import CaseError, GpuClass, ModelEntry, every_problem
 
 
 def add_arguments(chk: argparse.ArgumentParser) -> None:
@@ -64,6 +64,27 @@ def reported(found: dict[Path, list[tuple[str, DeadRule]]], users: dict[Path, se
     return lines
 
 
+def more_problems(path: Path, models: dict[str, ModelEntry], pool: dict[str, GpuClass]) -> list[CaseError]:
+    """What else is wrong with a case file that did not load, so that one check says every mistake: a case that
+    loads without the installed vLLM's names is expanded (its model, drafts, classes); one that does not load at
+    all has its `model:` looked up."""
+    try:
+        case = load_case(path)
+    except CaseError:
+        try:
+            data = read_yaml(path)
+        except (CaseError, OSError, ValueError):  # a file that does not read: its own problem says so
+            return []
+        model = data.get("model") if isinstance(data, dict) else None
+        return [model_problem(str(path), path.stem, model, models)] if isinstance(model, str) and \
+            model not in models else []
+    try:
+        expand_case(case, models, pool, str(path))
+    except CaseError as err:
+        return [err]
+    return []
+
+
 def lint_folder(cases_dir: Path) -> tuple[list[str], list[Cell]]:
     """(every problem, one line each; every cell of the cases that loaded)."""
     models, pool = load_models(cases_dir), load_pool(cases_dir)
@@ -79,7 +100,7 @@ def lint_folder(cases_dir: Path) -> tuple[list[str], list[Cell]]:
             case = load_case(path, vocabulary)
             mine = expand_case(case, models, pool, str(path))
         except CaseError as err:
-            problems.append(str(err))
+            problems += [str(one) for one in every_problem([err, *more_problems(path, models, pool)]).each()]
             continue
         cells += mine
         for key in ("matrix", "skip", "expect", "accuracy"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -18,8 +19,9 @@ from kvmatrix.reports import diff_md, html
 def add_arguments(dif: argparse.ArgumentParser) -> None:
     dif.add_argument("run", nargs="?", help="run id in the history, or a run folder (imported first); "
                                             "default: the latest run")
-    dif.add_argument("--against", help="compare with this run instead of each class's previous one")
-    dif.add_argument("--db", default=str(history.DEFAULT_DB))
+    dif.add_argument("--against", metavar="RUN", help="compare with this run (a run id in the history, or a run "
+                                                      "folder, imported first) instead of each class's previous one")
+    dif.add_argument("--db", default=str(history.DEFAULT_DB), help="the history database (default: %(default)s)")
     dif.add_argument("--gpu", action="append", help="only this GPU class; repeatable")
     dif.add_argument("--md", help="also write the Markdown to this file")
     dif.add_argument("--html", help="write the run's HTML report, with the diff at the top, to this file")
@@ -30,12 +32,18 @@ def add_arguments(dif: argparse.ArgumentParser) -> None:
     dif.set_defaults(func=cmd_diff)
 
 
+def imported(db: sqlite3.Connection, run: str | None) -> str | None:
+    """A run id as given, or a run folder's id once the folder is imported (importing again changes nothing)."""
+    if run and Path(run).is_dir():
+        history.import_run(db, Path(run))
+        return Path(run).name
+    return run
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
     db = history.open_db(args.db)
-    run_id = args.run
-    if run_id and Path(run_id).is_dir():  # a run folder: import it first (importing again changes nothing)
-        history.import_run(db, Path(run_id))
-        run_id = Path(run_id).name
+    run_id = imported(db, args.run)
+    args.against = imported(db, args.against)
     run_id = run_id or history.latest_run(db)
     classes = [g for g in history.classes_of(db, run_id) if not args.gpu or g in args.gpu] if run_id else []
     if not run_id:  # `kvmatrix run` does not import its runs: the nightly imports every machine's into one history

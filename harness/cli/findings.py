@@ -19,6 +19,7 @@ def add_arguments(fin: argparse.ArgumentParser) -> None:
 
 def cmd_findings(args: argparse.Namespace) -> int:
     records = records_in(args.run_dirs)
-    pages = findings_pages.write(records, Path(args.out), {Path(f).name: cases_dir_for(None, f) for f in args.run_dirs})
+    pages = findings_pages.write(records, Path(args.out), {Path(f).name: cases_dir_for(None, f) for f in args.run_dirs},
+                                 {Path(f).name: Path(f) for f in args.run_dirs})
     print(f"{len(pages)} unexplained failures" + (f": pages and an index in {args.out}" if pages else ""))
     return FAILED if said_unreadable(records) else OK

@@ -1,24 +1,63 @@
-"""`kvmatrix list`: the cells the cases expand to, with the GPU classes each runs on."""
+"""`kvmatrix list`: the cells the cases expand to, each with the GPU classes it runs on (its case's skip rules and
+what a class cannot run, under the installed vLLM, leave the others out), the cells kvmatrix adds to a case's own
+(eager oracles, no-draft twins, baselines) marked with why."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from kvmatrix.harness.cli.exit_codes import OK
 from kvmatrix.harness.cli.selection import add_selection_options, load_cells
+from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.guards import cases_dir_for
+from kvmatrix.harness.run.task.skips import execution_reason
+from kvmatrix.harness.vllm_compat import installed_vllm_version
+from kvmatrix.matrix.expand import Cell, added_cells
+from kvmatrix.matrix.load import load_pool
+from kvmatrix.matrix.machine import PoolError
+from kvmatrix.matrix.schema import GpuClass
 
 
 def add_arguments(lst: argparse.ArgumentParser) -> None:
     add_selection_options(lst)
+    lst.add_argument("--gpu", action="append", metavar="CLASS",
+                     help="only the cells that run on this class; repeatable")
     lst.set_defaults(func=cmd_list)
+
+
+def runs_on(cell: Cell, pool: dict[str, GpuClass], vllm_version: str | None) -> list[str]:
+    """The classes a cell runs on: those its case names, less those its skip rules or its execution leave out."""
+    return [gpu for gpu in cell.gpu_classes
+            if not cell.skip_reason(cell.context(gpu, pool[gpu], vllm_version, False))
+            and not execution_reason(Task(cell, gpu, pool[gpu]))]
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     args.cases_dir = cases_dir_for(args.cases_dir)
+    pool = load_pool(Path(args.cases_dir))
+    unknown = [gpu for gpu in args.gpu or () if gpu not in pool]
+    if unknown:
+        raise PoolError(f"--gpu {unknown[0]}: no such class in the pool ({', '.join(pool)})")
     cells, _, _ = load_cells(args)
+    added = added_cells(cells)
+    version = installed_vllm_version()
+    shown = nowhere = marked = 0
     for cell in cells:
-        print(f"{cell.cell_id}  [{', '.join(cell.gpu_classes)}]")
-    print(f"{len(cells)} cells", file=sys.stderr)
+        classes = runs_on(cell, pool, version)
+        if args.gpu:
+            classes = [gpu for gpu in classes if gpu in args.gpu]
+            if not classes:
+                continue
+        shown += 1
+        nowhere += not classes
+        where = f"[{', '.join(classes)}]" if classes else "[skipped on every class]"
+        why = f"  (added by kvmatrix, {added[cell.cell_id]})" if cell.cell_id in added else ""
+        marked += bool(why)
+        print(f"{cell.cell_id}  {where}{why}")
+    on = f" on {', '.join(args.gpu)}" if args.gpu else ""
+    print(f"{shown} cells{on}" + (f", {nowhere} skipped on every class" if nowhere else "")
+          + (f"; {marked} of them added by kvmatrix to the cells the cases list (marked)" if marked else ""),
+          file=sys.stderr)
     return OK

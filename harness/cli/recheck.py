@@ -12,7 +12,15 @@ from kvmatrix.harness.audit import runnable_classes
 from kvmatrix.harness.bisect.envs import EnvBuildError
 from kvmatrix.harness.bisect.given import parse_env_args
 from kvmatrix.harness.cli.exit_codes import FAILED, OK, USAGE
-from kvmatrix.harness.qualify.recheck import README, SCRIPT_TIMEOUT_S, recheck, this_python, write_board
+from kvmatrix.harness.qualify.recheck import (
+    DRAFTS,
+    README,
+    SCRIPT_TIMEOUT_S,
+    recheck,
+    this_python,
+    write_board,
+    write_drafts,
+)
 from kvmatrix.harness.qualify.registry import REGISTRY_FILE, STATUS_FILE, load_registry, read_status, write_status
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
 from kvmatrix.matrix.load import CASES_DIR
@@ -30,6 +38,8 @@ def cmd_recheck(args: argparse.Namespace) -> int:
             checks += recheck(findings, classes, env, Path(args.out), Path(args.cache_dir), args.jobs, args.finding,
                               args.timeout, native=here[0])
             write_status(checks, findings, Path(args.status))
+        if args.drafts:
+            write_drafts(findings, read_status(Path(args.status)), Path(args.drafts), Path(args.cache_dir))
     except (CaseError, EnvBuildError, ValueError) as err:
         print(f"kvmatrix recheck: {err}", file=sys.stderr)
         return USAGE
@@ -52,4 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--status", default=str(STATUS_FILE), help="what scripts did, by release (updated)")
     p.add_argument("--readme", default=str(README), help="the page whose status board is written again")
     p.add_argument("--board-only", action="store_true", help="write the board from the status file, run nothing")
+    p.add_argument("--drafts", metavar="DIR", nargs="?", const=str(DRAFTS), default=None,
+                   help=f"also write every finding's script and issue draft as of its newest run into DIR "
+                        f"(default {DRAFTS.relative_to(DRAFTS.parents[2])})")
     p.set_defaults(func=cmd_recheck)

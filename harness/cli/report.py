@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 from kvmatrix.harness.cli.exit_codes import FAILED, OK
@@ -45,13 +46,24 @@ def linked_from(out: Path, run_dir: Path, records: list[JudgedRecord]) -> list[J
             for r in records]
 
 
+def column_per_run(runs: list[tuple[str, list[JudgedRecord]]]) -> list[JudgedRecord]:
+    """Several runs' records as one matrix, whose columns are GPU classes: where two runs hold one class, each run's
+    records of it are a column of its own, named `<class> (<run id>)` (else two runs' squares of a cell would
+    share one column and row). The records themselves (and their findings pages) keep their class."""
+    runs_of = Counter(gpu for _, records in runs for gpu in {r.get("gpu_class") for r in records})
+    return [{**r, "gpu_class": f"{r.get('gpu_class')} ({run_id})"} if runs_of[r.get("gpu_class")] > 1 else r
+            for run_id, records in runs for r in records]
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     out = RunDir(report_folder(args.run_dirs, args.out))
     out.root.mkdir(parents=True, exist_ok=True)
-    records = [r for folder in args.run_dirs
-               for r in linked_from(out.root, Path(folder).resolve(), RunDir(Path(folder)).records())]
-    paths = write_reports(out, records, args.title, compare_to=args.compare_to)
-    write_findings(out.root, records, {Path(f).resolve().name: cases_dir_for(None, f) for f in args.run_dirs})
+    runs = [(Path(folder).resolve().name, linked_from(out.root, Path(folder).resolve(), RunDir(Path(folder)).records()))
+            for folder in args.run_dirs]
+    records = [r for _, run in runs for r in run]
+    paths = write_reports(out, column_per_run(runs), args.title, compare_to=args.compare_to)
+    write_findings(out.root, records, {Path(f).resolve().name: cases_dir_for(None, f) for f in args.run_dirs},
+                   {Path(f).resolve().name: Path(f) for f in args.run_dirs})
     print(paths["md"].read_text())
     print(f"reports: {paths['md']} {paths['html']} {paths['junit']}")
     return FAILED if said_unreadable(records) else OK

@@ -14,7 +14,7 @@ from kvmatrix.harness.record.paths import DEFAULT_CACHE
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.repro.cell_script import ScriptRequest, find_cell, gpu_class_of, record_of, script_for
 from kvmatrix.harness.repro.generate import ReproError
-from kvmatrix.harness.repro.minimal import OBSERVATIONS
+from kvmatrix.harness.repro.rules import OBSERVATIONS
 from kvmatrix.harness.run.guards import cases_dir_for
 from kvmatrix.harness.run.session import this_device
 from kvmatrix.matrix.machine import class_of
@@ -27,8 +27,9 @@ def add_arguments(rep: argparse.ArgumentParser) -> None:
     rep.add_argument("--out", required=True, help="the script to write (its model is written next to it)")
     rep.add_argument("--observe", choices=OBSERVATIONS,
                      help="what the script asserts on: runs (starts and generates, or refuses as the case accepts), "
-                          "layers (the layers' resolved KV dtypes / pages), tokens (against the eager oracle); "
-                          "default: what --run's record failed on, else the cell's strongest check")
+                          "crash (fails as the case's known failure), state (layers, KV groups, builders, pages as "
+                          "the case's rules check them), tokens (against the eager oracle); default: what --run's "
+                          "record failed on, else the cell's strongest check")
     rep.add_argument("--weights", action=argparse.BooleanOptionalAction, default=None,
                      help="write a seeded random checkpoint (default: only for tokens; else vLLM's dummy weights)")
     rep.add_argument("--finding", help="the findings entry's link, for the issue draft")

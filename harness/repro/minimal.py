@@ -1,16 +1,12 @@
-"""What a minimal reproducer needs to know of a cell, as data: the model's config (and, where weights matter, the
-checkpoint's scalars), the engine arguments that are the cell's own, the prompts as token ids, and the one
-observation the script asserts on:
-
-- `runs`: the engine starts and generates, or refuses at start in words the case accepts (the exception is the
-  observation; a public one);
-- `layers`: the KV-cache dtype, spec dtype or page size each selected layer resolved (read inside the engine);
-- `tokens`: the greedy tokens against the same configuration run eager, the divergence a near tie or none.
+"""What a minimal reproducer needs to know of a cell, as data: the model's config (a draft's too; where weights
+matter, the checkpoint's scalars), the engine arguments that are the cell's own, the prompts as token ids, and the
+one observation the script asserts on, chosen by the kind of rule at stake (harness/repro/rules.py: `runs`, `crash`,
+`state`, `tokens`).
 
 Weights are vLLM's dummy ones (`load_format="dummy"`: config.json alone) unless the observation depends on them
 (`tokens`, or a loader bug): then transformers draws a seeded random checkpoint of the architecture, and the tiny
-checkpoint's scalars (its KV scales) are added by value. The
-script (harness/repro/script.py) holds every value here as a Python literal checked to read back as itself."""
+checkpoint's scalars (its KV scales) are added by value. The script (harness/repro/script.py) holds every value here
+as a Python literal checked to read back as itself."""
 
 from __future__ import annotations
 
@@ -24,16 +20,13 @@ from kvmatrix.harness import vllm_compat
 from kvmatrix.harness.models.trained import BUILDERS as TRAINED_BUILDERS
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.record.types import JudgedRecord
+from kvmatrix.harness.repro import rules, state_text
 from kvmatrix.harness.repro.generate import NeedsFullScript, ReproError, emulation
 from kvmatrix.harness.run.model_builds import build_models, models_needed
 from kvmatrix.harness.run.task.spec import engine_args_for
-from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expand import Cell
-from kvmatrix.matrix.expectations import RecordCheck
 from kvmatrix.matrix.schema import ModelEntry
 
-OBSERVATIONS = ("runs", "layers", "tokens")
-PROBED = ("kv_cache_dtype", "spec_dtype", "page_size_bytes")  # what the script reads of each layer
 # Engine arguments the script sets itself (the model folder) or that change nothing a finding is about.
 NOT_THE_CELLS_OWN = ("model", "tokenizer", "seed")
 MODEL, DRAFT = "@MODEL@", "@DRAFT@"  # where the script's own model folders go
@@ -75,6 +68,20 @@ def checkpoint_data(folder: Path, weights: bool) -> dict[str, Any]:
             if not tensor.get_shape():
                 scalars[name] = float(stored.get_tensor(name).item())
     return {**out, "scalars": scalar_patterns(scalars)}
+
+
+def draft_data(folder: Path, weights: bool) -> dict[str, Any]:
+    """A draft's config.json, and with `weights` its tensors' names and shapes: the script draws them at random (a
+    draft's own loader reads them; what a finding shows of a draft is not its trained values)."""
+    out = checkpoint_data(folder, False)
+    if not weights:
+        return out
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as stored:
+        if any(stored.get_slice(name).get_dtype() != "BF16" for name in stored.keys()):
+            raise NeedsFullScript(f"{folder.name} holds other than bf16 tensors: the full script writes them exactly")
+        return {**out, "tensors": {name: stored.get_slice(name).get_shape() for name in sorted(stored.keys())}}
 
 
 def scalar_patterns(scalars: dict[str, float]) -> list[list]:
@@ -119,66 +126,24 @@ def own_engine_args(args: dict[str, Any], draft_is_target: bool, weights: bool) 
     return out
 
 
-def layer_checks(cell: Cell, context: dict, target: int, layers: int) -> list[dict[str, Any]]:
-    """The case's applicable layer rules on the fields the script reads, each as the layer indices it selects (of
-    `layers`: the `target`'s first, then a draft's) and the values wanted; ranges and globs are left to the harness."""
-    skipped = {int(s) for s in cell.axes["kv_cache_dtype_skip_layers"] or [] if str(s).isdigit()}
-    selectors = {"all": range(layers), "target": range(target), "draft": range(target, layers),
-                 "skipped": sorted(skipped), "not_skipped": [i for i in range(layers) if i not in skipped]}
-    checks = []
-    for rule in cell.case.expect:
-        if rule.layers is None or not when_matches(rule.when, context):
-            continue
-        for field, wanted in _probed(rule.layers).items():
-            chosen = rule.layers.select if isinstance(rule.layers.select, list) else selectors[rule.layers.select]
-            checks.append({"layers": list(chosen), "field": field,
-                           "wanted": wanted if isinstance(wanted, list) else [wanted]})
-    return checks
-
-
-def _probed(check: RecordCheck) -> dict[str, Any]:
-    plain = (str, int, float, list)
-    return {k: v for k, v in check.wanted().items() if k in PROBED and isinstance(v, plain)
-            and not (isinstance(v, str) and (set("*?<>") & set(v)))}
-
-
-def refusals(cell: Cell, context: dict, version: str | None) -> tuple[list[str], bool]:
-    """(what a clear refusal at start says, as regular expressions; whether the case requires one)."""
-    patterns, required = [], False
-    for rule in cell.case.expect:
-        if rule.refuse is not None and when_matches(rule.when, context):
-            names = rule.refuse.names
-            patterns += [p for name, versions, pats in vllm_compat.SIGNATURES
-                         if any(vllm_compat.signature_matches(n, name) for n in names)
-                         and vllm_compat.version_matches(version, versions) for p in pats]
-            required = required or not rule.refuse.optional
-    return list(dict.fromkeys(patterns)), required
-
-
-def observation_of(record: JudgedRecord | None, has_layer_checks: bool, has_oracle: bool) -> str:
-    """What a failing record failed on (its crash, a layer, the tokens against the oracle); without a record, the
-    cell's strongest check: tokens where it has an oracle, else its layers, else whether it runs."""
-    if record is not None:
-        unmet = " ".join(e.get("rule", "") for e in record.get("expectations") or [] if not e.get("ok"))
-        if record.get("error_tail") or record.get("crash"):
-            return "runs"
-        if "tokens" in unmet and has_oracle:
-            return "tokens"
-        if "layers" in unmet and has_layer_checks:
-            return "layers"
-    return "tokens" if has_oracle else "layers" if has_layer_checks else "runs"
+def observation_of(record: JudgedRecord | None, needs: set[str]) -> str:
+    """What a failing record failed on (rules.failed_observation), where the cell's rules can show it; without a
+    record (or a record that failed on nothing the script observes), the cell's strongest check: tokens, its state,
+    its known crash, else whether it runs."""
+    failed = rules.failed_observation(record) if record is not None else None
+    if failed is not None and (failed in needs or failed == "runs"):
+        return failed
+    return next((kind for kind in ("tokens", "state", "crash") if kind in needs), "runs")
 
 
 @dataclass(frozen=True)
 class Models:
     """The cell's checkpoints as the script writes them: the target's folder, a draft's (None: no draft, or an MTP
-    draft that is the target's own checkpoint), and the layers both bring (the target's first)."""
+    draft that is the target's own checkpoint), and the draft's method."""
     target: Path
     draft: Path | None
     draft_is_target: bool
     draft_method: str | None
-    target_layers: int
-    layers: int
 
 
 def models_of(task: Task, models: dict[str, ModelEntry], cache_dir: Path) -> tuple[Models, dict[str, Path]]:
@@ -196,14 +161,10 @@ def models_of(task: Task, models: dict[str, ModelEntry], cache_dir: Path) -> tup
     target, draft = cell.model, cell.axes["speculative"]
     entry = models[draft].draft if draft else None
     same = draft is not None and built[draft] == built[target]
-    config = checkpoint_data(built[target], False)["config"]
     own = [draft] if draft is not None and not same else []
-    extra = (int(config.get("num_nextn_predict_layers", 1)) if entry and entry.method == "mtp"
-             else sum(int(checkpoint_data(built[n], False)["config"]["num_hidden_layers"]) for n in own))
-    layers = int(config["num_hidden_layers"])
     local = {target: Path(MODEL)} | ({draft: Path(MODEL if same else DRAFT)} if draft else {})
     method = entry.method if entry else None
-    return Models(built[target], built[own[0]] if own else None, same, method, layers, layers + extra), local
+    return Models(built[target], built[own[0]] if own else None, same, method), local
 
 
 def minimal_spec(task: Task, models: dict[str, ModelEntry], cache_dir: Path, version: str | None,
@@ -215,40 +176,44 @@ def minimal_spec(task: Task, models: dict[str, ModelEntry], cache_dir: Path, ver
     cell, gpu = task.cell, task.gpu
     built, local = models_of(task, models, cache_dir)
     context = cell.context(task.gpu_name, gpu, version, emulated=False)
-    checks = layer_checks(cell, context, built.target_layers, built.layers)
     oracle = oracle_args(task, models, local, version, weights)
-    observe = _checked_observation(observe or observation_of(record, bool(checks), oracle is not None), task,
-                                   bool(checks), oracle is not None)
-    if weights is None:  # a config-only model runs on dummy weights in its cells too
-        weights = observe == "tokens" and (built.target / "model.safetensors").exists()
-    if built.draft is not None and (weights or built.draft_method in vllm_compat.DRAFT_METHODS_NEEDING_WEIGHTS):
-        raise NeedsFullScript(f"{cell.cell_id}: its draft needs real weights ({built.draft_method} drafts set "
-                              "themselves up from them), which minimal scripts do not write")
-    patterns, required = refusals(cell, context, version)
+    needs = rules.observations(cell, context) | ({"tokens"} if oracle is not None else set())
+    observe = _checked_observation(observe or observation_of(record, needs), task, needs)
+    draft_needs_weights = built.draft is not None and built.draft_method in vllm_compat.DRAFT_METHODS_NEEDING_WEIGHTS
+    checks = rules.state_checks(cell, context) if observe == "state" else []
+    if weights is None:  # a config-only model runs on dummy weights in its cells too; a DFlash draft never does
+        weights = (observe == "tokens" or draft_needs_weights or rules.needs_weights(checks)) and (
+            built.target / "model.safetensors").exists()
+    patterns, required = rules.refusals(cell, context, version)
     spec: dict[str, Any] = {
-        "cell": cell.cell_id, "gpu_class": task.gpu_name, "observe": observe, "weights": weights,
+        "cell": cell.cell_id, "gpu_class": task.gpu_name, "observe": observe, "weights": weights, "version": version,
         "env": {**vllm_compat.IN_PROCESS_ENGINE_ENV, **cell.case.env}, "emulate": emulation(gpu) if emulate else {},
         "model": checkpoint_data(built.target, weights),
-        "draft": checkpoint_data(built.draft, False) if built.draft else None,
+        "draft": draft_data(built.draft, weights) if built.draft else None,
         "engine_args": own_engine_args(engine_args_for(cell, gpu, models, local, vllm_version=version),
                                        built.draft_is_target, weights),
         "prompts": prompt_ids(built.target, list(cell.case.generate.prompts)),
         "max_tokens": cell.case.generate.max_tokens, "refusals": patterns, "refusal_required": required,
     }
-    if observe == "layers":
+    if observe == "state":
         spec["checks"] = checks
+        skipped = [str(s) for s in cell.axes["kv_cache_dtype_skip_layers"] or []]
+        spec["state_data"] = state_text.data(spec["checks"], skipped, version, built.draft_method is not None)
+    if observe == "crash":
+        spec["crash"] = rules.known_crash(cell, context, version)
     if observe == "tokens":
         spec["oracle"] = oracle
     return spec
 
 
-def _checked_observation(observe: str, task: Task, has_checks: bool, has_oracle: bool) -> str:
-    if observe not in OBSERVATIONS:
-        raise ReproError(f"observation {observe!r}: use one of {', '.join(OBSERVATIONS)}")
-    if observe == "tokens" and not has_oracle:
-        raise ReproError(f"{task.cell.cell_id} has no oracle on {task.gpu_name} to compare its tokens with")
-    if observe == "layers" and not has_checks:
-        raise ReproError(f"{task.cell.cell_id}: no layer rule of its case applies on {task.gpu_name}")
+def _checked_observation(observe: str, task: Task, needs: set[str]) -> str:
+    """`observe` where the cell's rules on its class hold something it checks (`runs` always does)."""
+    if observe not in rules.OBSERVATIONS:
+        raise ReproError(f"observation {observe!r}: use one of {', '.join(rules.OBSERVATIONS)}")
+    if observe != "runs" and observe not in needs:
+        what = {"tokens": "no oracle to compare its tokens with", "state": "no layers, groups, builders or page rule",
+                "crash": "no known crash"}[observe]
+        raise ReproError(f"{task.cell.cell_id} has {what} on {task.gpu_name}")
     return observe
 
 

