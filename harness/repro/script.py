@@ -17,20 +17,21 @@ from kvmatrix.harness.repro.generate import ReproError
 from kvmatrix.harness.repro.issue import NO_REFUSAL
 
 WIDTH = 116
+STATE_WIDTH = 120  # a state script's own tables (CHECKS, RATIOS, PATHS): the lint's line length
 
 HEADER = """#!/usr/bin/env python3
 # Written by `kvmatrix repro`: vLLM and torch only, every value below data. Exit status 0: vLLM does what EXPECTED
 # says; an AssertionError: it does not, and the message says what it saw."""
 
-CPU_EMULATION = """import torch.cpu  # noqa: E402
-for probe in CPU_PROBES_OFF:  # GPU_CLASS's CPU lacks these instruction sets: vLLM asks torch whether they exist
-    setattr(torch.cpu, probe, lambda: False)"""
+CPU_EMULATION = """\
+import torch.cpu  # noqa: E402 - vLLM asks torch which instruction sets the CPU has: GPU_CLASS's lacks these
+vars(torch.cpu).update(dict.fromkeys(CPU_PROBES_OFF, lambda: False))"""
 
-CUDA_EMULATION = """import vllm.platforms.cuda as cuda  # noqa: E402
-from vllm.platforms.interface import DeviceCapability  # noqa: E402
+CUDA_EMULATION = """\
+from vllm.platforms import cuda, interface  # noqa: E402 - vLLM decides as on GPU_CLASS; kernels run on the real card
 for cls in [c for c in vars(cuda).values() if isinstance(c, type) and c.__module__ == cuda.__name__]:
-    if "get_device_capability" in vars(cls):  # vLLM decides as on GPU_CLASS; kernels run on the real card
-        cls.get_device_capability = classmethod(lambda cls, device_id=0: DeviceCapability(*CAPABILITY))"""
+    if "get_device_capability" in vars(cls):
+        cls.get_device_capability = classmethod(lambda cls, device_id=0: interface.DeviceCapability(*CAPABILITY))"""
 
 CONFIG_ONLY = """\
 model = tempfile.mkdtemp()  # config.json alone: vLLM draws the weights (load_format dummy)
@@ -72,10 +73,6 @@ safetensors.torch.save_file(tensors, os.path.join(draft, "model.safetensors"), m
 START = """try:
     llm = vllm.LLM(model=model, **ENGINE_ARGS)"""
 
-READ_STATE = """\
-try:
-    state = vllm.LLM(model=model, **ENGINE_ARGS).collective_rpc(resolved)[0]"""
-
 GENERATE = """\
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], vllm.SamplingParams(**SAMPLING))
     print("greedy token ids:", [list(o.outputs[0].token_ids) for o in outputs])"""
@@ -104,10 +101,6 @@ known = error is not None and any(re.search(p, error, re.IGNORECASE) for p in CR
 assert known, f"expected {EXPECTED}; observed: {error or 'it started and generated'}"
 print("OK:", EXPECTED)"""
 
-ASSERT_STATE = """\
-assert @REFUSED@(state and not wrong@REQUIRED@), f"expected {EXPECTED}; observed: {wrong or error}"
-print("OK:", EXPECTED)"""
-
 GREEDY = '''def greedy(args):
     """Each sequence's greedy tokens, each with the top logprobs where it was chosen (an engine at a time)."""
     gc.collect()  # the engine of the call before, if any, torn down first
@@ -129,10 +122,10 @@ assert not far, f"expected {EXPECTED}; sequences {far} diverge with no near tie 
 print("OK:", EXPECTED)"""
 
 
-def literal(value: Any, indent: int = 0) -> str:
+def literal(value: Any, indent: int = 0, width: int = WIDTH) -> str:
     """`value` as Python source that reads back as `value` (strings, numbers, None, booleans, lists, dicts), dict
     items packed into lines of WIDTH; anything else, or a text that would not read back, is refused."""
-    text = _packed(value, indent)
+    text = _packed(value, indent, width)
     try:
         same = ast.literal_eval(text) == value
     except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -142,16 +135,16 @@ def literal(value: Any, indent: int = 0) -> str:
     return text
 
 
-def _packed(value: Any, indent: int) -> str:
+def _packed(value: Any, indent: int, width: int = WIDTH) -> str:
     flat = repr(value)
-    if not isinstance(value, (dict, list)) or indent + len(flat) <= WIDTH:
+    if not isinstance(value, (dict, list)) or indent + len(flat) <= width:
         return flat
     opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
-    items = ([f"{k!r}: {_packed(v, indent + len(repr(k)) + 3)}" for k, v in value.items()] if isinstance(value, dict)
-             else [_packed(v, indent + 1) for v in value])
+    items = ([f"{k!r}: {_packed(v, indent + len(repr(k)) + 3, width)}" for k, v in value.items()]
+             if isinstance(value, dict) else [_packed(v, indent + 1, width) for v in value])
     lines, line = [], ""
     for item in items:
-        if line and (indent + 1 + len(line) + len(item) + 2 > WIDTH or "\n" in item):
+        if line and (indent + 1 + len(line) + len(item) + 2 > width or "\n" in item):
             lines.append(line)
             line = ""
         line += ("" if not line else " ") + item + ","
@@ -187,18 +180,14 @@ def render(spec: dict[str, Any]) -> str:
     after its environment is set), the model folder, the observation and its assert; functions set off by two
     blank lines."""
     kind = spec["observe"]
-    assert_state = ASSERT_STATE.replace("@REFUSED@", "refused or " if spec["refusals"] else "").replace(
-        "@REQUIRED@", " and not REFUSAL_REQUIRED" if spec["refusals"] else "")
     head = [HEADER + "\n" + _imports(spec), "\n".join(_data(spec)), "\n".join(_preamble(spec))]
-    functions = {"state": state_text.functions(spec.get("checks") or [], spec.get("version")),
-                 "tokens": [GREEDY]}.get(kind, [])
-    main = [_model(spec)]
+    functions = state_text.functions(spec["state_data"], spec.get("version")) if kind == "state" else (
+        [GREEDY] if kind == "tokens" else [])
+    main = [state_text.model_text(spec) or _model(spec)] if kind == "state" else [_model(spec)]
     if kind == "tokens":
         main.append(COMPARE_TOKENS)
     elif kind == "state":
-        main += ["error = state = None", READ_STATE, CAUGHT.replace('print("observed:", error or "no exception")',
-                                                                    'print("observed:", error or state)'),
-                 *([REFUSED] if spec["refusals"] else []), state_text.checks_text(spec["checks"]), assert_state]
+        main.append(state_text.main_text(spec["state_data"], [REFUSED] if spec["refusals"] else []))
     elif kind == "crash":
         main += ["error = None", START, GENERATE, CAUGHT, ASSERT_CRASH]
     else:
@@ -212,7 +201,9 @@ def _imports(spec: dict[str, Any]) -> str:
     kind = spec["observe"]
     uses_re = kind in ("state", "crash") or (kind == "runs" and bool(spec["refusals"]))
     names = ["json", "os", "tempfile", *(["traceback"] if kind != "tokens" else []), *(["re"] if uses_re else []),
-             *(["gc"] if kind == "tokens" else []), *(["fnmatch", "functools"] if kind == "state" else [])]
+             *(["gc"] if kind == "tokens" else [])]
+    if kind == "state":
+        names = state_text.imports(spec)
     return f"import {', '.join(sorted(names))}" + ("  # noqa: E401" if len(names) > 1 else "")
 
 
@@ -239,7 +230,9 @@ def _data(spec: dict[str, Any]) -> list[str]:
         values |= {"REFUSALS": spec["refusals"], "REFUSAL_REQUIRED": spec["refusal_required"]}
     if kind == "state":
         values |= spec["state_data"]
-    return [f"{name} = {value.text}" if isinstance(value, _Source) else f"{name} = {literal(value, len(name) + 3)}"
+    own = set(spec.get("state_data") or ())
+    return [f"{name} = {value.text}" if isinstance(value, _Source) else
+            f"{name} = {literal(value, len(name) + 3, STATE_WIDTH if name in own else WIDTH)}"
             for name, value in values.items()]
 
 
@@ -275,11 +268,12 @@ def _preamble(spec: dict[str, Any]) -> list[str]:
     lines = ["os.environ.update(ENV)  # before vLLM is imported: it reads its environment once"]
     if spec["emulate"].get("cpu_isa_probes_off"):
         lines.append(CPU_EMULATION)
-    lines.append("import vllm  # noqa: E402")
+    draws_draft = bool((spec.get("draft") or {}).get("tensors"))
+    one_line = spec["weights"] and spec["observe"] == "state" and not draws_draft  # a state script's 60 lines
+    lines.append("import torch, transformers, vllm  # noqa: E401, E402" if one_line else "import vllm  # noqa: E402")
     if spec["emulate"].get("compute_capability"):
         lines.append(CUDA_EMULATION)
-    if spec["weights"]:
-        draws_draft = bool((spec.get("draft") or {}).get("tensors"))
+    if spec["weights"] and not one_line:
         lines.append(WEIGHT_IMPORTS.replace("import ", "import safetensors.torch, " if draws_draft else "import "))
     if spec["observe"] == "tokens":
         lines.append("from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: E402")
