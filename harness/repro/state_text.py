@@ -80,7 +80,7 @@ try:
     state, error = vllm.LLM(model=model, **ENGINE_ARGS).collective_rpc(resolved)[0], None
 except Exception as err:  # noqa: BLE001 - a refusal is what this script may observe
     traceback.print_exc()
-    state, error = [], f"{type(err).__name__}: {err}"""
+    state, error = [], f"{type(err).__name__}: {err}\""""
 
 CHECK = """\
 chosen = lambda key, op, values: [la for la in state if (la[key] in values) == (op == "in")]  # noqa: E731 - as judged
