@@ -144,3 +144,15 @@ def test_every_layer_field_a_rule_may_name_is_read_and_another_is_an_error():
     assert LAYER_FIELDS <= set(state_text.layer_reads(VERSION)) | set(state_text.ROW_FIELDS)
     with pytest.raises(ReproError, match="'smell'"):
         state_text.data([{"rule": "layers", "select": "all", "wanted": {"smell": ["burnt"]}}], [], VERSION, False)
+
+
+def test_a_state_script_that_accepts_a_refusal_compiles_within_its_bound(cases_dir, tmp_path):
+    """A state rule beside an optional refusal: the script catches the exception to compare it with the refusal's
+    words, reads a layer's backend and group, and still fits its bound."""
+    case = {"model": "llama", "gpus": ["cpu-*"], "matrix": {"kv_cache_dtype": ["fp8"]}, "expect": [
+        {"layers": {"kv_cache_dtype": "fp8", "backend": "*", "group": 0}},
+        {"refuse": {"signature": "cpu_fp8_kv_needs_avx512", "optional": True}}]}
+    out = written(cases_dir, case, "refuse-state[kv=fp8,skip=-,spec=-]", "cpu-avx2", "state", tmp_path / "s.py")
+    text = out.read_text()
+    compile(text, out.name, "exec")
+    assert "REFUSALS = [" in text and "at.backend = " in text and "at.group_id = " in text
