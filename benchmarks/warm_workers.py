@@ -34,7 +34,7 @@ from kvmatrix.harness.run.executor.local import LocalExecutor
 from kvmatrix.harness.run.process.env import cell_env
 from kvmatrix.harness.run.session import open_session
 from kvmatrix.harness.run.task.accuracy import accuracy_spec
-from kvmatrix.harness.run.task.runner import not_run_reason
+from kvmatrix.harness.run.task.skips import not_run_reason
 from kvmatrix.harness.run.task.spec import engine_args_for, generation
 from tests.isolation import isolation_differences
 

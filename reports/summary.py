@@ -69,7 +69,7 @@ def counts(df: pd.DataFrame) -> dict[str, int]:
 
 
 def leaks(records: list[JudgedRecord]) -> list[str]:
-    """One line per cell that left GPU memory behind (see harness/run/host/gpu_check.py)."""
+    """One line per cell that left GPU memory behind (see harness/run/process/gpu_check.py)."""
     return [f"{r['cell_id']} on {r.get('gpu_class', '?')}: {r['leak']}" for r in records if r.get("leak")]
 
 

@@ -1,9 +1,10 @@
-"""Which warm-worker failures a fresh process has already confirmed (harness/run/order/confirmations.py), and the
+"""Which warm-worker failures a fresh process has already confirmed (harness/run/task/confirmations.py), and the
 gates that make a case's expected failures wait for its first (harness/run/order/confirmations.py: add_acyclic)."""
 
 from __future__ import annotations
 
-from kvmatrix.harness.run.order.confirmations import Confirmations, add_acyclic, confirmation_gates
+from kvmatrix.harness.run.order.confirmations import add_acyclic, confirmation_gates
+from kvmatrix.harness.run.task.confirmations import Confirmations
 
 
 def record(cell_id: str, isolation: str = "process", verdict: str = "xfail", status: str = "crash",

@@ -21,7 +21,7 @@ from kvmatrix.harness.judge.tokens import compare_sequence
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.neighbours import neighbours_of
 from kvmatrix.harness.record.task import Task
-from kvmatrix.harness.run.task.runner import execution_reason
+from kvmatrix.harness.run.task.skips import execution_reason
 from kvmatrix.harness.run.task.spec import engine_args_for, workload_plan
 from kvmatrix.harness.vllm_compat import execution_engine_args
 from kvmatrix.matrix.expand import expand_case

@@ -15,8 +15,8 @@ import pytest
 
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.run.executor.local import run_locally
-from kvmatrix.harness.run.host.gpu_check import GPU_LEAK_TOLERANCE_MIB, check_gpu_memory, pinned_gpus
 from kvmatrix.harness.run.host.gpu_memory import gpu_baselines, physical_index
+from kvmatrix.harness.run.process.gpu_check import GPU_LEAK_TOLERANCE_MIB, check_gpu_memory, pinned_gpus
 from kvmatrix.harness.run.process.groups import RUN_MARK_ENV, CellProcesses, run_mark_of
 from kvmatrix.harness.run.session import Session
 from kvmatrix.harness.run.settings import RunSettings

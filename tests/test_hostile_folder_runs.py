@@ -71,7 +71,7 @@ def test_an_error_the_harness_made_up_is_not_kept_on_resume(cases_dir, tmp_path,
 FULL_DISK = """
 import resource, signal, sys
 from pathlib import Path
-from kvmatrix.harness.cli.output import write_reports
+from kvmatrix.harness.finish import write_reports
 from kvmatrix.harness.record.files import RunDir
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as one on a full disk
 run = RunDir(Path(sys.argv[1]))

@@ -18,7 +18,7 @@ from kvmatrix.harness.run.executor.ray import placement
 from kvmatrix.harness.run.host.slots import ranks_env
 from kvmatrix.harness.run.session import Session, open_session
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.run.task.runner import gpus_reason
+from kvmatrix.harness.run.task.skips import gpus_reason
 from kvmatrix.harness.run.task.spec import engine_args_for
 from kvmatrix.matrix.expand import expand_all, expand_case
 from kvmatrix.matrix.load import CASES_DIR, case_files, load_case, load_cases, load_models, load_pool

@@ -168,3 +168,30 @@ def test_cli_runs_cells_on_a_ray_cluster_and_resumes(cpu_cluster, cases_dir, tmp
     assert cli.main(argv) == 0  # the same run id: resumed, nothing sent to the cluster again
     assert capsys.readouterr().out.count("(resumed)") == 2
     assert sum(len(p.read_text().split()) for p in markers.iterdir()) == 2
+
+
+def test_the_canary_stops_a_run_on_a_ray_cluster_too(cpu_cluster, cases_dir, tmp_path, monkeypatch, capsys):
+    """The plan's canary holds on the cluster as on this machine's slots: the plainest cell runs alone first, and
+    when it crashes the run stops with one line, exit 2, nothing recorded and nothing else sent."""
+    # fake cells behave by case name: "crash" raises, "ok" runs (tests/fake_cell.py)
+    write_case(cases_dir, "crash", {"model": "llama", "gpus": ["cpu-avx512"],
+                                    "matrix": {"kv_cache_dtype": ["auto", "bfloat16"]}})
+    write_case(cases_dir, "ok", {"model": "llama", "gpus": ["cpu-avx512"], "matrix": {"kv_cache_dtype": ["auto"]}})
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    real_open_session = run_plan.open_session
+
+    def fake_cell_session(*args, **kwargs):
+        session = real_open_session(*args, **kwargs)
+        session.settings = replace(session.settings, cell_command=MARKED_CELL, env={"KVM_MARKERS": str(markers)})
+        return session
+
+    monkeypatch.setattr(run_plan, "open_session", fake_cell_session)
+    argv = ["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / "runs"), "--run-id", "ray",
+            "--cache-dir", str(tmp_path / "cache"), "--db", str(tmp_path / "none.sqlite"), "--gpu", "cpu-avx512",
+            "--ray", cpu_cluster.address]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "kvmatrix: environment broken: the canary cell crash[kv=auto,skip=-,spec=-] on cpu-avx512")
+    assert list(RunDir(tmp_path / "runs" / "ray").records()) == []
+    assert [p.name for p in markers.iterdir()] == ["cpu-avx512--crash[kv=auto,skip=-,spec=-]"]  # the only cell sent

@@ -177,7 +177,7 @@ def test_cases_waivers_lent_to_a_generated_folder_do_not_miss_cells(tmp_path):
     there (it made every `kvmatrix run --cases-dir cases/surface` exit 1), but still in cases/ itself."""
     from types import SimpleNamespace
 
-    from kvmatrix.harness.cli.run import known_failure_problems
+    from kvmatrix.harness.finish import known_failure_problems
     from kvmatrix.harness.record.files import RunDir
 
     settings = SimpleNamespace(waivers=waivers(f"ct-lama[kv=bfloat16,*] {LINK}"), run_dir=RunDir(tmp_path))

@@ -1,8 +1,8 @@
 """One bisection step's cells, run inside that step's environment: `python -m kvmatrix.harness.bisect.cell REQUEST.json`
 (cells, runs_dir, run_id, cache_dir, out, gpu, isolation). Writes OUT: {"records": {cell: path}} for the cells that
 ran (each record has the matrix's verdict) and {"skips": {cell: why}} for those this vLLM cannot express at all
-(e.g. a newer case file names a dtype an older vLLM lacks). The cells run together, as one run of the matrix: in
-one warm worker with `isolation: worker`.
+(e.g. a newer case file names a dtype an older vLLM lacks). The cells run together, as one run of the matrix
+(`plan_run` → `execute`, as `kvmatrix run` runs them): in one warm worker with `isolation: worker`.
 
 Unlike `kvmatrix run --cell`, case files are read without checking every cell against this vLLM: only the
 cells' dtypes and engine arguments have to exist here.
@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from kvmatrix.harness.record.files import write_json_atomic
-from kvmatrix.harness.run.executor.local import run_locally
-from kvmatrix.harness.run.session import open_session
-from kvmatrix.harness.run.task.spec import engine_args_for, models_needed
+from kvmatrix.harness.run.model_builds import models_needed
+from kvmatrix.harness.run.plan import RunOptions, execute, plan_run
+from kvmatrix.harness.run.task.spec import engine_args_for
 from kvmatrix.harness.vllm_compat import known_engine_args, known_kv_cache_dtypes
 from kvmatrix.matrix.expand import Cell, expand_case
 from kvmatrix.matrix.load import CASES_DIR, load_case, load_models, load_pool
@@ -47,29 +46,38 @@ def run(cell_ids: list[str], runs_dir: Path, run_id: str, cache_dir: Path, gpu: 
         isolation: str = "process", cases_dir: Path = CASES_DIR) -> dict[str, dict[str, str]]:
     found = {c: _find_cell(c, cases_dir) for c in cell_ids}
     skips = {c: why for c, why in found.items() if isinstance(why, str)}
-    cells = [cell for cell in found.values() if not isinstance(cell, str)]
-    session = open_session(gpu=gpu, emulate=gpu is not None, run_id=run_id, runs_dir=runs_dir, cache_dir=cache_dir,
-                           cases_dir=cases_dir, with_waivers=False)
-    session.settings = replace(session.settings, isolation=isolation)
-    tasks = session.tasks(cells)
-    skips |= {c.cell_id: f"{c.cell_id} does not run on {session.gpu_name}" for c in cells
-              if c.cell_id not in {t.cell.cell_id for t in tasks}}
-    session.build_models(tasks)
-    settings = session.settings
+    cells = tuple(cell for cell in found.values() if not isinstance(cell, str))
+    plan = plan_run(step_options(cells, runs_dir, run_id, cache_dir, gpu, isolation, cases_dir), claim=False)
+    skips |= {c.cell_id: f"{c.cell_id} does not run on {plan.gpu_name}" for c in cells
+              if c.cell_id not in {t.cell.cell_id for t in plan.tasks}}
+    settings = plan.settings
     known_args = known_engine_args()
     runnable = []
-    for task in tasks:
-        # (a model that did not build is left to run_locally, whose record names it)
-        if known_args and settings.built.keys() >= set(models_needed(task.cell)):
-            args = engine_args_for(task.cell, task.gpu, settings.models, settings.built, settings.use_hub)
+    for task in plan.tasks:
+        if known_args:
+            # The arguments' names do not depend on where a model is built: each cell builds its own as it starts.
+            stand_ins = {name: cache_dir / name for name in models_needed(task.cell)}
+            args = engine_args_for(task.cell, task.gpu, settings.models, stand_ins, settings.use_hub)
             unknown = sorted(set(args) - known_args)
             if unknown:
                 skips[task.cell.cell_id] = f"this vLLM has no engine argument {', '.join(unknown)}"
                 continue
         runnable.append(task)
-    records = run_locally(runnable, settings) if runnable else []
-    return {"records": {r["cell_id"]: str(session.run_dir.record_path(r["cell_id"], r["gpu_class"])) for r in records},
+    records = execute(plan, runnable) if runnable else []
+    return {"records": {r["cell_id"]: str(plan.settings.run_dir.record_path(r["cell_id"], r["gpu_class"]))
+                        for r in records},
             "skips": skips}
+
+
+def step_options(cells: tuple[Cell, ...], runs_dir: Path, run_id: str, cache_dir: Path, gpu: str | None,
+                 isolation: str, cases_dir: Path) -> RunOptions:
+    """A step's run: its cells, as the class asked (emulated on this machine's GPU) or this machine's, together in
+    one slot (one warm worker with `isolation: worker`), judged without waivers (the raw verdict is what changed),
+    without a canary or templates (a step's environment is the thing under test, each cell's error its own), and in
+    their own order (what runs in other environments saw does not apply)."""
+    return RunOptions(gpu=gpu, emulate=gpu is not None, run_id=run_id, runs_dir=runs_dir, cache_dir=cache_dir,
+                      cases_dir=cases_dir, cells=cells, jobs=1, isolation=isolation, template=False, waivers=False,
+                      canary=False, read_past=False)
 
 
 def main(argv: list[str]) -> int:

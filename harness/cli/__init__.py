@@ -20,16 +20,6 @@ from typing import TextIO
 from kvmatrix.harness.cli.commands import COMMANDS
 from kvmatrix.harness.cli.exit_codes import BROKEN_PIPE, INTERRUPTED, TERMINATED, USAGE
 from kvmatrix.harness.cli.version import VersionAction
-from kvmatrix.harness.judge.waivers import WaiverError
-from kvmatrix.harness.pipelines import PipelineError
-from kvmatrix.harness.record.types import RecordError
-from kvmatrix.harness.run.cases import SelectionError
-from kvmatrix.harness.run.guards import GuardError
-from kvmatrix.harness.run.order.canary import EnvironmentBroken
-from kvmatrix.matrix.machine import PoolError
-from kvmatrix.matrix.schema import CaseError
-from kvmatrix.matrix.spelling import OldSpelling
-from kvmatrix.matrix.trust import TRUST_CASE_CODE_ENV
 
 # What `kvmatrix --help` tells a user; the docstring above is for whoever reads this module.
 DESCRIPTION = ("Runs vLLM over a matrix of KV-cache configurations (case files: models x --kv-cache-dtype x skip "
@@ -37,9 +27,22 @@ DESCRIPTION = ("Runs vLLM over a matrix of KV-cache configurations (case files: 
                "expectations and renders the matrix. Start with `kvmatrix init DIR`, then `kvmatrix list "
                "--cases-dir DIR` and `kvmatrix run --cases-dir DIR`; without --cases-dir the built-in cases run.")
 
-# What a command raises when it cannot do what was asked: said in one line, exit USAGE.
-USAGE_ERRORS = (CaseError, SelectionError, PoolError, GuardError, WaiverError, RecordError, EnvironmentBroken,
-                PipelineError)
+
+
+def usage_errors() -> tuple[type[Exception], ...]:
+    """What a command raises when it cannot do what was asked: said in one line, exit USAGE. Imported only once a
+    command raised (or a front end asks): their modules are the harness's, which `kvmatrix --help` does not load."""
+    from kvmatrix.harness.judge.waivers import WaiverError
+    from kvmatrix.harness.pipelines import PipelineError
+    from kvmatrix.harness.record.types import RecordError
+    from kvmatrix.harness.run.cases import SelectionError
+    from kvmatrix.harness.run.guards import GuardError
+    from kvmatrix.harness.run.order.canary import EnvironmentBroken
+    from kvmatrix.matrix.machine import PoolError
+    from kvmatrix.matrix.schema import CaseError
+
+    return (CaseError, SelectionError, PoolError, GuardError, WaiverError, RecordError, EnvironmentBroken,
+            PipelineError)
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -63,6 +66,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def case_code_trust(trusted: bool) -> Iterator[None]:
     """--trust-case-code for this command and the processes it starts (cells, pytest workers, bisection steps
     read the same variable), undone when it ends."""
+    from kvmatrix.matrix.trust import TRUST_CASE_CODE_ENV  # the matrix's, read when a command runs
+
     before = os.environ.get(TRUST_CASE_CODE_ENV)
     if trusted:
         os.environ[TRUST_CASE_CODE_ENV] = "1"
@@ -102,6 +107,8 @@ _python_show_warning = warnings.showwarning
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: TextIO | None = None, line: str | None = None) -> None:
     """A case file's old spelling said as the command's own line (Python's own format adds a line of our source)."""
+    from kvmatrix.matrix.spelling import OldSpelling  # raised only by a command, which loaded it already
+
     if issubclass(category, OldSpelling):
         print(f"kvmatrix: warning: {message}", file=file or sys.stderr)
     else:
@@ -124,10 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     if on_int is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupted)
     try:
-        return _run(args)
-    except USAGE_ERRORS as err:
-        print(f"kvmatrix: {err}", file=sys.stderr)
-        return USAGE
+        try:
+            return _run(args)
+        except Exception as err:
+            if isinstance(err, usage_errors()):
+                print(f"kvmatrix: {err}", file=sys.stderr)
+                return USAGE
+            raise
     except BrokenPipeError:
         # The reader stopped reading (`| head`): nothing is wrong and nobody is listening. Python would still flush
         # stdout into the closed pipe at exit and complain, so stdout goes to /dev/null first.

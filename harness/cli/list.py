@@ -12,7 +12,7 @@ from kvmatrix.harness.cli.exit_codes import OK
 from kvmatrix.harness.cli.selection import add_selection_options, load_cells
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.guards import cases_dir_for
-from kvmatrix.harness.run.task.runner import execution_reason
+from kvmatrix.harness.run.task.skips import execution_reason
 from kvmatrix.harness.vllm_compat import installed_vllm_version
 from kvmatrix.matrix.expand import Cell, added_cells
 from kvmatrix.matrix.load import load_pool

@@ -88,8 +88,8 @@ class KvmatrixRun:
     executor before the items report, and finished (waivers, reports, findings) at the session's end."""
 
     def __init__(self, config: pytest.Config):
-        from kvmatrix.harness.cli import USAGE_ERRORS
-        from kvmatrix.harness.cli.run import history_of
+        from kvmatrix.harness.cli import usage_errors
+        from kvmatrix.harness.finish import history_of
         from kvmatrix.harness.run.host import host_cpu
         from kvmatrix.harness.run.plan import plan_run
 
@@ -99,7 +99,7 @@ class KvmatrixRun:
             # Invalid case files are collection errors of their own; a listing makes no run folder.
             self.plan: RunPlan = plan_run(run_options(config), history_of, say=lambda line: None,
                                           claim=not config.option.collectonly)
-        except USAGE_ERRORS as err:  # what `kvmatrix run` says in one line, exit 2
+        except usage_errors() as err:  # what `kvmatrix run` says in one line, exit 2
             raise pytest.UsageError(str(err)) from None
         self.records: dict[str, JudgedRecord] = {}
         self.ran: list[JudgedRecord] = []
@@ -111,8 +111,7 @@ class KvmatrixRun:
         return next((err for err in self.plan.cases.invalid if Path(err.file).resolve() == path.resolve()), None)
 
     def run(self, tasks: list[Task]) -> None:
-        from kvmatrix.harness.cli.output import progress_printer
-        from kvmatrix.harness.cli.run import first_line
+        from kvmatrix.harness.finish import first_line, progress_printer
         from kvmatrix.harness.record.files import record_stem
         from kvmatrix.harness.run.order.canary import EnvironmentBroken
         from kvmatrix.harness.run.plan import execute
@@ -124,8 +123,9 @@ class KvmatrixRun:
             pytest.exit(f"kvmatrix: {err}", returncode=pytest.ExitCode.USAGE_ERROR)
         self.records = {record_stem(r["cell_id"], r["gpu_class"]): r for r in self.ran}
 
-    def finish(self) -> int:
-        from kvmatrix.harness.cli.run import finish_run
+    def finish(self) -> bool:
+        """The run's end, as `kvmatrix run` ends one; whether it failed."""
+        from kvmatrix.harness.finish import finish_run
 
         return finish_run(self.plan, self.ran, self.started, say=self.say, show_report=False)
 

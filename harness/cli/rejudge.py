@@ -6,8 +6,9 @@ import argparse
 from pathlib import Path
 
 from kvmatrix.harness.cli.exit_codes import FAILED, OK
-from kvmatrix.harness.cli.output import said_unreadable, write_findings, write_reports
+from kvmatrix.harness.cli.output import said_unreadable
 from kvmatrix.harness.cli.selection import add_selection_options, load_cells
+from kvmatrix.harness.finish import write_findings, write_reports
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.run.guards import cases_dir_for
 from kvmatrix.harness.run.rejudge import rejudge_run

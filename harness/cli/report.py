@@ -11,7 +11,8 @@ from collections import Counter
 from pathlib import Path
 
 from kvmatrix.harness.cli.exit_codes import FAILED, OK
-from kvmatrix.harness.cli.output import said_unreadable, write_findings, write_reports
+from kvmatrix.harness.cli.output import said_unreadable
+from kvmatrix.harness.finish import write_findings, write_reports
 from kvmatrix.harness.record.files import RUNS_DIR, RunDir
 from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.run.guards import GuardError, cases_dir_for

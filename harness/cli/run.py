@@ -1,38 +1,30 @@
 """`kvmatrix run`: the matrix for this machine's GPU class (or an emulated one), on this machine's slots or a
-Ray cluster, then the known failures, the reports and the exit status."""
+Ray cluster, then the known failures and the reports (harness/finish.py, shared with the pytest plugin) and the
+exit status."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import sys
-import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 from kvmatrix.harness.cli import resumed_options
 from kvmatrix.harness.cli.exit_codes import FAILED, OK
-from kvmatrix.harness.cli.output import progress_printer, write_findings, write_reports
 from kvmatrix.harness.cli.selection import add_selection_options, selection_of
-from kvmatrix.harness.judge.waivers import WaiverProblem, cell_keys, waiver_problems
+from kvmatrix.harness.finish import finish_run, first_line, history_of, progress_printer, write_reports
 from kvmatrix.harness.record.files import RUNS_DIR
-from kvmatrix.harness.record.parts import FAILING_VERDICTS
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
-from kvmatrix.harness.record.types import JudgedRecord, check_judged
+from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.results import history
 from kvmatrix.harness.run.activity import Activity
 from kvmatrix.harness.run.host import host_cpu
-from kvmatrix.harness.run.order.policy import PastRuns
 from kvmatrix.harness.run.plan import RunOptions, RunPlan, execute, plan_run
 from kvmatrix.harness.run.run_ids import LATEST
 from kvmatrix.harness.run.task.accuracy import missing_accuracy_tools
 from kvmatrix.harness.run.task.runner import result_file
 from kvmatrix.harness.surface.promises import promised, refusals
-from kvmatrix.matrix.schema import CaseError
-
-# Where a run's lines go: stdout for `kvmatrix run`, pytest's terminal for the plugin.
-Say = Callable[[str], None]
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
@@ -125,24 +117,6 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         force=args.force, min_free_gib=args.min_free_gb)
 
 
-def history_of(db: Path, gpu_class: str) -> PastRuns:
-    """What the history database says of a class's cells: their last seconds, verdicts and backends."""
-    connection = history.open_db(db)
-    return PastRuns(history.last_timings(connection, gpu_class), history.last_verdicts(connection, gpu_class),
-                    history.last_backends(connection, gpu_class))
-
-
-def first_line(plan: RunPlan, cells: int) -> str:
-    settings = plan.settings
-    return (f"kvmatrix: {cells} cells for {plan.gpu_name}"
-            + (f" (emulated on {plan.emulated_from})" if plan.emulated_from else "")
-            + (" (probe-only)" if settings.probe_only else "")
-            + f", isolation {settings.isolation}" + (" (processes forked from templates)" if settings.fork_from_template
-                                                       else "")
-            + f", vLLM {settings.vllm_version}, run {settings.run_dir.root}"
-            + (f", on the Ray cluster at {plan.options.ray}" if plan.options.ray else ""))
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     started = host_cpu.reading()
     # Loading the cases checks them against the installed vLLM's names, which imports vLLM (20-40 s on 2 cores).
@@ -169,7 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         write_partial_report(plan, so_far)
         raise
-    return finish_run(plan, records, started)
+    return FAILED if finish_run(plan, records, started) else OK
 
 
 def say_now(line: str) -> None:
@@ -187,47 +161,3 @@ def write_partial_report(plan: RunPlan, records: list[JudgedRecord]) -> None:
         return
     print(f"kvmatrix: partial report of {len(records)} of {len(plan.tasks)} cells: {paths['md']} {paths['html']}",
           file=sys.stderr)
-
-
-def finish_run(plan: RunPlan, records: list[JudgedRecord], started: host_cpu.Reading, say: Say = print,
-               show_report: bool = True) -> int:
-    """Waivers, reports and the exit status, whichever executor (or front end) ran the cells."""
-    run_dir = plan.settings.run_dir
-    problems = known_failure_problems(records, plan, say)
-    records = records + [invalid_case_record(err, plan.gpu_name) for err in plan.cases.invalid]
-    paths = write_reports(run_dir, records, f"kvmatrix {run_dir.root.name}",
-                          header="\n".join(f"- waivers: {p}" for p in problems))
-    if show_report:
-        say("")
-        say(paths["md"].read_text())
-    say(f"reports: {paths['md']} {paths['html']} {paths['junit']}  ({time.monotonic() - started.at:.0f} s total)")
-    if not plan.options.ray:  # a Ray cluster's cells ran on other hosts
-        say(host_cpu.summary(started, host_cpu.reading(), records))
-    pages = write_findings(run_dir.root, records, {run_dir.root.name: plan.cases.folder.resolve()})
-    if pages:
-        say(f"{len(pages)} unexplained failures: a findings page for each in {pages[0].parent}")
-    failed = any(r["verdict"] in FAILING_VERDICTS for r in records) or any(p.is_error for p in problems)
-    return FAILED if failed else OK
-
-
-def known_failure_problems(records: list[JudgedRecord], plan: RunPlan,
-                           say: Say = lambda line: print(line, file=sys.stderr)) -> list[WaiverProblem]:
-    """The waivers' problems over the whole run, said: expired, matching no cell, or removable. The records are
-    already under the waivers (judging applied them; a resumed run's kept records got today's as it resumed:
-    harness/run/resume.py), and no record file is written here. A waivers file lent to a folder inside cases/
-    (cases/surface/) names cells of cases/ that folder does not hold: no "matches no cell"."""
-    problems = waiver_problems(records, plan.settings.waivers, known_cells=cell_keys(list(plan.cases.every)))
-    if plan.cases.waivers_lent:
-        problems = [p for p in problems if p.kind != "unmatched"]
-    for problem in problems:
-        say(f"kvmatrix: {problem}")
-    return problems
-
-
-def invalid_case_record(err: CaseError, gpu_name: str) -> JudgedRecord:
-    """A report entry (never a record file: a fixed file must not stay failed) for a case that did not load."""
-    case = err.case or Path(err.file).stem
-    record = JudgedRecord(cell_id=f"{case}[invalid]", case=case, gpu_class=gpu_name, status="error", verdict="error",
-                          reason=str(err), expectations=[])
-    return check_judged(record, f"the record of invalid case {case!r}")
-

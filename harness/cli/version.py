@@ -11,7 +11,6 @@ from typing import Any
 import tomllib
 
 from kvmatrix.harness.record.paths import CHECKOUT, PACKAGE_ROOT
-from kvmatrix.harness.vllm_compat import installed_vllm_distribution
 
 
 def kvmatrix_version() -> str:
@@ -22,6 +21,8 @@ def kvmatrix_version() -> str:
 
 
 def version_text() -> str:
+    from kvmatrix.harness.vllm_compat import installed_vllm_distribution  # read only when asked
+
     dist, version = installed_vllm_distribution()
     return f"kvmatrix {kvmatrix_version()}; {dist} {version}" if version else \
         f"kvmatrix {kvmatrix_version()}; no vLLM installed"

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from kvmatrix.harness.models import trained
+from kvmatrix.harness.models import reversal
 from kvmatrix.harness.models.cache import BuilderFamily
 from kvmatrix.harness.models.checkpoint import TORCH_DEFAULTS
 
@@ -28,7 +28,7 @@ STEPS, BATCH, LR = 800, 48, 3e-3
 
 def draft_config() -> dict:
     """The target's config (vocabulary, special tokens, context) with a smaller attention and width."""
-    return {**trained._llama_config(), "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+    return {**reversal.llama_config(), "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
             "num_key_value_heads": 1, "head_dim": 32}
 
 
@@ -41,13 +41,13 @@ def train_draft(steps: int = STEPS, log: Callable[[str], None] = _log):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.set_num_threads(trained.THREADS)
+    torch.set_num_threads(reversal.THREADS)
     torch.use_deterministic_algorithms(True)
     cfg = draft_config()
     with TORCH_DEFAULTS:  # the initial weights come from the global generator, in the default dtype
         torch.manual_seed(SEED)
         model = LlamaForCausalLM(LlamaConfig(**{**cfg, "torch_dtype": "float32"}))
-    return trained.train(model, steps, BATCH, log, seed=SEED)
+    return reversal.train(model, steps, BATCH, log, seed=SEED)
 
 
 def build_trained_llama_draft(out: Path) -> None:
@@ -55,12 +55,12 @@ def build_trained_llama_draft(out: Path) -> None:
 
     model = train_draft()
     tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
-    trained._save(out, draft_config(), tensors)
+    reversal.save(out, draft_config(), tensors)
 
 
 BUILDERS: dict[str, Callable] = {"trained_llama_draft": build_trained_llama_draft}
-# Its folder's fingerprint covers the target's module too: the task, tokenizer and batches are the target's.
-_FAMILY = BuilderFamily(__name__, BUILDERS, also=("kvmatrix.harness.models.trained",
+# Its folder's fingerprint covers the task's module too: the task, tokenizer, batches and config are the target's.
+_FAMILY = BuilderFamily(__name__, BUILDERS, also=("kvmatrix.harness.models.reversal",
                                                   "kvmatrix.harness.models.checkpoint"))
 folder_name = _FAMILY.folder_name
 _ONE_AT_A_TIME = threading.Lock()  # two slots needing it train it once

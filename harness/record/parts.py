@@ -178,7 +178,7 @@ class Crash(TypedDict, total=False):
 
 @open_to_other_keys
 class GpuMemoryCheck(TypedDict, total=False):
-    """The cell's GPU after it ended, against the run's baseline (harness/run/host/gpu_check.py)."""
+    """The cell's GPU after it ended, against the run's baseline (harness/run/process/gpu_check.py)."""
 
     gpu_index: int
     baseline_mib: float

@@ -120,7 +120,7 @@ class CellOutput(TypedDict, total=False):
 class OutcomeRecord(CellOutput, total=False):
     """A cell whose process has ended: its output and what happened to it, as the runner saw it."""
 
-    # harness/judge/outcome.py, fingerprint.py; harness/run/host/gpu_check.py
+    # harness/judge/outcome.py, fingerprint.py; harness/run/process/gpu_check.py
     log: str
     error_tail: str
     signal: str
@@ -137,7 +137,7 @@ class OutcomeRecord(CellOutput, total=False):
     # how a warm run came to its record, set once the run's attempts are judged (harness/run/task/runner.py). They
     # are the runner's facts, not the judgement's: judging a stored record again redoes the judgement and keeps them.
     fresh_first: str  # why a warm run went straight to a fresh process for this cell (a known failure)
-    # the cell whose fresh process showed this expected failure first (harness/run/order/confirmations.py)
+    # the cell whose fresh process showed this expected failure first (harness/run/task/confirmations.py)
     confirmed_by: str
     warm_attempt: WarmAttempt
     first_failure: str  # why this run's earlier attempt of the cell failed (a retry): judged `flaky` if it passes

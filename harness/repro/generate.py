@@ -19,8 +19,8 @@ from kvmatrix.harness.models import checkpoint
 from kvmatrix.harness.models.trained import BUILDERS as TRAINED_BUILDERS
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.repro import standalone
-from kvmatrix.harness.run.model_builds import build_models
-from kvmatrix.harness.run.task.spec import engine_args_for, models_needed
+from kvmatrix.harness.run.model_builds import build_models, models_needed
+from kvmatrix.harness.run.task.spec import engine_args_for
 from kvmatrix.matrix.conditions import is_range, when_matches
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.expectations import CrashExpected, RecordCheck

@@ -22,8 +22,8 @@ from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.repro import rules, state_text
 from kvmatrix.harness.repro.generate import NeedsFullScript, ReproError, emulation
-from kvmatrix.harness.run.model_builds import build_models
-from kvmatrix.harness.run.task.spec import engine_args_for, models_needed
+from kvmatrix.harness.run.model_builds import build_models, models_needed
+from kvmatrix.harness.run.task.spec import engine_args_for
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.schema import ModelEntry
 

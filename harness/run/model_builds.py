@@ -7,7 +7,7 @@ import threading
 from collections import defaultdict
 from pathlib import Path
 
-from kvmatrix.harness.run.task.spec import models_needed
+from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.schema import ModelEntry
 
 # One builder per model at a time within this harness; other processes are kept apart by build_once's atomic rename.
@@ -17,6 +17,11 @@ _FAILED: set[tuple[str, str]] = set()  # (cache folder, model): a build that fai
 # thread-safe (on a cold H200 a slot's build failed with "cannot import name 'LlamaConfig' from 'transformers'"
 # while another slot's build was importing it).
 _IMPORTING = threading.Lock()
+
+
+def models_needed(cell: Cell) -> list[str]:
+    """The registry models a cell runs: its model, and its draft's where it decodes speculatively."""
+    return [cell.model] + ([cell.axes["speculative"]] if cell.axes["speculative"] else [])
 
 
 def build_models(tasks: list, models: dict[str, ModelEntry], cache_dir: Path) -> dict[str, Path]:

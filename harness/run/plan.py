@@ -1,6 +1,7 @@
-"""One run's plan, made once before any cell starts, by `plan_run`, for `kvmatrix run` and the pytest front end
-alike: what the user asked (`RunOptions`) turned into the final settings, the GPU class, the cases loaded once,
-the tasks, the slots and what earlier runs saw (the start order's inputs). Nothing in it changes afterwards;
+"""One run's plan, made once before any cell starts, by `plan_run`, for `kvmatrix run`, the pytest front end and
+a bisection step's cells (`kvmatrix bisect`, `pr`'s two sides, `qualify`'s bisections) alike: what the user asked
+(`RunOptions`) turned into the final settings, the GPU class, the cases loaded once, the tasks, the slots and what
+earlier runs saw (the start order's inputs). Nothing in it changes afterwards;
 `execute` runs its tasks on this machine's slots or a Ray cluster."""
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class RunOptions:
     cache_dir: Path = DEFAULT_CACHE
     cases_dir: Path | None = None  # None: the one the run folder was made with, else the built-in cases
     selection: CaseSelection = CaseSelection()
+    # The cells to run, found by the caller in `cases_dir` (a bisection step expresses each cell itself, reading its
+    # case without checking every cell against this vLLM); None: the cells `selection` picks.
+    cells: tuple[Cell, ...] | None = None
     use_hub: bool = False
     timeout_scale: float = 1.0
     jobs: int = 0  # cells at once; 0: as the machine allows
@@ -63,8 +67,14 @@ class RunOptions:
     ray: str | None = None  # the address of a Ray cluster to run the cells on
     ray_real_gpus: bool = False
     history_db: Path | None = None  # whose last verdicts and timings order the cells
+    # Order the cells by what earlier runs of the class saw (the history, else the last run on these caches); off
+    # for a bisection step, whose environment is not theirs (a cell that failed in another vLLM would start alone in
+    # a fresh process instead of its step's warm worker).
+    read_past: bool = True
     force: bool = False  # resume a results folder made with other case files
     min_free_gib: float = 2.0
+    waivers: bool = True  # judge with the cases' known failures (a bisection step looks for the raw verdict)
+    canary: bool = True  # the plainest cell first, the run stopped if it does not run (harness/run/order/canary.py)
 
 
 @dataclass(frozen=True)
@@ -113,14 +123,15 @@ def plan_run(options: RunOptions, read_history: HistoryReader | None = None, say
     session = open_session(gpu=options.gpu, emulate=options.emulate, run_id=run_id, runs_dir=options.runs_dir,
                            cache_dir=options.cache_dir, cases_dir=cases.folder, use_hub=options.use_hub,
                            timeout_scale=options.timeout_scale, probe_only=options.probe_only,
-                           on_ray=bool(options.ray))
+                           on_ray=bool(options.ray), with_waivers=options.waivers)
     held = _claim(options, session, cases.folder, lock) if claim else None
     tasks = session.tasks(list(cases.selected))
     if options.only:
         tasks = options.only(tasks, session.settings.vllm_version)
     machine_slots = session.slots().count
     jobs = options.jobs or (max(1, machine_slots // options.shared_by) if options.shared_by > 1 else 0)
-    past = PastRuns() if options.ray else read_past(options.history_db, read_history, session)
+    past = PastRuns() if options.ray or not options.read_past else read_past(options.history_db, read_history,
+                                                                                 session)
     settings = replace(run_settings(options, session), known_failures=known_failures_for(cases.selected))
     return RunPlan(options, settings, session.gpu_name, session.emulated_from, session.pool,
                    cases, tuple(tasks), session.slots(jobs), past, held)
@@ -130,6 +141,8 @@ def load_cases(options: RunOptions, run_id: str | None) -> Cases:
     """The cases folder (the one asked, else the resumed run's, else the built-in one) and its cells; a case file
     that does not load is set aside, the others still run."""
     folder = cases_dir_for(options.cases_dir, options.runs_dir / run_id if run_id else None)
+    if options.cells is not None:
+        return Cases(folder, options.cells, options.cells, (), waivers_lent(folder))
     selected, invalid, every = select_cells(folder, options.selection, tolerant=True)
     return Cases(folder, tuple(selected), tuple(every), tuple(invalid), waivers_lent(folder))
 
@@ -142,14 +155,14 @@ def _claim(options: RunOptions, session: Session, cases_dir: Path, lock: bool) -
 
 
 def run_settings(options: RunOptions, session: Session) -> RunSettings:
-    """The session's settings with what the user asked: the isolation, the canary (both front ends run it), the
-    CPU ranks, and templates on a CPU class."""
+    """The session's settings with what the user asked: the isolation, the canary (every front end runs it; a
+    bisection step does not), the CPU ranks, and templates on a CPU class."""
     settings = session.settings
     if options.cpu_ranks and (session.host.device != "cpu" or not 1 < options.cpu_ranks <= session.cores):
         raise PoolError(f"--cpu-ranks takes 2 to {session.cores} (this CPU's cores), on a CPU class")
     # A template forks the harness's own cell and worker: a run given other commands (a test's) runs those.
     own_commands = (settings.cell_command, settings.worker_command) == (CELL_COMMAND, WORKER_COMMAND)
-    return replace(settings, isolation=options.isolation, canary=True,
+    return replace(settings, isolation=options.isolation, canary=options.canary,
                    gpus_here=options.cpu_ranks or settings.gpus_here,
                    fork_from_template=session.host.device == "cpu" and options.template and own_commands)
 
@@ -171,7 +184,7 @@ def read_past(db: Path | None, read_history: HistoryReader | None, session: Sess
     return PastRuns(expected, verdicts, backends)
 
 
-def execute(plan: RunPlan, tasks: list[Task], on_record: OnRecord,
+def execute(plan: RunPlan, tasks: list[Task], on_record: OnRecord | None = None,
             activity: Activity | None = None) -> list[JudgedRecord]:
     """The tasks (the plan's, or those of them a front end selected) run on the plan's executor: this machine's
     slots, or the Ray cluster it names; every record, in task order. `activity` hears each local cell start."""
@@ -182,7 +195,7 @@ def execute(plan: RunPlan, tasks: list[Task], on_record: OnRecord,
     return executor.run(tasks, plan.settings, on_record)
 
 
-def _on_ray(plan: RunPlan, tasks: list[Task], on_record: OnRecord) -> list[JudgedRecord]:
+def _on_ray(plan: RunPlan, tasks: list[Task], on_record: OnRecord | None) -> list[JudgedRecord]:
     """An existing Ray cluster's nodes of the class (harness/run/executor/ray.py); records land here as local ones
     do."""
     import ray  # only a Ray cluster needs Ray

@@ -17,7 +17,7 @@ from kvmatrix.harness.run.host.slots import Slots, slot_count
 from kvmatrix.harness.run.model_builds import build_models
 from kvmatrix.harness.run.run_ids import new_run_id
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.run.task.runner import not_run_reason
+from kvmatrix.harness.run.task.skips import not_run_reason
 from kvmatrix.harness.vllm_compat import (
     SIGNATURE_FAMILIES,
     SIGNATURES,

@@ -1,7 +1,8 @@
 """A run's settings as every executor and cell process sees them: the run folder, the models, the vLLM version,
 the caches, the cell, worker and template commands and which of them start cells, the waivers, known failures and
 date that judging is given, and the GPU-memory check. Frozen: a run's plan makes them once (harness/run/plan.py), so
-no executor or cell sees them change under it (only `built` fills in, as models are built)."""
+no executor or cell sees them change under it: the models a run builds as its cells start fill the executor's own
+copy of `built`, never the plan's."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class RunSettings:
     # GPUs of this machine a cell may span (0 on a CPU class); None where a scheduler places cells (Ray).
     gpus_here: int | None = None
     # The plainest cell first, nothing recorded until it ran, and the run stopped if it does not run
-    # (harness/run/order/canary.py): on in every run plan (`kvmatrix run` and the pytest front end alike,
-    # harness/run/plan.py); off where a run's cells misbehave on purpose (the fault tests).
+    # (harness/run/order/canary.py), on this machine's slots and on a Ray cluster alike: on in every run plan
+    # (`kvmatrix run` and the pytest front end, harness/run/plan.py) but a bisection step's; off where a run's cells
+    # misbehave on purpose (the fault tests).
     canary: bool = False

@@ -9,29 +9,30 @@ from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvmatrix.harness.judge.facts import facts
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.run.activity import Activity
-from kvmatrix.harness.run.host.gpu_check import pinned_gpus
 from kvmatrix.harness.run.host.gpu_memory import gpu_baselines
 from kvmatrix.harness.run.last_run import last_run_file, remember
 from kvmatrix.harness.run.model_builds import TrainingAhead, trainings_waited_on
 from kvmatrix.harness.run.order.canary import EnvironmentBroken, canary_failure
-from kvmatrix.harness.run.order.confirmations import Confirmations
 from kvmatrix.harness.run.order.pilots import kernel_family, mark_warm
 from kvmatrix.harness.run.order.policy import PastRuns, StartContext, StartOrder
 from kvmatrix.harness.run.order.start_order import start_order
 from kvmatrix.harness.run.process.env import run_mark
+from kvmatrix.harness.run.process.gpu_check import pinned_gpus
 from kvmatrix.harness.run.process.groups import CellProcesses
 from kvmatrix.harness.run.process.launch import WORKERS_PER_SLOT, FreshProcess, Launcher, WarmWorker
 from kvmatrix.harness.run.process.start import Exec, ProcessStart
 from kvmatrix.harness.run.process.template_client import Templates, remove_stale_socket_folders
 from kvmatrix.harness.run.resume import OnRecord, finished_records
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.run.task.runner import expected_not_to_pass, judged_record, not_run_reason, unwritable_record
+from kvmatrix.harness.run.task.confirmations import Confirmations
+from kvmatrix.harness.run.task.runner import expected_not_to_pass, judged_record, unwritable_record
+from kvmatrix.harness.run.task.skips import not_run_reason
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class LocalExecutor:
     activity: Activity | None = None
 
     def run(self, tasks: list[Task], settings: RunSettings, on_record: OnRecord | None = None) -> list[JudgedRecord]:
+        # The models this run builds as its cells start are its own: the settings it was given (a run plan's)
+        # never change under their holder.
+        settings = replace(settings, built=dict(settings.built))
         records, todo = finished_records(tasks, settings.run_dir, settings.waivers, on_record, settings.today)
         # Why each cell is expected not to pass (None: it is expected to). In a warm run the first such cell of
         # a case confirms its failure in a fresh process, its siblings wait and then stay in warm workers; in any

@@ -33,10 +33,11 @@ from kvmatrix.harness.record.neighbours import neighbour_ids, neighbours_of
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.record.types import JudgedRecord, finished_now
 from kvmatrix.harness.run.order.baselines import baselines_first
+from kvmatrix.harness.run.order.canary import EnvironmentBroken, canary_failure, pick_canary
 from kvmatrix.harness.run.process.groups import CellProcesses
 from kvmatrix.harness.run.resume import OnRecord, finished_records
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.run.task.runner import judged_record, skip_record
+from kvmatrix.harness.run.task.runner import expected_not_to_pass, judged_record, skip_record
 from kvmatrix.matrix.schema import GpuClass
 
 
@@ -99,7 +100,8 @@ def run_tasks_on_ray(
     unplaceable_after_s: float = 60.0,
 ) -> list[JudgedRecord]:
     """`run_locally` over a Ray cluster the caller has joined (`ray.init(address=...)`); same arguments and
-    records, in the order of `tasks`. Cells start baselines first, then the rest, as Ray places them."""
+    records, in the order of `tasks`. The canary starts alone first where the settings ask for one, then baselines,
+    then the rest, as Ray places them."""
     import ray  # only a Ray cluster needs Ray
 
     remote = ray.remote(run_on_node)
@@ -117,20 +119,64 @@ def run_tasks_on_ray(
         if on_record:
             on_record(record, len(records), total, False)
 
-    for wave in baselines_first(todo):  # a compared cell is judged against its neighbours' finished records
+    sender = _Sender(ray, remote, settings, records, real_gpus, gpu_classes, accelerator_types, max_retries,
+                     unplaceable_after_s)
+    canary = _canary_first(sender, todo, keep)
+    for wave in baselines_first([t for t in todo if t is not canary]):  # a compared cell after its neighbours
+        sender.send(wave, keep)
+    return [records[t.key] for t in tasks if t.key in records]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sender:
+    """Sends a wave of cells to the cluster and hands each result to `kept` as it comes."""
+
+    ray: Any
+    remote: Any
+    settings: RunSettings
+    records: dict[str, JudgedRecord]  # the finished ones, which a compared cell's neighbours are read from
+    real_gpus: bool
+    gpu_classes: dict[str, GpuClass] | None
+    accelerator_types: dict[str, str] | None
+    max_retries: int
+    unplaceable_after_s: float
+
+    def send(self, wave: list[Task], kept: Callable[..., None]) -> None:
         pending: dict = {}
         for task in wave:
-            resource, options = placement(task, real_gpus, gpu_classes, accelerator_types)
-            ref = remote.options(max_retries=max_retries, retry_exceptions=False, **options).remote(
-                task, settings, _neighbours_of(task, records))
+            resource, options = placement(task, self.real_gpus, self.gpu_classes, self.accelerator_types)
+            ref = self.remote.options(max_retries=self.max_retries, retry_exceptions=False, **options).remote(
+                task, self.settings, _neighbours_of(task, self.records))
             pending[ref] = (task, resource)
         try:
-            _drain(ray, pending, keep, settings, unplaceable_after_s)
+            _drain(self.ray, pending, kept, self.settings, self.unplaceable_after_s)
         except BaseException:
             for ref in pending:  # the driver is stopping: no cell may run on unrecorded
-                ray.cancel(ref, force=True)
+                self.ray.cancel(ref, force=True)
             raise
-    return [records[t.key] for t in tasks if t.key in records]
+
+
+def _canary_first(sender: _Sender, todo: list[Task], keep: Callable[..., None]) -> Task | None:
+    """The canary alone first, as on this machine's slots (harness/run/order/canary.py): its record is kept only if
+    this environment runs it, else the run stops with EnvironmentBroken and nothing recorded."""
+    canary = ray_canary(todo, sender.settings, list(sender.records.values()))
+    if canary is not None:
+        held: list[tuple] = []
+        sender.send([canary], lambda *result: held.append(result))
+        for task, record, log, written in held:
+            if why := canary_failure(task, record):
+                raise EnvironmentBroken(why)
+            keep(task, record, log, written)
+    return canary
+
+
+def ray_canary(todo: list[Task], settings: RunSettings, finished: list[JudgedRecord]) -> Task | None:
+    """The cell a run on the cluster starts alone, where its plan asks for a canary: the one the local executor's
+    start order picks (no earlier run's verdicts are read for a Ray run)."""
+    if not settings.canary:
+        return None
+    expected = {t.key: expected_not_to_pass(t, settings, None) for t in todo}
+    return pick_canary(todo, settings, expected, finished)
 
 
 def _neighbours_of(task: Task, records: dict[str, JudgedRecord]) -> list[JudgedRecord]:

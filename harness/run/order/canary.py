@@ -16,7 +16,7 @@ from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.run.order.policy import StartContext, StartOrder
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.run.task.runner import not_run_reason
+from kvmatrix.harness.run.task.skips import not_run_reason
 from kvmatrix.matrix.axes import AXIS_DEFAULTS
 from kvmatrix.matrix.case import Case, Generation
 from kvmatrix.matrix.conditions import when_matches

@@ -21,7 +21,7 @@ from urllib.parse import quote, unquote
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.order.policy import StartContext, StartOrder
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.run.task.runner import not_run_reason
+from kvmatrix.harness.run.task.skips import not_run_reason
 from kvmatrix.harness.vllm_compat import compiles_per_kv_dtype
 
 

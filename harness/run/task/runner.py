@@ -29,20 +29,18 @@ from kvmatrix.harness.record.types import (
     finished_now,
     outcome_of,
 )
-from kvmatrix.harness.run.host.gpu_check import check_gpu_memory
 from kvmatrix.harness.run.host.gpu_memory import physical_index
 from kvmatrix.harness.run.model_builds import ensure_models
-from kvmatrix.harness.run.order.confirmations import Confirmations
 from kvmatrix.harness.run.process.env import cell_env
+from kvmatrix.harness.run.process.gpu_check import check_gpu_memory
 from kvmatrix.harness.run.process.groups import CellProcesses, cap_log
 from kvmatrix.harness.run.process.launch import FreshProcess, Launcher
 from kvmatrix.harness.run.process.start import CellFiles, ShareKey
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.run.task.accuracy import offline_reason
+from kvmatrix.harness.run.task.confirmations import Confirmations
+from kvmatrix.harness.run.task.skips import not_run_reason
 from kvmatrix.harness.run.task.spec import cell_mode, cell_spec, engine_args_for
-from kvmatrix.harness.run.task.speculative import speculative_reason
-from kvmatrix.harness.vllm_compat import GRAPH_EXECUTIONS, MULTI_RANK_ENV, engine_phases
-from kvmatrix.matrix.axes import resolved_execution
+from kvmatrix.harness.vllm_compat import MULTI_RANK_ENV, engine_phases
 from kvmatrix.matrix.conditions import when_matches
 from kvmatrix.matrix.expectations import CrashExpected
 
@@ -161,38 +159,6 @@ def unwritable_record(task: Task, run_id: str, err: OSError, record: JudgedRecor
     reason = f"the harness could not write this cell's files: {err.strerror or err} ({err.filename}){what}"
     return check_judged({**base_record(task, run_id), "status": "error", "verdict": "error", "reason": reason,
                          "expectations": [], "tags": list(task.cell.case.tags)}, f"the record of {task.key}")
-
-
-def not_run_reason(task: Task, settings: RunSettings) -> str | None:
-    """Why a task is a skip here (its case's rules for this class and vLLM, a hub-only model offline, an accuracy
-    cell without lm-eval); None for a task that runs."""
-    return (task.cell.skip_reason(task.context(settings.vllm_version))
-            or speculative_reason(task.cell, settings.models, settings.vllm_version)
-            or offline_reason(task.cell, settings.models, settings.use_hub)
-            or gpus_reason(task, settings.gpus_here)
-            or execution_reason(task))
-
-
-def execution_reason(task: Task) -> str | None:
-    """Why a cell's execution cannot run on its class: CUDA graphs on a CPU class."""
-    execution = resolved_execution(task.cell.axes["execution"], task.gpu.device)
-    if execution in GRAPH_EXECUTIONS and task.gpu.device != "cuda":
-        return f"execution {execution} captures CUDA graphs: CUDA graphs are GPU-only ({task.gpu_name} is a CPU class)"
-    return None
-
-
-def gpus_reason(task: Task, gpus_here: int | None) -> str | None:
-    """Why a cell that spans several GPUs cannot run here: fewer GPUs of its class than its ranks (None: unknown
-    here, as on a Ray cluster, whose scheduler places it)."""
-    needed = task.cell.gpus_needed
-    if needed <= 1 or gpus_here is None or needed <= gpus_here:
-        return None
-    axes = task.cell.axes
-    ranks = f"tensor_parallel_size {axes['tensor_parallel_size']} x pipeline_parallel_size " \
-            f"{axes['pipeline_parallel_size']}"
-    if task.gpu.device == "cpu":
-        return f"needs {needed} ranks ({ranks}): a CPU class runs them only with `kvmatrix run --cpu-ranks {needed}`"
-    return f"needs {needed} GPUs of class {task.gpu_name} ({ranks}); this machine has {gpus_here}"
 
 
 def judged_record(task: Task, settings: RunSettings, processes: CellProcesses,

@@ -185,10 +185,6 @@ def generation(cell: Cell, mode: str) -> dict[str, Any]:
     return {"prompts": prompts, "max_tokens": max_tokens}
 
 
-def models_needed(cell: Cell) -> list[str]:
-    return [cell.model] + ([cell.axes["speculative"]] if cell.axes["speculative"] else [])
-
-
 def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mode: str) -> CellSpec:
     """What the runner tells the cell process (SPEC.json)."""
     accuracy = accuracy_spec(task.cell, settings.use_hub)
