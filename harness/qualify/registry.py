@@ -174,10 +174,10 @@ def newest_state(finding: Finding, checks: list[Check], package: str) -> str:
     newest = max([*seen, *(c.version for c in runs)], key=release_order, default=None)
     if newest is None:
         return "not run"
-    mine = [c for c in runs if c.version == newest]
+    mine = sorted((c for c in runs if c.version == newest), key=lambda c: script_label(finding, c))
     state = {"bad": "**reproduces**", "good": "fixed / right"}.get(seen.get(newest, ""), "no verdict")
     if mine:
-        exits = ", ".join(f"{c.where} exit {c.exit}" for c in mine)
+        exits = ", ".join(f"{script_label(finding, c)} exit {c.exit}" for c in mine)
         return f"{newest}: {state} (script {exits}, {max(c.date for c in mine)})"
     return f"{newest}: {state} (sessions)"
 
@@ -187,11 +187,11 @@ def board_rows(findings: list[Finding], checks: list[Check]) -> list[dict[str, s
     rows = []
     for finding in findings:
         firsts = {p: first_bad_and_fixed(seen_on(finding, checks, p)) for p in PACKAGES}
-        latest = {}  # the newest run of each of its scripts
+        latest = {}  # the newest run of each of its scripts, on each class of machine
         mine = (c for c in checks if c.finding == finding.id)
-        for check in sorted(mine, key=lambda c: (release_order(c.version), c.date)):
-            latest[check.where] = check
-        script = ("; ".join(f"{c.where}: {c.lines} lines, exit {c.exit}" for c in latest.values()) if latest else
+        for check in sorted(mine, key=lambda c: (release_order(c.version), c.date, script_label(finding, c))):
+            latest[script_label(finding, check)] = check
+        script = ("; ".join(f"{label}: {c.lines} lines, exit {c.exit}" for label, c in latest.items()) if latest else
                   finding.no_script or ("not run yet" if finding.scripts else "none"))
         rows.append({
             "finding": finding.id, "cells": finding.cells, "bug": finding.bug,
@@ -200,6 +200,13 @@ def board_rows(findings: list[Finding], checks: list[Check]) -> list[dict[str, s
             "script": script, "upstream": upstream_text(finding.upstream),
         })
     return rows
+
+
+def script_label(finding: Finding, check: Check) -> str:
+    """Where the check ran (`H200 on H100`), with `#N` where the finding has several scripts for that class: the
+    Nth of them in the registry, scripts/<finding>--<class>--N.py."""
+    same = [s.cell for s in finding.scripts if s.gpu == check.gpu]
+    return f"{check.where} #{same.index(check.cell) + 1}" if len(same) > 1 and check.cell in same else check.where
 
 
 def upstream_text(upstream: Upstream) -> str:

@@ -74,11 +74,12 @@ def _observed(text: str, version: str | None) -> str:
     return "resolves " + "; ".join(map(str, wrong)) if isinstance(wrong, list) else f"fails: {text}"
 
 
-def _environment(record: JudgedRecord | None, gpu_class: str, version: str | None) -> str:
+def _environment(record: JudgedRecord | None, gpu_class: str, version: str | None, ran_on: str | None) -> str:
     if record is None:
         seen = f"vLLM {version}; " if version else ""
-        return (f"{seen}GPU class {gpu_class} (kvmatrix's name). Add the output of `python -m vllm.collect_env` from "
-                "the machine that ran the script.")
+        machine = f"; what the script said below was seen on {ran_on}" if ran_on else ""
+        return (f"{seen}GPU class {gpu_class} (kvmatrix's name){machine}. Add the output of `python -m "
+                "vllm.collect_env` from the machine that ran the script.")
     host = f", emulated on a real {record['emulated_from']}" if record.get("emulated_from") else ""
     return (f"vLLM {record.get('vllm_version')}, torch {record.get('torch_version')}, Python {record.get('python')}; "
             f"GPU class {gpu_class}{host}. Add the output of `python -m vllm.collect_env`.")
@@ -95,9 +96,10 @@ def _actual(record: JudgedRecord | None, said: str | None) -> str:
 
 def render(spec: dict[str, Any], script: str, expected: str, record: JudgedRecord | None = None,
            first_bad: str | None = None, link: str | None = None, said: str | None = None,
-           version: str | None = None) -> str:
+           version: str | None = None, ran_on: str | None = None) -> str:
     """The draft's Markdown. `first_bad`: the releases' sentence (e.g. "0.26.0 (0.24.0 good)"), `link`: the
-    findings entry, `said`: the script's last words where it has run, on vLLM `version`."""
+    findings entry, `said`: the script's last words where it has run, on vLLM `version`, on the machine `ran_on`
+    describes where that is not of the script's class ("a real H100 (...)")."""
     seen = version or (record.get("vllm_version") if record is not None else None)
     did = what_vllm_did(record, said, expected, seen)
     where = f"vLLM {seen}" if seen else "vLLM"
@@ -115,7 +117,7 @@ def render(spec: dict[str, Any], script: str, expected: str, record: JudgedRecor
         "",
         "<details><summary>The output of <code>python collect_env.py</code></summary>",
         "",
-        fenced(_environment(record, spec["gpu_class"], seen), "text"),
+        fenced(_environment(record, spec["gpu_class"], seen, ran_on), "text"),
         "</details>",
         "",
         "### 🐛 Describe the bug",
