@@ -101,15 +101,16 @@ assert refused or (not wrong and not REFUSAL_REQUIRED), f"expected {EXPECTED}; o
 print("OK:", EXPECTED)"""
 
 
-def selector(select: str | list[int], skipped: list[str]) -> list:
+def selector(select: str | list[int], skipped: list[str]) -> list[Any]:
     """A rule's selector as the script tests it, [row key, "in" or "not in", values]: layer indices (as the record
     numbers them), indices left out, or a role. The judge counts a layer skipped when its number is one of the skip
     list's entries."""
     if isinstance(select, list):
         return ["index", "in", select]
     numbers = [int(s) for s in skipped if s.isdigit()]
-    words = {"all": ["index", "not in", []], "target": ["role", "in", ["target"]], "draft": ["role", "in", ["draft"]],
-             "skipped": ["index", "in", numbers], "not_skipped": ["index", "not in", numbers]}
+    words: dict[str, list[Any]] = {
+        "all": ["index", "not in", []], "target": ["role", "in", ["target"]], "draft": ["role", "in", ["draft"]],
+        "skipped": ["index", "in", numbers], "not_skipped": ["index", "not in", numbers]}
     return words[select]
 
 
