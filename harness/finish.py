@@ -117,11 +117,14 @@ def write_reports(run_dir: RunDir, records: list[JudgedRecord], title: str, head
 
 
 def write_findings(folder: Path, records: list[JudgedRecord], cases_dirs: dict[str, Path],
-                   run_dirs: dict[str, Path] | None = None) -> list[Path]:
+                   run_dirs: dict[str, Path] | None = None,
+                   columns: findings_pages.Columns | None = None) -> list[Path]:
     """The findings pages of a report folder (its `findings/`), written afresh: a failure that is now explained
     (a case or waiver edited, then `rejudge`) loses its page. `cases_dirs`, `run_dirs`: each run id's cases folder
-    and run folder (default: the report folder itself, a run's own)."""
+    and run folder (default: the report folder itself, a run's own); `columns`: a combined report's, naming the
+    pages."""
     pages = folder / "findings"
     for stale in pages.glob("*.md"):
         stale.unlink()
-    return findings_pages.write(records, pages, cases_dirs, run_dirs or {run_id: folder for run_id in cases_dirs})
+    return findings_pages.write(records, pages, cases_dirs, run_dirs or {run_id: folder for run_id in cases_dirs},
+                                columns)

@@ -83,12 +83,19 @@ def _crash(record: JudgedRecord) -> list[str]:
     return [f"- fingerprint `{record['fingerprint']}`: `{crash['type']}`{where}{phase}: {crash['message'] or '-'}"]
 
 
-def page_name(record: JudgedRecord) -> str:
-    return f"{record_stem(record['cell_id'], record['gpu_class'])}--vllm{record.get('vllm_version')}.md"
+# A combined report's columns: (run id, GPU class) -> the column its records are shown in, `<class> (<run id>)`
+# where two runs hold one class (harness/cli/report.py); their pages are named by it, or two runs' pages of one cell
+# would be one file, and the matrix links them by it.
+Columns = Mapping[tuple[str, str], str]
+
+
+def page_name(record: JudgedRecord, columns: Columns | None = None) -> str:
+    gpu = (columns or {}).get((str(record.get("run_id")), record["gpu_class"]), record["gpu_class"])
+    return f"{record_stem(record['cell_id'], gpu)}--vllm{record.get('vllm_version')}.md"
 
 
 def page(record: JudgedRecord, same_crash: tuple[JudgedRecord, ...] = (), cases_dir: Path | None = None,
-         run_dir: Path | None = None) -> str:
+         run_dir: Path | None = None, columns: Columns | None = None) -> str:
     """The page of one failure; `same_crash`: the other failures with its fingerprint, linked; `cases_dir`: the
     folder its run was made with (None: the built-in cases); `run_dir`: its run folder."""
     shown = " · ".join(f"{k} {v}" for k, v in facts(record).items())
@@ -130,32 +137,32 @@ def page(record: JudgedRecord, same_crash: tuple[JudgedRecord, ...] = (), cases_
     if same_crash:
         lines += ["", f"## Same crash in {len(same_crash)} other cell{'s' if len(same_crash) > 1 else ''}", ""]
         lines += [f"- [`{other['cell_id']}` on {other['gpu_class']}, vLLM {other.get('vllm_version')}]"
-                  f"({page_name(other).replace(' ', '%20')})" for other in same_crash]
+                  f"({page_name(other, columns).replace(' ', '%20')})" for other in same_crash]
     if record.get("log"):
         lines += ["", f"Cell log in the run folder: `{record['log']}`"]
     return "\n".join(lines) + "\n"
 
 
 def write(records: list[JudgedRecord], out_dir: Path, cases_dirs: Mapping[str, Path] | None = None,
-          run_dirs: Mapping[str, Path] | None = None) -> list[Path]:
+          run_dirs: Mapping[str, Path] | None = None, columns: Columns | None = None) -> list[Path]:
     """A page per unexplained failure, and an index that lists failures with one crash together; returns the
     pages written (none: no index either). `cases_dirs`, `run_dirs`: the cases folder and the run folder of each
-    run id, for the reproducers."""
+    run id, for the reproducers; `columns`: a combined report's, which name the pages."""
     failures = unexplained(records)
     if not failures:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
     groups: dict[str, list[JudgedRecord]] = {}
     for record in sorted(failures, key=lambda r: (r["gpu_class"], r["cell_id"])):
-        groups.setdefault(record.get("fingerprint") or page_name(record), []).append(record)
+        groups.setdefault(record.get("fingerprint") or page_name(record, columns), []).append(record)
     written, index = [], ["# Unexplained failures", "", "| cell | GPU class | vLLM | signature | crash | page |",
                           "|---|---|---|---|---|---|"]
     for group in groups.values():
         for record in group:
-            name = page_name(record)
+            name = page_name(record, columns)
             others = tuple(r for r in group if r is not record)
             run_id = record.get("run_id") or ""
-            text = page(record, others, (cases_dirs or {}).get(run_id), (run_dirs or {}).get(run_id))
+            text = page(record, others, (cases_dirs or {}).get(run_id), (run_dirs or {}).get(run_id), columns)
             (out_dir / name).write_text(text)
             written.append(out_dir / name)
             index.append(f"| `{record['cell_id']}` | {record['gpu_class']} | {record.get('vllm_version')} | "

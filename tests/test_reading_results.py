@@ -45,21 +45,41 @@ def test_diff_against_a_run_folder_as_against_its_id(cases_dir, tmp_path, monkey
 
 def test_list_shows_where_each_cell_runs_and_marks_the_cells_kvmatrix_adds(cases_dir, capsys):
     """Before: every class of the pool for each cell (a FlashInfer cell "for" CPU classes its case skips), the eager
-    oracles listed as if the case had them, and no --gpu."""
+    oracles listed as if the case had them, and no --gpu. The case's model reference (bf16, plain, on the default
+    backend) is added too: eager on these classes, its compiled combination compared with it."""
     write_case(cases_dir, "fi", {"model": "llama", "gpus": ["*"], "matrix": {"attention_backend": ["FLASHINFER"]},
                                  "skip": [{"when": {"gpu": {"device": "cpu"}}, "reason": "a CUDA backend"}]})
     assert cli.main(["list", "--cases-dir", str(cases_dir)]) == 0
     out, err = capsys.readouterr()
     lines = dict(line.split("  ", 1) for line in out.splitlines())
     own, oracle = "fi[kv=auto,skip=-,spec=-,attn=FLASHINFER]", "fi[kv=auto,skip=-,spec=-,attn=FLASHINFER,exec=eager]"
-    assert set(lines) == {own, oracle}
+    compiled_reference = "fi[kv=bfloat16,skip=-,spec=-,attn=-]"
+    reference = f"{compiled_reference[:-1]},exec=eager]"
+    assert set(lines) == {own, oracle, compiled_reference, reference}
     assert "cpu-" not in lines[own] and "H100" in lines[own]
     assert "added" not in lines[own]
     assert lines[oracle].endswith("(added by kvmatrix, eager oracle: compiled or workload cells are compared with it)")
-    assert re.search(r"2 cells; 1 of them added by kvmatrix", err), err
+    assert lines[reference].endswith("(added by kvmatrix, model reference: the case's other plain cells are compared "
+                                     "with it (an unquantized cache, eager, plain))")
+    assert lines[compiled_reference].endswith("(added by kvmatrix, the model reference's combination run compiled, "
+                                              "compared with its eager oracle, the reference there)")
+    assert re.search(r"4 cells; 3 of them added by kvmatrix", err), err
 
     assert cli.main(["list", "--cases-dir", str(cases_dir), "--gpu", "H100"]) == 0
     out, err = capsys.readouterr()
-    assert [line.split("  ")[:2] for line in out.splitlines()] == [[own, "[H100]"], [oracle, "[H100]"]]
+    assert [line.split("  ")[:2] for line in out.splitlines()] == [
+        [own, "[H100]"], [compiled_reference, "[H100]"], [oracle, "[H100]"], [reference, "[H100]"]]
     assert cli.main(["list", "--cases-dir", str(cases_dir), "--gpu", CPU_CLASS]) == 0
     assert capsys.readouterr().out == ""
+
+
+def test_list_marks_a_model_reference_where_it_is_one(cases_dir, capsys):
+    """An fp8 case's bf16 reference runs eager on a CPU class (the reference there) and compiled on a GPU class
+    (compared with its eager oracle, the reference there): each class said."""
+    write_case(cases_dir, "fp", {"model": "llama", "gpus": [CPU_CLASS, "H100"], "matrix": {"kv_cache_dtype": ["fp8"]}})
+    assert cli.main(["list", "--cases-dir", str(cases_dir)]) == 0
+    lines = dict(line.split("  ", 1) for line in capsys.readouterr().out.splitlines())
+    assert lines["fp[kv=bfloat16,skip=-,spec=-]"] == (
+        f"[{CPU_CLASS}, H100]  (added by kvmatrix, model reference: the case's other plain cells are compared with it "
+        f"(an unquantized cache, eager, plain) on {CPU_CLASS}; on the others the model reference's combination run "
+        "compiled, compared with its eager oracle, the reference there)")

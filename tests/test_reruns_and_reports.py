@@ -22,7 +22,8 @@ FRESH_ID = re.compile(rf"\d{{8}}-\d{{6}}-{re.escape(CPU_CLASS)}-vllm.+")
 
 
 def finished_lines(out: str) -> list[str]:
-    return [line for line in out.splitlines() if line.startswith("[")]
+    """A run's line per finished cell (not its line as each cell starts, nor a heartbeat: harness/run/activity.py)."""
+    return [line for line in out.splitlines() if re.match(r"\[[^]]*\] (?!start |running )", line)]
 
 
 def test_the_same_command_twice_runs_twice_into_new_folders(matrix_with_waiver, tmp_path, monkeypatch, capsys):
@@ -94,8 +95,10 @@ def test_a_report_of_several_runs_goes_to_a_new_folder_whose_links_resolve(matri
     assert len(logs) == 8 and findings  # every cell that ran (the skipped one has no log), of both runs
     for link in logs:
         assert (out / link).is_file(), link
-    for link in findings:
-        assert (out / unquote(link)).is_file(), link
+    assert len(set(findings)) == 2  # each run's failure its own page, not one run's page for both
+    for link, run in zip(sorted(findings), (a, b), strict=True):
+        text = (out / unquote(link)).read_text()
+        assert f"--gpu {CPU_CLASS} --cell" in text and f"--run {run} " in text, text  # its class, its run
     assert cli.main(["report", str(a), str(b), "--out", str(a)]) == 2
     assert "is one of the runs reported" in capsys.readouterr().err
 

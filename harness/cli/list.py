@@ -1,6 +1,6 @@
 """`kvmatrix list`: the cells the cases expand to, each with the GPU classes it runs on (its case's skip rules and
 what a class cannot run, under the installed vLLM, leave the others out), the cells kvmatrix adds to a case's own
-(eager oracles, no-draft twins, baselines) marked with why."""
+(eager oracles, no-draft twins, baselines, model references) marked with why."""
 
 from __future__ import annotations
 
@@ -34,6 +34,23 @@ def runs_on(cell: Cell, pool: dict[str, GpuClass], vllm_version: str | None) -> 
             and not execution_reason(Task(cell, gpu, pool[gpu]))]
 
 
+# Why kvmatrix adds a case's model reference (matrix/expand.py `reference_axes`, harness/judge/reference.py).
+REFERENCE = "model reference: the case's other plain cells are compared with it (an unquantized cache, eager, plain)"
+
+
+def why_added(cell: Cell, classes: list[str], added: dict[str, str]) -> str:
+    """Why kvmatrix adds this cell, on the classes it is listed for ("" where the case lists it): a model reference
+    where it is one; the reference's combination runs compiled where a class has graphs, compared with its eager
+    oracle, the reference there; else as matrix/expand.py `added_cells` says."""
+    if cell.cell_id not in added:
+        return ""
+    where = [gpu for gpu in classes if gpu in cell.reference_for]
+    compiled = "the model reference's combination run compiled, compared with its eager oracle, the reference there"
+    if where and len(where) < len(classes):
+        return f"{REFERENCE} on {', '.join(where)}; on the others {compiled}"
+    return REFERENCE if where else compiled if cell.reference_for else added[cell.cell_id]
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     args.cases_dir = cases_dir_for(args.cases_dir)
     pool = load_pool(Path(args.cases_dir))
@@ -53,7 +70,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         shown += 1
         nowhere += not classes
         where = f"[{', '.join(classes)}]" if classes else "[skipped on every class]"
-        why = f"  (added by kvmatrix, {added[cell.cell_id]})" if cell.cell_id in added else ""
+        why = f"  (added by kvmatrix, {reason})" if (reason := why_added(cell, classes, added)) else ""
         marked += bool(why)
         print(f"{cell.cell_id}  {where}{why}")
     on = f" on {', '.join(args.gpu)}" if args.gpu else ""

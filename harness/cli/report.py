@@ -16,6 +16,7 @@ from kvmatrix.harness.finish import write_findings, write_reports
 from kvmatrix.harness.record.files import RUNS_DIR, RunDir
 from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.run.guards import GuardError, cases_dir_for
+from kvmatrix.reports.findings_pages import Columns
 
 
 def add_arguments(rep: argparse.ArgumentParser) -> None:
@@ -46,13 +47,19 @@ def linked_from(out: Path, run_dir: Path, records: list[JudgedRecord]) -> list[J
             for r in records]
 
 
-def column_per_run(runs: list[tuple[str, list[JudgedRecord]]]) -> list[JudgedRecord]:
+def column_per_run(runs: list[tuple[str, list[JudgedRecord]]]) -> Columns:
     """Several runs' records as one matrix, whose columns are GPU classes: where two runs hold one class, each run's
     records of it are a column of its own, named `<class> (<run id>)` (else two runs' squares of a cell would
-    share one column and row). The records themselves (and their findings pages) keep their class."""
-    runs_of = Counter(gpu for _, records in runs for gpu in {r.get("gpu_class") for r in records})
-    return [{**r, "gpu_class": f"{r.get('gpu_class')} ({run_id})"} if runs_of[r.get("gpu_class")] > 1 else r
-            for run_id, records in runs for r in records]
+    share one column and row), by (the records' run id, class). The records themselves keep their class (their
+    findings pages say and reproduce it), their pages are named by the column."""
+    runs_of = Counter(gpu for _, records in runs for gpu in {r["gpu_class"] for r in records})
+    return {(str(r.get("run_id")), r["gpu_class"]): f"{r['gpu_class']} ({run_id})"
+            for run_id, records in runs for r in records if runs_of[r["gpu_class"]] > 1}
+
+
+def in_columns(records: list[JudgedRecord], columns: Columns) -> list[JudgedRecord]:
+    """The records as the matrix shows them: each in its column."""
+    return [{**r, "gpu_class": columns.get((str(r.get("run_id")), r["gpu_class"]), r["gpu_class"])} for r in records]
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -61,9 +68,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     runs = [(Path(folder).resolve().name, linked_from(out.root, Path(folder).resolve(), RunDir(Path(folder)).records()))
             for folder in args.run_dirs]
     records = [r for _, run in runs for r in run]
-    paths = write_reports(out, column_per_run(runs), args.title, compare_to=args.compare_to)
+    columns = column_per_run(runs)
+    paths = write_reports(out, in_columns(records, columns), args.title, compare_to=args.compare_to)
     write_findings(out.root, records, {Path(f).resolve().name: cases_dir_for(None, f) for f in args.run_dirs},
-                   {Path(f).resolve().name: Path(f) for f in args.run_dirs})
+                   {Path(f).resolve().name: Path(f) for f in args.run_dirs}, columns)
     print(paths["md"].read_text())
     print(f"reports: {paths['md']} {paths['html']} {paths['junit']}")
     return FAILED if said_unreadable(records) else OK

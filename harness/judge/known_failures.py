@@ -34,7 +34,7 @@ from kvmatrix.harness.record.types import JudgedRecord, KnownFailureNote
 from kvmatrix.harness.vllm_compat import signature_matches
 from kvmatrix.matrix.axes import AXES, AXIS_DEFAULTS
 from kvmatrix.matrix.conditions import when_matches
-from kvmatrix.matrix.expand import Cell, expand_case
+from kvmatrix.matrix.expand import Cell, added_cells, expand_case
 from kvmatrix.matrix.expectations import CrashExpected
 from kvmatrix.matrix.load import CASES_DIR, load_cases, load_models, load_pool
 from kvmatrix.matrix.schema import ModelEntry
@@ -84,10 +84,22 @@ def _built_in() -> tuple[tuple[KnownCrash, ...], tuple[Waiver, ...], tuple[tuple
     models, pool = load_models(), load_pool()
     cases = [case for case in load_cases() if case.model in models]
     crashes = tuple(KnownCrash(models[case.model], rule.when, rule.crash, f"cases/{case.name}.yaml expect.{i}",
-                               frozenset(configuration(cell.axes) for cell in expand_case(case, models, pool)))
+                               _configurations(expand_case(case, models, pool)))
                     for case in cases for i, rule in enumerate(case.expect)
                     if isinstance(rule.crash, CrashExpected) and rule.crash.link)
     return crashes, tuple(load_waivers(WAIVERS_FILE, pool)), tuple((models[case.model], case.name) for case in cases)
+
+
+def _configurations(cells: list[Cell]) -> frozenset[tuple]:
+    """The configurations a case's rules speak of: its cells', less the model reference kvmatrix adds to a case
+    that does not list it (a bf16 comparison, not one of the configurations its rules were written for: an fp8-only
+    case's rule without a dtype in its `when:` is not a rule of bf16), unless it is also the eager oracle of one of
+    the case's cells."""
+    added = added_cells(cells)
+    references = {cell.cell_id for cell in cells if cell.reference_for and cell.cell_id in added}
+    oracles = {oracle for cell in cells if cell.cell_id not in references for _, oracle in cell.oracles}
+    return frozenset(configuration(cell.axes) for cell in cells
+                     if cell.cell_id not in references or cell.cell_id in oracles)
 
 
 def known_failures_for(cells: Iterable[Cell]) -> KnownFailures:
