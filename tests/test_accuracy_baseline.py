@@ -53,7 +53,9 @@ def test_a_checkpoint_with_fp8_kv_names_its_own_baseline_dtype(cases_dir):
 
 def test_cases_without_accuracy_have_no_baseline(cases_dir):
     cells = cells_of(cases_dir, {"model": "llama", "matrix": {"kv_cache_dtype": ["fp8"]}})
-    assert [c.baseline_id for c in cells] == [None]
+    # The fp8 cell and the model reference it is compared with (bf16): neither has an accuracy baseline.
+    assert [(c.cell_id, c.baseline_id) for c in cells] == [("c[kv=fp8,skip=-,spec=-]", None),
+                                                           ("c[kv=bfloat16,skip=-,spec=-]", None)]
 
 
 def test_accuracy_block_is_validated(cases_dir):

@@ -35,11 +35,15 @@ def _cells(case: str):
 
 def test_parallel_axes_name_their_cells_and_reach_the_engine():
     cells = _cells("tp2-llama")
+    reference = "tp2-llama[kv=bfloat16,skip=-,spec=-,tp=1,exec=eager]"
     assert sorted(cells) == sorted([  # each with its eager twin, which GPU classes run as its oracle
         "tp2-llama[kv=fp8,skip=-,spec=-,tp=2]", "tp2-llama[kv=fp8,skip=-,spec=-,tp=2,exec=eager]",
-        "tp2-llama[kv=fp8,skip=0,spec=-,tp=2]", "tp2-llama[kv=fp8,skip=0,spec=-,tp=2,exec=eager]"])
+        "tp2-llama[kv=fp8,skip=0,spec=-,tp=2]", "tp2-llama[kv=fp8,skip=0,spec=-,tp=2,exec=eager]",
+        # and the model reference, the model as it ships (one GPU), eager on a GPU class
+        "tp2-llama[kv=bfloat16,skip=-,spec=-,tp=1]", reference])
     cell = cells["tp2-llama[kv=fp8,skip=-,spec=-,tp=2]"]
     assert cell.gpus_needed == 2
+    assert cell.reference_on("H200") == reference and cells[reference].gpus_needed == 1
     args = engine_args_for(cell, POOL["H200"], MODELS, {"llama": CASES_DIR})
     assert args["tensor_parallel_size"] == 2 and "pipeline_parallel_size" not in args
     # Cases without the axes keep their ids and their one-GPU engines.

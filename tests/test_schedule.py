@@ -88,7 +88,8 @@ def test_last_timings_are_the_latest_run_that_timed_each_cell(tmp_path):
 ], ids=["longest-first", "last-failures-first"])
 def test_run_tasks_starts_in_schedule_order_and_returns_in_given_order(cases_dir, tmp_path, expected_s,
                                                                        last_verdicts):
-    write_case(cases_dir, "ok", {"model": "llama", "gpus": [CPU], "matrix": {"kv_cache_dtype": ["auto", "fp8"]}})
+    write_case(cases_dir, "ok", {"model": "llama", "gpus": [CPU],
+                                 "matrix": {"kv_cache_dtype": ["auto", "fp8", "bfloat16"]}})
     pool, models = load_pool(cases_dir), load_models(cases_dir)
     tasks = [Task(c, CPU, pool[CPU]) for c in expand_case(load_case(cases_dir / "ok.yaml"), models, pool)]
     settings = RunSettings(run_dir=RunDir(tmp_path / "run"), models=models, built={"llama": cases_dir},
@@ -96,7 +97,8 @@ def test_run_tasks_starts_in_schedule_order_and_returns_in_given_order(cases_dir
     started: list[str] = []
     records = run_locally(tasks, settings, on_record=lambda r, *_: started.append(r["cell_id"]),
                           past=PastRuns(expected_s, last_verdicts or {}))
-    assert started == ["ok[kv=fp8,skip=-,spec=-]", "ok[kv=auto,skip=-,spec=-]"]
+    # The model reference (bf16) first, whatever its time: the other cells wait for it; then the schedule's order.
+    assert started == ["ok[kv=bfloat16,skip=-,spec=-]", "ok[kv=fp8,skip=-,spec=-]", "ok[kv=auto,skip=-,spec=-]"]
     assert [r["cell_id"] for r in records] == ids(tasks) and all(r["verdict"] == "pass" for r in records)
 
 
@@ -134,7 +136,7 @@ def test_last_verdicts_are_each_cells_latest_run(tmp_path):
 
 def test_pilots_warm_each_kernel_family_once_and_only_their_family_waits(cases_dir):
     tasks = tasks_of(cases_dir, "a", {"kv_cache_dtype": ["auto", "fp8"], "attention_backend": [None, "TRITON_ATTN"]})
-    tasks += tasks_of(cases_dir, "b", {"kv_cache_dtype": ["auto", "fp8", "fp8_e5m2"]})
+    tasks += tasks_of(cases_dir, "b", {"kv_cache_dtype": ["auto", "fp8", "fp8_e5m2", "bfloat16"]})
     tasks += tasks_of(cases_dir, "c", {"kv_cache_dtype": ["fp8"], "kv_cache_dtype_skip_layers": [[], ["0"]]})
     tasks += tasks_of(cases_dir, "d", {"kv_cache_dtype": ["auto", "fp8"]}, model="ct-llama")
     ordered, waits = pilot_gates(tasks, warm_families=set())
@@ -150,6 +152,8 @@ def test_pilots_warm_each_kernel_family_once_and_only_their_family_waits(cases_d
     # of its own model (another model's cells compile its own kernels: they have their own pilots).
     assert waits[by_id["b[kv=fp8,skip=-,spec=-]"]] == {by_id["a[kv=fp8,skip=-,spec=-,attn=-]"]}
     assert waits[by_id["b[kv=auto,skip=-,spec=-]"]] == {by_id["a[kv=auto,skip=-,spec=-,attn=-]"]}
+    # A pilot's model reference waits for no pilot (b's bf16 cell, c's added one): the pilot waits for it.
+    assert not waits[by_id["b[kv=bfloat16,skip=-,spec=-]"]] and not waits[by_id["c[kv=bfloat16,skip=-,spec=-]"]]
     warm = {f"{model}:{family}" for model in ("llama", "ct-llama") for family in (
         "default-bf16", "default-fp8", "TRITON_ATTN-bf16", "TRITON_ATTN-fp8", "default-fp8_e5m2", "default-fp8+bf16")}
     ordered, waits = pilot_gates(tasks, warm_families=warm)
@@ -174,9 +178,11 @@ def test_a_slow_pilot_holds_back_its_family_only(cases_dir, tmp_path, monkeypatc
                            vllm_version="fake", cache_dir=tmp_path / "cache", cell_command=FAKE_CELL)
     finished: list[str] = []
     run_locally(tasks, settings, jobs=2, on_record=lambda r, *_: finished.append(r["cell_id"]))
-    # The other slot ran every cell of the other families while the pilot ran (no barrier after the pilots),
-    # and the pilot's family-mate started only after it.
-    assert finished == ["ok[kv=auto,skip=-,spec=-]", "ok[kv=fp8,skip=-,spec=-]", "ok[kv=bfloat16,skip=-,spec=-]",
+    # The pilot leads after its model reference (slow's bf16 cell, vLLM's pick: it sleeps too, and pilots the
+    # default bf16 family, so ok's auto cell waits for it). The other slot ran every other cell meanwhile and while
+    # the pilot ran (no barrier after the pilots), and the pilot's family-mate started only after it.
+    assert finished == ["ok[kv=bfloat16,skip=-,spec=-]", "ok[kv=fp8,skip=-,spec=-]",
+                        "slow[kv=bfloat16,skip=-,spec=-,attn=-]", "ok[kv=auto,skip=-,spec=-]",
                         "slow[kv=auto,skip=-,spec=-,attn=TRITON_ATTN]",
                         "slow[kv=bfloat16,skip=-,spec=-,attn=TRITON_ATTN]"]
 
