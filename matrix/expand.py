@@ -51,6 +51,10 @@ class Cell:
     # every other plain cell of the case is compared with (harness/judge/reference.py).
     model_references: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     reference_for: tuple[str, ...] = field(default=(), compare=False)  # the classes where it is the reference
+    # A configuration kvmatrix adds as the model reference (or its eager oracle), which the case's matrix does not
+    # list: the case's rules were written for its own cells (an fp8-only case's `layers: {kv_cache_dtype: fp8}`),
+    # so such a cell is held only to starting and generating (harness/judge/judge.py `rules_of`).
+    added_reference: bool = field(default=False, compare=False)
 
     @property
     def model(self) -> str:
@@ -256,7 +260,8 @@ def expand_case(
         combos.insert(0, baseline)  # a compared cell needs its baseline in the same run
     combos += draft_twins_missing(combos)  # a draft cell's greedy outputs are compared with its twin's
     reference = reference_axes(case, combos)
-    if reference is not None and reference not in combos:
+    reference_added = reference is not None and reference not in combos
+    if reference_added:
         combos.append(reference)  # every plain cell of the case is compared with it
     shown = frozenset(a for a in OPTIONAL_ID_AXES if any(c[a] != AXIS_DEFAULTS[a] for c in combos))
     added, oracles, references = differential_plan(case, combos, gpu_classes, pool)
@@ -276,7 +281,9 @@ def expand_case(
                   tuple((g, tuple(sorted(w))) for g, w in references.get(i, {}).items()),
                   draft_twin=twins[i], plain_twins=plain_twins(i, combos, index, ids, classes, pool),
                   twin_of_draft=ids[i] in twin_ids,
-                  model_references=model_references(i, combos, reference, index, oracles, ids, classes))
+                  model_references=model_references(i, combos, reference, index, oracles, ids, classes),
+                  added_reference=reference_added and _key(c, _SHARED_WITH_ORACLE) == _key(reference,
+                                                                                            _SHARED_WITH_ORACLE))
              for i, c in enumerate(combos)]
     serves: dict[str, set[str]] = {}
     for c in cells:

@@ -42,6 +42,7 @@ from kvmatrix.harness.vllm_compat import (
 )
 from kvmatrix.harness.vllm_compat.declarations import UNQUANTIZED_KV_DTYPES
 from kvmatrix.matrix.conditions import gpu_matches
+from kvmatrix.matrix.expectations import Expectation
 
 
 def judge_record(outcome: OutcomeRecord, task: Task, neighbours: Neighbours, waivers: Sequence[Waiver] = (),
@@ -55,7 +56,7 @@ def judge_record(outcome: OutcomeRecord, task: Task, neighbours: Neighbours, wai
     user's case (known_failures.py `known_failures_for`, read by the caller: judging reads no file)."""
     record = normalized_record(outcome_of(outcome))
     context = task.context(record.get("vllm_version"))
-    judgement = _compared(record, judge(record, task.cell.case.expect, context), task, neighbours, context)
+    judgement = _compared(record, judge(record, rules_of(task), context), task, neighbours, context)
     judgement = _not_vllms_fault(record, judgement, task, context)
     judgement = _flaky(record, judgement)
     judged = cast(JudgedRecord, {**record, **judgement.fields, "expectations": judgement.results,
@@ -65,6 +66,17 @@ def judge_record(outcome: OutcomeRecord, task: Task, neighbours: Neighbours, wai
     waived, _ = waive(judged, waivers, today)  # a "removable" waiver is reported over the whole run
     return check_judged(explain(waived, task, known, today),  # a user's case failing as kvmatrix knows vLLM fails
                         f"the judged record of {task.key}")
+
+
+# What a model reference kvmatrix adds is held to: it starts and generates (harness/judge/reference.py checks that
+# its cache resolved unquantized); the case's own rules describe the configurations the case lists.
+ADDED_REFERENCE_RULES = [Expectation(crash=False)]
+
+
+def rules_of(task: Task) -> list[Expectation]:
+    """The rules a cell is judged by: its case's, or for a model reference the case does not list, starting and
+    generating alone."""
+    return ADDED_REFERENCE_RULES if task.cell.added_reference else task.cell.case.expect
 
 
 def _compared(record: OutcomeRecord, judgement: Judgement, task: Task, neighbours: Neighbours,
