@@ -260,9 +260,9 @@ def expand_case(
         combos.insert(0, baseline)  # a compared cell needs its baseline in the same run
     combos += draft_twins_missing(combos)  # a draft cell's greedy outputs are compared with its twin's
     reference = reference_axes(case, combos)
-    reference_added = reference is not None and reference not in combos
-    if reference_added:
-        combos.append(reference)  # every plain cell of the case is compared with it
+    added_reference = reference if reference is not None and reference not in combos else None
+    if added_reference is not None:
+        combos.append(added_reference)  # every plain cell of the case is compared with it
     shown = frozenset(a for a in OPTIONAL_ID_AXES if any(c[a] != AXIS_DEFAULTS[a] for c in combos))
     added, oracles, references = differential_plan(case, combos, gpu_classes, pool)
     ids = [cell_id(case, c, shown) for c in combos]
@@ -282,8 +282,8 @@ def expand_case(
                   draft_twin=twins[i], plain_twins=plain_twins(i, combos, index, ids, classes, pool),
                   twin_of_draft=ids[i] in twin_ids,
                   model_references=model_references(i, combos, reference, index, oracles, ids, classes),
-                  added_reference=reference_added and _key(c, _SHARED_WITH_ORACLE) == _key(reference,
-                                                                                            _SHARED_WITH_ORACLE))
+                  added_reference=added_reference is not None
+                  and _key(c, _SHARED_WITH_ORACLE) == _key(added_reference, _SHARED_WITH_ORACLE))
              for i, c in enumerate(combos)]
     serves: dict[str, set[str]] = {}
     for c in cells:
