@@ -4,7 +4,8 @@
 
 Clean pairs are the passing cells' comparisons: with their oracle (the teacher-forced decode, or the positions
 decoded under the same context where no decode was forced), a draft cell with its no-draft twin, and a cell with
-its model's bf16 reference (`against: reference`). Each is keyed as harness/judge/allowances.py keys an allowance:
+its model's bf16 reference (`against: reference`, teacher-forced on the reference's tokens or under the same
+context likewise). Each is keyed as harness/judge/allowances.py keys an allowance:
 the KV cache as the layers resolved it, the target's weights, whether a draft ran. The records are read as judged
 in their folder: judge a copy again first (`kvmatrix rejudge COPY`) to count the pairs today's rules compare.
 benchmarks/calibration.py prints its clean run's entry with this; a default matrix run on a GPU class gives one too.
@@ -37,9 +38,15 @@ def clean_pairs(record: dict) -> Iterator[tuple[str, bool, dict[str, Any]]]:
     for against, is_draft, numbers in (
             ("oracle", draft, (d.get("teacher_forced") or {}).get("cell") or d.get("shared_context")),
             ("oracle", True, (record.get("speculative") or {}).get("shared_context")),
-            ("reference", draft, (record.get("reference") or {}).get("shared_context"))):
+            ("reference", draft, _against_reference(record.get("reference") or {}))):
         if numbers and numbers.get("positions"):
             yield against, is_draft, numbers
+
+
+def _against_reference(compared: dict[str, Any]) -> dict[str, Any] | None:
+    """A cell's numbers against its bf16 reference: teacher-forced on the reference's tokens, or (no forced decode)
+    under the same context."""
+    return (compared.get("teacher_forced") or {}).get("cell") or compared.get("shared_context")
 
 
 def clean_lines(runs: Iterable[RunDir], fp8_weight_models: Collection[str] = ()) -> list[dict[str, Any]]:

@@ -4,6 +4,9 @@ teacher_forced.py compares them):
 - a compared cell decodes its oracle's greedy tokens, one forced step at a time, in the same batch the oracle
   generated them in (its prompts in order, or its workload's requests on their runtime path): every position is
   then scored under the oracle's very context, through this cell's decode path (compiled code, graph replays);
+- a cell compared with its model's bf16 reference decodes the reference's greedy tokens the same way, a second
+  forced decode (`forced_reference`; where the reference is its oracle, the first serves both and the record
+  says so), so every KV dtype, backend and mode is compared with the same thing (harness/judge/reference.py);
 - an oracle decodes its own greedy tokens again in another batch (its prompts in reverse order, each beside a
   request of its own that ends at another step, so the batch shrinks as it goes): how far the configuration's own
   numerics move with the batch is its noise floor.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from kvmatrix.harness.cell import workloads
@@ -37,11 +41,19 @@ NOISE_FLOOR_BATCH = "the prompts in reverse order, each beside a request of its 
 
 
 def _missing(spec: CellSpec, result: CellOutput, why: str) -> None:
-    """The cell's forced decode will not run: its record field (`forced` or `noise_floor`) says why."""
+    """The cell's forced decodes will not run: their record fields (`forced`, `forced_reference`, `noise_floor`)
+    say why."""
     if spec.forced_tokens is not None:
         result["forced"] = {"missing": why}
-    else:
+    if spec.reference_of is not None:
+        result["forced_reference"] = {"of": spec.reference_of, "missing": why}
+    if spec.noise_floor:
         result["noise_floor"] = {"of": "itself", "missing": why}
+
+
+def _forces(spec: CellSpec) -> bool:
+    """Whether the cell has any forced decode to run: its oracle's tokens, its reference's, or its own."""
+    return spec.forced_tokens is not None or spec.reference_tokens is not None or spec.noise_floor
 
 
 def start_with_forcing(start: Callable[[dict[str, Any]], Any], spec: CellSpec, version: str | None,
@@ -49,7 +61,9 @@ def start_with_forcing(start: Callable[[dict[str, Any]], Any], spec: CellSpec, v
     """The cell's engine (`start(engine_args)`): with the forcing mechanism added where the cell decodes forced
     (the record's `engine_args` stay the configuration's own). Where vLLM cannot or will not take it, the record
     says why and the engine runs free only."""
-    if spec.forced_tokens is None and not spec.noise_floor:
+    if not _forces(spec):
+        if spec.reference_of is not None:  # a reference that generated nothing this cell could decode
+            result["forced_reference"] = _reference_tokens(result, None, None, spec, 1)
         return start(spec.engine_args)
     refused = forcing_refused(spec.engine_args, spec.forcing, version)
     if refused is not None or spec.forcing is None:
@@ -78,19 +92,22 @@ def _messages(exc: BaseException) -> str:
 
 def wants_forced_decode(spec: CellSpec, result: CellOutput) -> bool:
     """Whether the cell has a forced decode to run (none was refused at start)."""
-    refused = "missing" in (result.get("forced") or {}) or "missing" in (result.get("noise_floor") or {})
-    return (spec.forced_tokens is not None or spec.noise_floor) and not refused
+    refused = any("missing" in (result.get(field) or {})  # type: ignore[misc]
+                  for field in ("forced", "forced_reference", "noise_floor"))
+    return _forces(spec) and not refused
 
 
 def forced_decode(result: CellOutput, vllm: Any, llm: Any, spec: CellSpec) -> None:
-    """The cell's forced decodes into its record: `forced` (its oracle's tokens) and/or `noise_floor` (its own).
-    The free-running generation before them already took the same decode path: an exception here is the
-    comparison's loss, recorded as its `missing`, not the cell's crash, except a CUDA error (its process is
-    poisoned: the cell crashed)."""
+    """The cell's forced decodes into its record: `forced` (its oracle's tokens), `forced_reference` (its model
+    reference's) and/or `noise_floor` (its own). The free-running generation before them already took the same
+    decode path: an exception here is the comparison's loss, recorded as its `missing`, not the cell's crash,
+    except a CUDA error (its process is poisoned: the cell crashed)."""
     logprobs = spec.logprobs or 1
     if spec.forced_tokens is not None:
         tokens = spec.forced_tokens
         result["forced"] = _recorded(lambda: _oracle_tokens(result, vllm, llm, spec, tokens, logprobs))
+    if spec.reference_of is not None:
+        result["forced_reference"] = _reference_tokens(result, vllm, llm, spec, logprobs)
     if spec.noise_floor:
         result["noise_floor"] = _recorded(lambda: _noise_floor(result, vllm, llm, spec, logprobs))
 
@@ -104,6 +121,20 @@ def _recorded(decode: Callable[[], ForcedRun]) -> ForcedRun:
             raise
         traceback.print_exc()
         return {"missing": f"the forced decode raised {text[:MESSAGE_CAP]}"}
+
+
+def _reference_tokens(result: CellOutput, vllm: Any, llm: Any, spec: CellSpec, logprobs: int) -> ForcedRun:
+    """The model reference's tokens decoded forced, as the oracle's are; where the reference is the cell's oracle,
+    the decode of the oracle's tokens is this one (said, not repeated)."""
+    of = spec.reference_of
+    assert of is not None, "only a cell with a model reference decodes its tokens"
+    if of == spec.forced_of:
+        return {"of": of, "decoded_as": "forced"}
+    tokens = spec.reference_tokens
+    if tokens is None:
+        return {"of": of, "missing": "the reference recorded no tokens for this cell in this run folder"}
+    run = _recorded(lambda: _oracle_tokens(result, vllm, llm, replace(spec, forced_of=of), tokens, logprobs))
+    return {**run, "of": of, "batch": "as the reference's"}
 
 
 def _params(vllm: Any, spec: CellSpec, max_tokens: int, logprobs: int | None, forced: list[int] | None) -> Any:

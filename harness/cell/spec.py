@@ -42,10 +42,13 @@ class CellSpec:
     references: list[dict[str, Any] | None] = field(default_factory=list)
     logprobs: int | None = None
     # Teacher-forced decodes (harness/cell/forced.py): a compared cell's oracle's greedy tokens for its prompts (or
-    # its workload's requests) and that oracle's id; an oracle measures its noise floor; the forcing method
-    # (harness/vllm_compat/forcing.py) for this vLLM and device.
+    # its workload's requests) and that oracle's id; its model reference's greedy tokens and that reference's id
+    # (no tokens where the reference is its oracle: the one decode serves both); an oracle or a reference measures
+    # its noise floor; the forcing method (harness/vllm_compat/forcing.py) for this vLLM and device.
     forced_tokens: list[list[int]] | None = None
     forced_of: str | None = None
+    reference_tokens: list[list[int]] | None = None
+    reference_of: str | None = None
     noise_floor: bool = False
     forcing: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys of a newer runner this cell does not know

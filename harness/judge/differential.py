@@ -111,12 +111,13 @@ ORACLE_FLOOR_RULE = "an oracle's decode is reproducible: its noise floor (built 
 
 
 def judge_oracle_floor(record: OutcomeRecord, judgement: Judgement, cell: Cell, gpu_name: str) -> Judgement:
-    """An oracle's own noise floor (its tokens decoded again, forced, in another batch), summarized into the record
-    (`noise_floor_summary`); an oracle whose decode moves with the batch beyond what numerics allow fails: every
-    cell compared with it would be compared with noise."""
+    """An oracle's (or a model reference's) own noise floor (its tokens decoded again, forced, in another batch),
+    summarized into the record (`noise_floor_summary`); one whose decode moves with the batch beyond what numerics
+    allow fails: every cell compared with it would be compared with noise."""
     rule = cell.case.differential
     noise = record.get("noise_floor")
-    if rule is False or not cell.is_oracle_on(gpu_name) or not noise or record.get("status") != "ok":
+    compared_with = cell.is_oracle_on(gpu_name) or cell.is_reference_on(gpu_name)
+    if rule is False or not compared_with or not noise or record.get("status") != "ok":
         return judgement
     floor, missing = floor_of(record.get("tokens") or [], record.get("logprobs") or [], noise, rule.tie_tolerance)
     if floor is None:
@@ -128,7 +129,8 @@ def judge_oracle_floor(record: OutcomeRecord, judgement: Judgement, cell: Cell, 
                                     f"over {floor['positions']} positions in another batch"}],
         fields={"noise_floor_summary": {**floor, "ok": problem is None}})
     if problem is not None and judgement.verdict in ("pass", "xfail"):
-        return judgement.then("fail", f"as an oracle: {problem}")
+        role = "an oracle" if cell.is_oracle_on(gpu_name) else "the model reference"
+        return judgement.then("fail", f"as {role}: {problem}")
     return judgement
 
 

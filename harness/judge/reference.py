@@ -6,10 +6,17 @@ prefill and decode, eager and graphs alike, passes against its twin. The referen
 (matrix/expand.py `reference_axes`): the model as it ships with an unquantized cache (`bfloat16`), eager, plain, on
 the class's default backend, run first. Every other plain cell of the case is compared with it:
 
-- the positions both decoded under the same context (each sequence up to and including its first divergence; the
-  prompts are the case's own) must stay within the calibrated allowance of the cell's kind against a bf16
-  reference (allowances.py, `against: reference`: the KV dtype's own quantization cost as clean cells of every
-  backend storing it measured, and the execution's; the allowance names the peers that measured it);
+- the cell decoded the reference's greedy tokens teacher-forced through its own decode path (harness/cell/
+  forced.py `forced_reference`), so every position is scored under the reference's very context: its typical
+  distance and top-1 flip rate must stay within the teacher-forced rule's allowance (teacher_forced.py
+  `judge_forced`: FLOOR_FACTOR x the reference's own noise floor where it recorded one, at least the calibrated
+  allowance of the cell's kind against a bf16 reference, allowances.py `against: reference`: the KV dtype's own
+  quantization cost as clean cells of every backend storing it measured, and the execution's; the allowance names
+  the peers that measured it). Where the forced decode is missing (vLLM forces no decode with a draft, the forced
+  pass raised, the forcing did not act), the positions both decoded free-running under the same context (each
+  sequence up to and including its first divergence) are judged by the same allowance instead, and the record says
+  "not teacher-forced" and why; a record from before cells decoded the reference's tokens (no `forced_reference`)
+  is judged so, as it was;
 - where the case gives each prompt's answer, the cell's answers are scored against the task's truth and paired
   with the reference's: a significant drop fails, with its interval (answers.py).
 
@@ -26,10 +33,10 @@ from typing import Any
 from kvmatrix.harness.judge.allowances import calibrated, kv_kind
 from kvmatrix.harness.judge.answers import compare_answers
 from kvmatrix.harness.judge.answers import describe as describe_answers
-from kvmatrix.harness.judge.teacher_forced import judge_shared_context
+from kvmatrix.harness.judge.teacher_forced import floor_of, judge_forced, judge_shared_context, unusable
 from kvmatrix.harness.judge.verdict import Judgement
 from kvmatrix.harness.record.files import run_mode
-from kvmatrix.harness.record.types import JudgedRecord, OutcomeRecord, RuleResult
+from kvmatrix.harness.record.types import ForcedRun, JudgedRecord, OutcomeRecord, Reference, RuleResult
 from kvmatrix.matrix.expand import Cell
 
 RULE = "against the model's bf16 reference"
@@ -61,13 +68,28 @@ def judge_reference(record: OutcomeRecord, judgement: Judgement, cell: Cell, ref
 def _compared(record: OutcomeRecord, reference: JudgedRecord, cell: Cell, device: str | None, title: str,
               comparison: dict[str, Any], rows: list[RuleResult]) -> list[str]:
     """The distance under the same context and the answers (into `comparison` and `rows`); what fails."""
-    failures: list[str] = []
     draft = bool((record.get("axes") or {}).get("speculative"))
-    shared = judge_shared_context(record, reference, calibrated(record, device, draft, against="reference"))
-    comparison["shared_context"] = shared
-    rows.append({"rule": f"{title}: distance under the same context", "ok": shared["ok"], "detail": shared["detail"]})
-    if not shared["ok"]:
-        failures.append(shared["detail"])
+    allowance = calibrated(record, device, draft, against="reference")
+    theirs: Reference = {"tokens": reference.get("tokens") or [], "logprobs": reference.get("logprobs") or []}
+    forced, not_forced = _forced_run(record, theirs)
+    if forced is not None:
+        tie_tolerance = cell.case.differential.tie_tolerance if cell.case.differential else 0.0
+        floor, floor_missing = floor_of(theirs["tokens"], theirs["logprobs"], reference.get("noise_floor"),
+                                        tie_tolerance)
+        result = judge_forced(forced, theirs, floor, floor_missing, allowance, tie_tolerance)
+        result["detail"] = _as_reference(result["detail"])
+        comparison["teacher_forced"] = result
+        rows.append({"rule": f"{title}: teacher-forced on the reference's tokens", "ok": result["ok"],
+                     "detail": result["detail"]})
+    else:
+        result = judge_shared_context(record, reference, allowance)
+        comparison["shared_context"] = result
+        if not_forced is not None:
+            comparison["teacher_forced_missing"] = not_forced
+            result["detail"] = f"not teacher-forced: {not_forced}; {result['detail']}"
+        rows.append({"rule": f"{title}: distance under the same context", "ok": result["ok"],
+                     "detail": result["detail"]})
+    failures = [] if result["ok"] else [result["detail"]]
     answers = cell.case.generate.answers
     paired = compare_answers(record.get("texts") or [], reference.get("texts") or [], answers) if answers else None
     if paired is not None:
@@ -78,6 +100,23 @@ def _compared(record: OutcomeRecord, reference: JudgedRecord, cell: Cell, device
         if paired["dropped"]:
             failures.insert(0, f"significant answer drop: {detail}")
     return failures
+
+
+def _forced_run(record: OutcomeRecord, theirs: Reference) -> tuple[ForcedRun | None, str | None]:
+    """(the cell's forced decode of the reference's tokens, or None and why it has none usable; None for both: a
+    record from before cells decoded the reference's tokens)."""
+    if "forced_reference" not in record:
+        return None, None
+    forced = record["forced_reference"]
+    if forced.get("decoded_as"):  # the reference is the cell's oracle: its forced decode is the oracle's
+        forced = record.get(forced["decoded_as"]) or {}  # type: ignore[literal-required]
+    problem = unusable(forced, theirs)
+    return (None, _as_reference(problem)) if problem is not None else (forced, None)
+
+
+def _as_reference(text: str) -> str:
+    """The teacher-forced rule's words, which speak of an oracle, for the reference."""
+    return text.replace("the oracle", "the reference").replace("its oracle", "the reference")
 
 
 def _before_references(record: OutcomeRecord, reference: JudgedRecord | None) -> bool:

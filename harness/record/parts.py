@@ -123,7 +123,7 @@ class Timings(TypedDict, total=False):
     probe_s: float
     generate_s: float
     references_s: float  # an oracle's plain generation of its cells' workload prompts
-    forced_s: float  # the teacher-forced decodes: a compared cell's of its oracle's tokens, an oracle's noise floor
+    forced_s: float  # the teacher-forced decodes: a compared cell's of its oracle's and its reference's tokens, a floor
     accuracy_s: float
     teardown_s: float  # a warm worker's engine teardown after the cell
     total_s: float
@@ -259,14 +259,15 @@ class Reference(TypedDict, total=False):
 class ForcedRun(TypedDict, total=False):
     """A teacher-forced decode (harness/cell/forced.py): the engine's own decode path made to emit given tokens one
     step at a time, with per position the raw logprobs vLLM computed before the forcing (harness/vllm_compat/
-    forced_decode.py). A compared cell decodes its oracle's greedy tokens; an oracle decodes its own again in
-    another batch (its noise floor)."""
+    forced_decode.py). A compared cell decodes its oracle's greedy tokens, and its model reference's; an oracle
+    (or a reference) decodes its own again in another batch (its noise floor)."""
 
     of: str  # whose tokens: the oracle's cell id, or "itself" (a noise floor)
     batch: str  # how the forced requests were batched
     tokens: list[list[int]]  # what the engine emitted: the forced tokens
     logprobs: list[list[dict[str, float]]]
     missing: str  # why no forced decode ran (vLLM takes no logits processor here, no oracle tokens)
+    decoded_as: str  # the record field whose decode this one is (the model reference is the cell's oracle)
 
 
 # --- what judging added (harness/judge/) -------------------------------------------------------------------

@@ -105,6 +105,7 @@ class CellOutput(TypedDict, total=False):
     workload_run: WorkloadRun
     references: dict[str, Reference]  # an oracle's plain generation of its cells' workload prompts
     forced: ForcedRun  # a compared cell's teacher-forced decode of its oracle's tokens
+    forced_reference: ForcedRun  # a cell's teacher-forced decode of its model reference's tokens
     noise_floor: ForcedRun  # an oracle's teacher-forced decode of its own tokens in another batch
     layers: list[Layer]
     kv_groups: list[KvGroup]

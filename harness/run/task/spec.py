@@ -1,5 +1,6 @@
 """From a cell to what its process is told (`cell_spec`, SPEC.json): exactly the keyword arguments given to
-`vllm.LLM`, its generation and workload, and the oracle's tokens it decodes teacher-forced.
+`vllm.LLM`, its generation and workload, and the oracle's and the model reference's tokens it decodes
+teacher-forced.
 
 Layers, later ones winning: the harness's base (small, deterministic, eager), the GPU class's engine defaults (KV
 cache sized in bytes), the model registry entry, the case's `engine_args`, then the cell's axes, each by its route
@@ -196,10 +197,17 @@ def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mo
     if top_logprobs is None and (cell.draft_twin or cell.twin_of_draft):  # the draft's greedy-equality pair
         top_logprobs = (differential or Differential()).top_logprobs
     oracle_id = cell.oracle_on(task.gpu_name) if differential is not False else None
+    reference_id = cell.reference_on(task.gpu_name)
     return CellSpec(
         forced_tokens=oracle_tokens(task, settings, oracle_id, mode) if oracle_id else None,
         forced_of=oracle_id,
-        noise_floor=differential is not False and cell.is_oracle_on(task.gpu_name),
+        # The reference's tokens as the oracle's are (its plain generation: only plain cells have one), decoded
+        # apart unless the reference is the oracle.
+        reference_tokens=oracle_tokens(task, settings, reference_id, mode)
+        if reference_id and reference_id != oracle_id else None,
+        reference_of=reference_id,
+        noise_floor=differential is not False and (cell.is_oracle_on(task.gpu_name)
+                                                   or cell.is_reference_on(task.gpu_name)),
         forcing=forcing_method(version, task.gpu.device),
         workload=workload_plan(cell.axes["workload"], length, version)[1],
         references=[workload_plan(w, length, version)[1] for w in cell.references_on(task.gpu_name)],
@@ -214,9 +222,10 @@ def cell_spec(task: Task, settings: RunSettings, engine_args: dict[str, Any], mo
 
 
 def oracle_tokens(task: Task, settings: RunSettings, oracle_id: str, mode: str) -> list[list[int]] | None:
-    """The greedy tokens the cell's oracle generated for this cell's prompts (its own, or its plain reference run of
-    this cell's workload), which the cell decodes teacher-forced (harness/cell/forced.py); None where the oracle
-    has none in this run folder (it ran first: harness/run/task/accuracy.py) or ran in another mode."""
+    """The greedy tokens the cell's oracle (or model reference, `oracle_id`) generated for this cell's prompts (its
+    own, or its plain reference run of this cell's workload), which the cell decodes teacher-forced
+    (harness/cell/forced.py); None where it has none in this run folder (it ran first: harness/run/task/
+    accuracy.py) or ran in another mode."""
     oracle = settings.run_dir.read(oracle_id, task.gpu_name)
     if oracle is None or oracle.get("status") != "ok" or (oracle.get("mode") or "full") != mode:
         return None
