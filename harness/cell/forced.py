@@ -92,8 +92,8 @@ def _messages(exc: BaseException) -> str:
 
 def wants_forced_decode(spec: CellSpec, result: CellOutput) -> bool:
     """Whether the cell has a forced decode to run (none was refused at start)."""
-    refused = any("missing" in (result.get(field) or {})  # type: ignore[misc]
-                  for field in ("forced", "forced_reference", "noise_floor"))
+    decodes = (result.get("forced"), result.get("forced_reference"), result.get("noise_floor"))
+    refused = any("missing" in (decode or {}) for decode in decodes)
     return _forces(spec) and not refused
 
 

@@ -107,9 +107,9 @@ def _forced_run(record: OutcomeRecord, theirs: Reference) -> tuple[ForcedRun | N
     record from before cells decoded the reference's tokens)."""
     if "forced_reference" not in record:
         return None, None
-    forced = record["forced_reference"]
-    if forced.get("decoded_as"):  # the reference is the cell's oracle: its forced decode is the oracle's
-        forced = record.get(forced["decoded_as"]) or {}  # type: ignore[literal-required]
+    forced: ForcedRun | None = record["forced_reference"]
+    if forced and forced.get("decoded_as") == "forced":  # the reference is the cell's oracle: one decode serves
+        forced = record.get("forced")
     problem = unusable(forced, theirs)
     return (None, _as_reference(problem)) if problem is not None else (forced, None)
 
