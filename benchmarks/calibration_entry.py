@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,15 @@ from kvmatrix.harness.judge.allowances import kv_kind, weights_kind
 from kvmatrix.harness.record.files import RunDir
 
 
-def clean_pairs(record: dict) -> Iterator[tuple[str, bool, dict[str, Any]]]:
-    """(against, draft, numbers) of each comparison a passing record made: with its oracle, a draft's with its
+def passed(record: dict) -> bool:
+    """A record whose pairs a run folder counts as clean: one that passed (a failure may be vLLM's)."""
+    return record.get("verdict") == "pass"
+
+
+def clean_pairs(record: dict, clean: Callable[[dict], bool] = passed) -> Iterator[tuple[str, bool, dict[str, Any]]]:
+    """(against, draft, numbers) of each comparison a clean record made: with its oracle, a draft's with its
     no-draft twin (both judged by the allowance against an oracle), with its model's bf16 reference."""
-    if record.get("verdict") != "pass":
+    if not clean(record):
         return
     draft = bool((record.get("axes") or {}).get("speculative"))
     d = record.get("differential") or {}
@@ -49,15 +54,17 @@ def _against_reference(compared: dict[str, Any]) -> dict[str, Any] | None:
     return (compared.get("teacher_forced") or {}).get("cell") or compared.get("shared_context")
 
 
-def clean_lines(runs: Iterable[RunDir], fp8_weight_models: Collection[str] = ()) -> list[dict[str, Any]]:
+def clean_lines(runs: Iterable[RunDir], fp8_weight_models: Collection[str] = (),
+                clean: Callable[[dict], bool] = passed) -> list[dict[str, Any]]:
     """Per kind of numerics (KV cache, weights, draft, against its oracle or the bf16 reference) the largest typical
-    distance and flip rate of a clean pair in the runs, the most positions one pair scored, and the cell that gave
-    the largest distance (the first in cell order where several did): the `clean` lines of an entry."""
+    distance and flip rate of a clean pair in the runs (`clean`: which records are, by default those that passed),
+    the most positions one pair scored, and the cell that gave the largest distance (the first in cell order where
+    several did): the `clean` lines of an entry."""
     worst: dict[tuple, dict[str, Any]] = {}
     records = sorted((r for run in runs for r in run.records()), key=lambda r: r["cell_id"])
     for record in records:
         weights = weights_kind(record) or ("fp8" if record.get("model") in fp8_weight_models else "bf16")
-        for against, draft, numbers in clean_pairs(record):
+        for against, draft, numbers in clean_pairs(record, clean):
             line = worst.setdefault((kv_kind(record), weights, draft, against),
                                     {"typical": 0.0, "flip_rate": 0.0, "positions": 0, "cells": ""})
             if not line["cells"] or numbers["typical"] > line["typical"]:
@@ -69,10 +76,10 @@ def clean_lines(runs: Iterable[RunDir], fp8_weight_models: Collection[str] = ())
 
 
 def measured_entry(runs: Iterable[RunDir], name: str, version: str | None, device: str, source: str,
-                   fp8_weight_models: Collection[str] = ()) -> str:
+                   fp8_weight_models: Collection[str] = (), clean: Callable[[dict], bool] = passed) -> str:
     """The runs' entry for harness/judge/calibration.yaml, as YAML (one flow-style line per kind)."""
     entry = [{"class": name, "vllm": version, "device": device, "source": source,
-              "clean": clean_lines(runs, fp8_weight_models)}]
+              "clean": clean_lines(runs, fp8_weight_models, clean)}]
     return yaml.safe_dump(entry, sort_keys=False, width=118, default_flow_style=None)
 
 

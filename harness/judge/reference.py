@@ -23,7 +23,8 @@ the class's default backend, run first. Every other plain cell of the case is co
 A reference that generated nothing (its own record says why) compares nothing; one that resolved a quantized cache
 (an fp8 checkpoint's `auto`), ran in another mode or whose own decode is not reproducible (its noise floor fails)
 compares nothing and says so: never a failure. Only a cell that
-otherwise passes is turned into a failure; the comparison is kept in the record's `reference` either way.
+otherwise passes is turned into a failure, its reason naming each failed check (an answer drop first, then the
+distance); the comparison is kept in the record's `reference` either way.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def judge_reference(record: OutcomeRecord, judgement: Judgement, cell: Cell, ref
     failures = _compared(record, reference, cell, device, title, comparison, rows)
     judged = judgement.then(rows=rows, fields={"reference": comparison})
     if failures and judged.verdict == "pass":
-        return judged.then("fail", f"against the model's bf16 reference {reference_id}: {failures[0]}")
+        return judged.then("fail", f"against the model's bf16 reference {reference_id}: {'; '.join(failures)}")
     return judged
 
 
