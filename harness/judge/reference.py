@@ -68,7 +68,8 @@ def judge_reference(record: OutcomeRecord, judgement: Judgement, cell: Cell, ref
 
 def _compared(record: OutcomeRecord, reference: JudgedRecord, cell: Cell, device: str | None, title: str,
               comparison: dict[str, Any], rows: list[RuleResult]) -> list[str]:
-    """The distance under the same context and the answers (into `comparison` and `rows`); what fails."""
+    """The distance (teacher-forced on the reference's tokens, else under the same context) and the answers (into
+    `comparison` and `rows`); what fails, an answer drop first."""
     draft = bool((record.get("axes") or {}).get("speculative"))
     allowance = calibrated(record, device, draft, against="reference")
     theirs: Reference = {"tokens": reference.get("tokens") or [], "logprobs": reference.get("logprobs") or []}
@@ -77,7 +78,8 @@ def _compared(record: OutcomeRecord, reference: JudgedRecord, cell: Cell, device
         tie_tolerance = cell.case.differential.tie_tolerance if cell.case.differential else 0.0
         floor, floor_missing = floor_of(theirs["tokens"], theirs["logprobs"], reference.get("noise_floor"),
                                         tie_tolerance)
-        result = judge_forced(forced, theirs, floor, floor_missing, allowance, tie_tolerance)
+        result = judge_forced(forced, theirs, floor, floor_missing and _as_reference(floor_missing), allowance,
+                              tie_tolerance)
         result["detail"] = _as_reference(result["detail"])
         comparison["teacher_forced"] = result
         rows.append({"rule": f"{title}: teacher-forced on the reference's tokens", "ok": result["ok"],
