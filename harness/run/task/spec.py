@@ -28,7 +28,8 @@ from kvmatrix.harness.vllm_compat import (
 )
 from kvmatrix.harness.vllm_compat.forcing import forcing_method
 from kvmatrix.matrix.axes import AXIS_BY_NAME, AXIS_TABLE, Axis, resolved_execution
-from kvmatrix.matrix.expand import Cell, case_values
+from kvmatrix.matrix.combinations import case_values
+from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.expectations import Differential
 from kvmatrix.matrix.schema import GpuClass, ModelEntry
 
