@@ -32,7 +32,7 @@ class FrozenDict(dict):
     def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
         raise TypeError("a run's settings do not change once planned")
 
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse  # type: ignore
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
 
     def __reduce__(self) -> tuple:
         return FrozenDict, (dict(self),)

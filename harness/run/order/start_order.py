@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from types import MappingProxyType
 
 from kvmatrix.harness.record.files import record_stem
 from kvmatrix.harness.record.task import Task
@@ -48,4 +49,6 @@ def planned_order(tasks: list[Task], settings: RunSettings, slots: int, devices:
     done = {record_stem(r["cell_id"], r["gpu_class"]) for r in finished}
     todo = [t for t in tasks if t.key not in done]
     expected = {t.key: expected_not_to_pass(t, settings, dict(past.verdicts)) for t in todo}
-    return start_order(todo, StartContext(settings, expected, max(1, slots), devices, past, tuple(finished)))
+    order = start_order(todo, StartContext(settings, expected, max(1, slots), devices, past, tuple(finished)))
+    return replace(order, waits=MappingProxyType(dict(order.waits)),
+                   expected_failure=MappingProxyType(dict(order.expected_failure)))
