@@ -97,3 +97,31 @@ def test_what_a_run_builds_is_its_own_not_its_plans(matrix_with_waiver, tmp_path
     assert record["verdict"] == "pass"
     assert Path(record["engine_args"]["model"]).parent == tmp_path / "cache" / "models"  # built by this run
     assert plan.settings.built == {}
+
+
+def test_the_local_executor_starts_cells_in_the_plans_order(matrix_with_waiver, tmp_path, monkeypatch):
+    """The executor builds no order of its own: given a plan whose order is the reverse of the one planned (no
+    canary, nothing waiting), one slot starts the cells in exactly that order."""
+    from dataclasses import replace
+
+    from kvmatrix.harness.run import plan as run_plan
+    from tests.test_front_ends import FAKE_CELL, FAKE_WORKER
+
+    opened = run_plan.open_session
+
+    def fake_cells(*args, **kwargs):
+        session = opened(*args, **kwargs)
+        session.settings = replace(session.settings, cell_command=FAKE_CELL, worker_command=FAKE_WORKER)
+        return session
+
+    monkeypatch.setattr(run_plan, "open_session", fake_cells)
+    plan = run_plan.plan_run(run_plan.RunOptions(
+        gpu=CPU_CLASS, runs_dir=tmp_path / RUNS_DIR, cache_dir=tmp_path / "cache", cases_dir=matrix_with_waiver,
+        jobs=1, template=False), say=lambda line: None)
+    assert plan.order.canary is not None and plan.order.tasks[0] == plan.order.canary
+    reverse = tuple(reversed(plan.order.tasks))
+    planted = replace(plan, order=replace(plan.order, tasks=reverse, canary=None,
+                                          waits={t.key: frozenset() for t in reverse}))
+    finished: list[str] = []
+    run_plan.execute(planted, lambda record, *_: finished.append(record["cell_id"]))
+    assert finished == [t.cell.cell_id for t in reverse]
