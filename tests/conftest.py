@@ -28,10 +28,12 @@ needs_fp8_kv = pytest.mark.skipif(
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that start real vLLM (a minute or more each) first, the others after, each in its file's order:
-    xdist's workers, handed a test or two at a time (`--maxschedchunk` in pyproject.toml), share the long ones
-    first and end together on short ones, not one worker alone on a long test while the other waits."""
-    items.sort(key=lambda item: item.get_closest_marker("vllm") is None)
+    """The files with tests that start real vLLM (a minute or more each) first, the others after, each whole and in
+    its order (a file's fixtures set up once): xdist's workers, handed a test or two at a time (`--maxschedchunk`
+    in pyproject.toml), share the long ones first and end together on short ones, not one worker alone on a long
+    test while the other waits."""
+    with_vllm = {item.path for item in items if item.get_closest_marker("vllm")}
+    items.sort(key=lambda item: item.path not in with_vllm)
 
 def unpacked_archive(tmp_path_factory, archive: Path) -> Path:
     """A fixture archive of run folders, unpacked once into a folder of its own."""
