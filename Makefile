@@ -14,8 +14,9 @@ RAY ?=
 PROBE_ONLY ?=
 ISOLATION ?=
 ARGS ?=
-# Two xdist workers: the CI machines' and this one's cores (README, "Tests").
-PYTEST_ARGS ?= -n 2
+# Two xdist workers (CI's machines and the developers' have two cores or more), and the slowest tests named at the end
+# (docs/guarantees.md, "Running the tests").
+PYTEST_ARGS ?= -n 2 --durations=15
 CPU_ISA ?=
 REPO ?=
 BASE ?=

@@ -27,11 +27,17 @@ needs_fp8_kv = pytest.mark.skipif(
 
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """xdist hands a worker a test or two at a time, not a quarter of the suite at once (its default), unless
+    `--maxschedchunk` says otherwise: the workers share the long tests put first below."""
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("maxschedchunk", None) is None:
+        config.option.maxschedchunk = 2
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files with tests that start real vLLM (a minute or more each) first, the others after, each whole and in
-    its order (a file's fixtures set up once): xdist's workers, handed a test or two at a time (`--maxschedchunk`
-    in pyproject.toml), share the long ones first and end together on short ones, not one worker alone on a long
-    test while the other waits."""
+    its order (a file's fixtures set up once): xdist's workers share the long ones first and end together on short
+    ones, not one worker alone on a long test while the other waits."""
     with_vllm = {item.path for item in items if item.get_closest_marker("vllm")}
     items.sort(key=lambda item: item.path not in with_vllm)
 
