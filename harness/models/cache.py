@@ -29,7 +29,8 @@ def build_once(cache_dir: Path, folder: str, builder: Callable[[Path], None]) ->
     lock_file = cache_dir / f".lock-{folder}"
     lock = os.open(lock_file, os.O_RDONLY | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when it closes, or when a killed builder's process ends
+        with contextlib.suppress(OSError):  # a file system without locks: concurrent builds, as before, still atomic
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when it closes, or when a killed builder's process ends
         if final.is_dir():
             return final
         try:
