@@ -30,7 +30,7 @@ from pathlib import Path
 from kvmatrix.harness.cli.selection import load_cells
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.paths import PACKAGE_ROOT
-from kvmatrix.harness.run.executor.local import LocalExecutor
+from kvmatrix.harness.run.executor.local import run_locally
 from kvmatrix.harness.run.process.env import cell_env
 from kvmatrix.harness.run.session import open_session
 from kvmatrix.harness.run.task.accuracy import accuracy_spec
@@ -73,14 +73,14 @@ def run_arm(tasks, settings, isolation: str, jobs: int, slot_env, scratch: Path)
 
 
 def run_timed(tasks, settings, label: str, jobs: int, slot_env) -> tuple[float, list[dict]]:
-    """The tasks through `LocalExecutor` (a progress line each, `label` first): the wall time and the records."""
+    """The tasks through `run_locally` (a progress line each, `label` first): the wall time and the records."""
     started = time.monotonic()
 
     def progress(record, done, total, resumed):
         print(f"  [{label} {done:>3}/{total} {time.monotonic() - started:6.1f} s] {record['verdict']:5} "
               f"{record['cell_id']} ({record.get('process_start')})", flush=True)
 
-    records = LocalExecutor(jobs, slot_env).run(tasks, settings, progress)
+    records = run_locally(tasks, settings, jobs, progress, slot_env)
     return time.monotonic() - started, records
 
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvmatrix.matrix.case import Case
+from kvmatrix.matrix.combinations import cross_product
 from kvmatrix.matrix.conditions import matches, when_matches
-from kvmatrix.matrix.expand import Cell, cross_product
+from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.messages import did_you_mean
 from kvmatrix.matrix.schema import GpuClass
 

@@ -19,8 +19,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from kvmatrix.matrix.case import Case
+from kvmatrix.matrix.combinations import MAX_CELLS, check_size, combinations
 from kvmatrix.matrix.data_file import read_yaml, shown
-from kvmatrix.matrix.expand import MAX_CELLS, check_size, combinations
 from kvmatrix.matrix.messages import did_you_mean, excerpt, unknown_name
 from kvmatrix.matrix.schema import (
     CaseError,

@@ -97,17 +97,17 @@ def test_expansion_grows_linearly_with_the_cells(cases_dir, monkeypatch):
     """Before, each cell looked for its differential oracle among all cells: with a workload axis, expanding grew
     with the square of the cells (8,000 cells took 56 s to list). Counted in the comparisons of cells' axes, not
     timed: four times the cells, about four times the work."""
-    from kvmatrix.matrix import expand
+    from kvmatrix.matrix import compared
 
     calls = 0
-    others = expand._others
+    others = compared._others
 
     def counted(combo):
         nonlocal calls
         calls += 1
         return others(combo)
 
-    monkeypatch.setattr(expand, "_others", counted)
+    monkeypatch.setattr(compared, "_others", counted)
     work = {}
     for backends in (10, 40):
         path = write_case(cases_dir, "wide", {"model": "llama", "matrix": {

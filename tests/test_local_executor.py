@@ -120,7 +120,7 @@ def test_a_cell_goes_to_a_slot_whose_worker_is_alive_for_its_environment():
     """Records of real H200 runs (vLLM 0.26.0): a slot counts as holding a worker for a case's environment only
     after a cell ran in that slot's worker and left it running; a fresh-process confirmation leaves the slot's
     workers as they were, and a retired worker is gone."""
-    from kvmatrix.harness.run.executor.local import SlotWorkers
+    from kvmatrix.harness.run.executor.slot_workers import SlotWorkers
 
     runs = "h200-cold-warm-workers-vllm-0.26.0-2026-12-01.tar.xz"
     in_worker = _h200_record(runs, "cold4-h200", "llama-skip[kv=auto,skip=-,spec=-]")

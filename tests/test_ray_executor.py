@@ -17,6 +17,8 @@ from kvmatrix.harness import cli
 from kvmatrix.harness.record.files import RunDir
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run import plan as run_plan
+from kvmatrix.harness.run.order.policy import PastRuns
+from kvmatrix.harness.run.order.start_order import planned_order
 from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import load_cases, load_models, load_pool
@@ -91,7 +93,8 @@ def test_cells_survive_a_node_killed_mid_run(cluster, cases_dir, tmp_path):
     thread = threading.Thread(target=kill_l4_node_mid_cell)
     thread.start()
     started = time.monotonic()
-    records = run_tasks_on_ray(tasks, settings, unplaceable_after_s=3)
+    order = planned_order(tasks, settings, 1, 0, PastRuns(), [])  # as a Ray run's plan orders them
+    records = run_tasks_on_ray(tasks, order, settings, unplaceable_after_s=3)
     thread.join()
     assert killed, "the node was never killed"
 
@@ -110,7 +113,7 @@ def test_cells_survive_a_node_killed_mid_run(cluster, cases_dir, tmp_path):
     assert all(n == 1 for k, n in starts.items() if not k.startswith("L4--slow"))
 
     # Resume: finished cells are not sent again; only the unobserved ones are reported again.
-    again = run_tasks_on_ray(tasks, settings, unplaceable_after_s=0)
+    again = run_tasks_on_ray(tasks, order, settings, unplaceable_after_s=0)
     assert [r["cell_id"] for r in again] == [r["cell_id"] for r in records]
     assert sum(len(p.read_text().split()) for p in markers.iterdir()) == sum(starts.values())
     assert time.monotonic() - started < 180

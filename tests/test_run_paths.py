@@ -26,13 +26,13 @@ def executed(monkeypatch) -> list[dict]:
     """Each call of this machine's executor: the functions it was called through, its cells and settings."""
     calls: list[dict] = []
 
-    def spy(self, tasks, settings, on_record=None):
+    def spy(self, tasks, order, settings, on_record=None):
         frame, callers = sys._getframe(1), []
         while frame is not None:
             callers.append(f"{frame.f_globals.get('__name__')}.{frame.f_code.co_name}")
             frame = frame.f_back
         calls.append({"callers": callers, "cells": [t.cell.cell_id for t in tasks], "settings": settings,
-                      "past": dict(self.past.verdicts)})
+                      "order": order})
         return []
 
     monkeypatch.setattr(LocalExecutor, "run", spy)
@@ -67,8 +67,8 @@ def test_a_bisection_step_executes_its_plan(matrix_with_waiver, tmp_path, execut
     (call,) = executed
     assert _through_the_plan(call) and "kvmatrix.harness.bisect.cell.run" in call["callers"]
     settings = call["settings"]
-    assert call["cells"] == [OK_CELL] and call["past"] == {}
-    assert settings.waivers == [] and not settings.canary and settings.isolation == "worker"
+    assert call["cells"] == [OK_CELL] and call["order"].canary is None
+    assert list(settings.waivers) == [] and not settings.canary and settings.isolation == "worker"
     assert settings.run_dir.root == Path(tmp_path / "steps" / "v1")
     assert list(answer["skips"]) == ["nosuch[kv=auto]"] and answer["records"] == {}
 
@@ -93,7 +93,35 @@ def test_what_a_run_builds_is_its_own_not_its_plans(matrix_with_waiver, tmp_path
     plan = run_plan.plan_run(run_plan.RunOptions(
         gpu=CPU_CLASS, runs_dir=tmp_path / RUNS_DIR, cache_dir=tmp_path / "cache", cases_dir=matrix_with_waiver,
         selection=CaseSelection(cells=(OK_CELL,)), template=False), say=lambda line: None)
-    (record,) = run_plan.execute(plan, list(plan.tasks))
+    (record,) = run_plan.execute(plan)
     assert record["verdict"] == "pass"
     assert Path(record["engine_args"]["model"]).parent == tmp_path / "cache" / "models"  # built by this run
     assert plan.settings.built == {}
+
+
+def test_the_local_executor_starts_cells_in_the_plans_order(matrix_with_waiver, tmp_path, monkeypatch):
+    """The executor builds no order of its own: given a plan whose order is the reverse of the one planned (no
+    canary, nothing waiting), one slot starts the cells in exactly that order."""
+    from dataclasses import replace
+
+    from kvmatrix.harness.run import plan as run_plan
+    from tests.test_front_ends import FAKE_CELL, FAKE_WORKER
+
+    opened = run_plan.open_session
+
+    def fake_cells(*args, **kwargs):
+        session = opened(*args, **kwargs)
+        session.settings = replace(session.settings, cell_command=FAKE_CELL, worker_command=FAKE_WORKER)
+        return session
+
+    monkeypatch.setattr(run_plan, "open_session", fake_cells)
+    plan = run_plan.plan_run(run_plan.RunOptions(
+        gpu=CPU_CLASS, runs_dir=tmp_path / RUNS_DIR, cache_dir=tmp_path / "cache", cases_dir=matrix_with_waiver,
+        jobs=1, template=False), say=lambda line: None)
+    assert plan.order.canary is not None and plan.order.tasks[0] == plan.order.canary
+    reverse = tuple(reversed(plan.order.tasks))
+    planted = replace(plan, order=replace(plan.order, tasks=reverse, canary=None,
+                                          waits={t.key: frozenset() for t in reverse}))
+    finished: list[str] = []
+    run_plan.execute(planted, lambda record, *_: finished.append(record["cell_id"]))
+    assert finished == [t.cell.cell_id for t in reverse]

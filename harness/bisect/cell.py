@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvmatrix.harness.record.files import write_json_atomic
 from kvmatrix.harness.run.model_builds import models_needed
-from kvmatrix.harness.run.plan import RunOptions, execute, plan_run
+from kvmatrix.harness.run.plan import RunOptions, execute, narrowed, plan_run
 from kvmatrix.harness.run.task.spec import engine_args_for
 from kvmatrix.harness.vllm_compat import known_engine_args, known_kv_cache_dtypes
 from kvmatrix.matrix.expand import Cell, expand_case
@@ -63,7 +63,7 @@ def run(cell_ids: list[str], runs_dir: Path, run_id: str, cache_dir: Path, gpu: 
                 skips[task.cell.cell_id] = f"this vLLM has no engine argument {', '.join(unknown)}"
                 continue
         runnable.append(task)
-    records = execute(plan, runnable) if runnable else []
+    records = execute(narrowed(plan, runnable)) if runnable else []
     return {"records": {r["cell_id"]: str(plan.settings.run_dir.record_path(r["cell_id"], r["gpu_class"]))
                         for r in records},
             "skips": skips}

@@ -114,11 +114,11 @@ class KvmatrixRun:
         from kvmatrix.harness.finish import first_line, progress_printer
         from kvmatrix.harness.record.files import record_stem
         from kvmatrix.harness.run.order.canary import EnvironmentBroken
-        from kvmatrix.harness.run.plan import execute
+        from kvmatrix.harness.run.plan import execute, narrowed
 
         self.say(first_line(self.plan, len(tasks)))
         try:
-            self.ran = execute(self.plan, tasks, progress_printer(self.started.at, self.say))
+            self.ran = execute(narrowed(self.plan, tasks), progress_printer(self.started.at, self.say))
         except EnvironmentBroken as err:  # the canary: nothing recorded, one line, as `kvmatrix run` says it
             pytest.exit(f"kvmatrix: {err}", returncode=pytest.ExitCode.USAGE_ERROR)
         self.records = {record_stem(r["cell_id"], r["gpu_class"]): r for r in self.ran}

@@ -19,6 +19,7 @@ from kvmatrix.harness.record.paths import DEFAULT_CACHE
 from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.results import history
 from kvmatrix.harness.run.activity import Activity
+from kvmatrix.harness.run.guards import release_run_folder
 from kvmatrix.harness.run.host import host_cpu
 from kvmatrix.harness.run.plan import RunOptions, RunPlan, execute, plan_run
 from kvmatrix.harness.run.run_ids import LATEST
@@ -137,13 +138,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         show(record, done, total, resumed)
     # No models built up front: each cell builds what it needs as it starts (harness/run/model_builds.py), so cells
     # of other models run while one trains.
-    try:
-        with activity.heartbeat():
-            records = execute(plan, list(plan.tasks), activity.on_record(keep_and_show), activity)
-    except KeyboardInterrupt:
-        write_partial_report(plan, so_far)
-        raise
-    return FAILED if finish_run(plan, records, started) else OK
+    try:  # the run folder is this run's until its reports are written
+        try:
+            with activity.heartbeat():
+                records = execute(plan, activity.on_record(keep_and_show), activity)
+        except KeyboardInterrupt:
+            write_partial_report(plan, so_far)
+            raise
+        return FAILED if finish_run(plan, records, started) else OK
+    finally:
+        release_run_folder(plan.settings.run_dir.root)
 
 
 def say_now(line: str) -> None:

@@ -66,6 +66,22 @@ def lock_run_folder(root: Path) -> IO[str]:
     return lock
 
 
+# The run folders this process holds for the run writing them, by folder (`hold_run_folder`): a run's plan is a
+# value, so the open lock file is kept here, not in it, until the run ends (`release_run_folder`) or the process does.
+_HELD: dict[Path, IO[str]] = {}
+
+
+def hold_run_folder(root: Path) -> None:
+    """`lock_run_folder`, held until `release_run_folder` (or the process's end)."""
+    _HELD[root] = lock_run_folder(root)
+
+
+def release_run_folder(root: Path) -> None:
+    held = _HELD.pop(root, None)
+    if held is not None:
+        held.close()
+
+
 def claim_run_folder(root: Path, cases_dir: Path, force: bool = False) -> None:
     """Mark a results folder as this case set's (its fingerprint, and the folder, for the commands that read the
     run later), or refuse a folder made with other case files (or whose run.json cannot be read, unless `force`)."""

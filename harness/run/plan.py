@@ -1,17 +1,19 @@
 """One run's plan, made once before any cell starts, by `plan_run`, for `kvmatrix run`, the pytest front end and
 a bisection step's cells (`kvmatrix bisect`, `pr`'s two sides, `qualify`'s bisections) alike: what the user asked
 (`RunOptions`) turned into the final settings, the GPU class, the cases loaded once, the tasks, the slots and what
-earlier runs saw (the start order's inputs). Nothing in it changes afterwards;
-`execute` runs its tasks on this machine's slots or a Ray cluster."""
+earlier runs saw, and the order its cells start in (their canary first). Nothing in it changes afterwards: its
+contents are values (tuples, frozen dataclasses, read-only mappings); `narrowed` makes the plan of a front end's
+selection of its tasks, and `execute` runs a plan's tasks on this machine's slots or a Ray cluster, both obeying
+its start order."""
 
 from __future__ import annotations
 
 import sqlite3
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO
+from types import MappingProxyType
 
 from kvmatrix.harness.judge.known_failures import known_failures_for
 from kvmatrix.harness.record.files import RUNS_DIR
@@ -21,13 +23,14 @@ from kvmatrix.harness.record.types import JudgedRecord
 from kvmatrix.harness.run.activity import Activity
 from kvmatrix.harness.run.cases import CaseSelection, select_cells
 from kvmatrix.harness.run.executor.local import LocalExecutor, OnRecord
-from kvmatrix.harness.run.guards import cases_dir_for, check_free_disk, claim_run_folder, lock_run_folder
+from kvmatrix.harness.run.guards import cases_dir_for, check_free_disk, claim_run_folder, hold_run_folder
 from kvmatrix.harness.run.host.slots import Slots
 from kvmatrix.harness.run.last_run import last_run_file, recall
-from kvmatrix.harness.run.order.policy import PastRuns
+from kvmatrix.harness.run.order.policy import PastRuns, StartOrder
+from kvmatrix.harness.run.order.start_order import planned_order
 from kvmatrix.harness.run.run_ids import checked_run_id, resumed_run_id
 from kvmatrix.harness.run.session import Session, open_session, waivers_lent
-from kvmatrix.harness.run.settings import CELL_COMMAND, WORKER_COMMAND, RunSettings
+from kvmatrix.harness.run.settings import CELL_COMMAND, WORKER_COMMAND, RunSettings, frozen
 from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.machine import PoolError
 from kvmatrix.matrix.schema import CaseError, GpuClass
@@ -92,27 +95,29 @@ class Cases:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """A run ready to start. `settings` are final (the canary on, the isolation, templates and ranks asked);
-    `tasks` the selected cells on `gpu_name`; `slots` this machine's; `past` what earlier runs of the class saw;
-    `lock` the hold on the run folder, kept open for the run (pytest-xdist's workers share one)."""
+    """A run ready to start, every part of it a value: `settings` are final (the canary on, the isolation,
+    templates and ranks asked); `tasks` the selected cells on `gpu_name`; `slots` this machine's; `past` what
+    earlier runs of the class saw; `order` the order the tasks not yet recorded start in, its canary and what each
+    waits for, which every executor obeys. What the run learns (the models it builds, its records) is its own."""
 
     options: RunOptions
     settings: RunSettings
     gpu_name: str
     emulated_from: str | None
-    gpu_classes: dict[str, GpuClass]
+    gpu_classes: Mapping[str, GpuClass]
     cases: Cases
     tasks: tuple[Task, ...]
     slots: Slots
     past: PastRuns
-    lock: IO[str] | None = None
+    order: StartOrder
 
 
 def plan_run(options: RunOptions, read_history: HistoryReader | None = None, say: Say = print, claim: bool = True,
              lock: bool = False) -> RunPlan:
     """Everything before the cells: the cases loaded (each one set aside said with `say`), the class and settings,
     the run folder claimed (unless `claim` is False: a listing makes no folder; `lock`: one run writes the folder
-    at a time), the tasks chosen, the slots, and the history read with `read_history`."""
+    at a time, held until `release_run_folder`), the tasks chosen, the slots, the history read with `read_history`,
+    and the tasks' start order."""
     run_id = resumed_run_id(options.resume, options.runs_dir) if options.resume else options.run_id
     run_id = checked_run_id(run_id) if run_id is not None else None
     cases = load_cases(options, run_id)
@@ -124,7 +129,8 @@ def plan_run(options: RunOptions, read_history: HistoryReader | None = None, say
                            cache_dir=options.cache_dir, cases_dir=cases.folder, use_hub=options.use_hub,
                            timeout_scale=options.timeout_scale, probe_only=options.probe_only,
                            on_ray=bool(options.ray), with_waivers=options.waivers)
-    held = _claim(options, session, cases.folder, lock) if claim else None
+    if claim:
+        _claim(options, session, cases.folder, lock)
     tasks = session.tasks(list(cases.selected))
     if options.only:
         tasks = options.only(tasks, session.settings.vllm_version)
@@ -132,9 +138,23 @@ def plan_run(options: RunOptions, read_history: HistoryReader | None = None, say
     jobs = options.jobs or (max(1, machine_slots // options.shared_by) if options.shared_by > 1 else 0)
     past = PastRuns() if options.ray or not options.read_past else read_past(options.history_db, read_history,
                                                                                  session)
-    settings = replace(run_settings(options, session), known_failures=known_failures_for(cases.selected))
-    return RunPlan(options, settings, session.gpu_name, session.emulated_from, session.pool,
-                   cases, tuple(tasks), session.slots(jobs), past, held)
+    settings = frozen(replace(run_settings(options, session), known_failures=known_failures_for(cases.selected)))
+    plan = RunPlan(options, settings, session.gpu_name, session.emulated_from, MappingProxyType(dict(session.pool)),
+                   cases, (), session.slots(jobs), frozen_past(past), StartOrder.given([]))
+    return narrowed(plan, tasks)
+
+
+def narrowed(plan: RunPlan, tasks: Sequence[Task]) -> RunPlan:
+    """The plan for `tasks` of its tasks (those a front end selected, pytest's `-k`, or a bisection step's this vLLM
+    can express), with their start order: those already recorded in the run folder (a resumed run) keep their
+    records; on a Ray cluster every cell runs alone in a fresh process on a node of its own, so no kernel family's
+    pilot or warm worker's confirmation orders them (one slot, no warm workers), only the canary and their
+    neighbours do."""
+    settings = plan.settings
+    finished = [r for t in tasks if (r := settings.run_dir.read(t.cell.cell_id, t.gpu_name)) is not None]
+    slots = 1 if plan.options.ray else plan.slots.count
+    order = planned_order(list(tasks), settings, slots, settings.gpus_here or 0, plan.past, finished)
+    return replace(plan, tasks=tuple(tasks), order=order)
 
 
 def load_cases(options: RunOptions, run_id: str | None) -> Cases:
@@ -147,11 +167,11 @@ def load_cases(options: RunOptions, run_id: str | None) -> Cases:
     return Cases(folder, tuple(selected), tuple(every), tuple(invalid), waivers_lent(folder))
 
 
-def _claim(options: RunOptions, session: Session, cases_dir: Path, lock: bool) -> IO[str] | None:
+def _claim(options: RunOptions, session: Session, cases_dir: Path, lock: bool) -> None:
     check_free_disk(options.runs_dir, options.min_free_gib)
-    held = lock_run_folder(session.run_dir.root) if lock else None
+    if lock:
+        hold_run_folder(session.run_dir.root)
     claim_run_folder(session.run_dir.root, cases_dir, options.force)
-    return held
 
 
 def run_settings(options: RunOptions, session: Session) -> RunSettings:
@@ -162,7 +182,8 @@ def run_settings(options: RunOptions, session: Session) -> RunSettings:
         raise PoolError(f"--cpu-ranks takes 2 to {session.cores} (this CPU's cores), on a CPU class")
     # A template forks the harness's own cell and worker: a run given other commands (a test's) runs those.
     own_commands = (settings.cell_command, settings.worker_command) == (CELL_COMMAND, WORKER_COMMAND)
-    return replace(settings, isolation=options.isolation, canary=options.canary,
+    # A Ray cluster runs each cell in a fresh process (harness/run/executor/ray.py): no warm workers there.
+    return replace(settings, isolation="process" if options.ray else options.isolation, canary=options.canary,
                    gpus_here=options.cpu_ranks or settings.gpus_here,
                    fork_from_template=session.host.device == "cpu" and options.template and own_commands)
 
@@ -184,18 +205,22 @@ def read_past(db: Path | None, read_history: HistoryReader | None, session: Sess
     return PastRuns(expected, verdicts, backends)
 
 
-def execute(plan: RunPlan, tasks: list[Task], on_record: OnRecord | None = None,
-            activity: Activity | None = None) -> list[JudgedRecord]:
-    """The tasks (the plan's, or those of them a front end selected) run on the plan's executor: this machine's
-    slots, or the Ray cluster it names; every record, in task order. `activity` hears each local cell start."""
+def frozen_past(past: PastRuns) -> PastRuns:
+    return PastRuns(None if past.expected_seconds is None else MappingProxyType(dict(past.expected_seconds)),
+                    MappingProxyType(dict(past.verdicts)), MappingProxyType(dict(past.backends)))
+
+
+def execute(plan: RunPlan, on_record: OnRecord | None = None, activity: Activity | None = None) -> list[JudgedRecord]:
+    """The plan's tasks run on its executor, this machine's slots or the Ray cluster it names, in the plan's start
+    order; every record, in task order. `activity` hears each local cell start."""
     if plan.options.ray:
-        return _on_ray(plan, tasks, on_record)
+        return _on_ray(plan, on_record)
     executor = LocalExecutor(slots=plan.slots.count, slot_env=plan.slots.env, devices=plan.settings.gpus_here or 0,
-                             ranks_env=plan.slots.ranks_env, past=plan.past, activity=activity)
-    return executor.run(tasks, plan.settings, on_record)
+                             ranks_env=plan.slots.ranks_env, activity=activity)
+    return executor.run(list(plan.tasks), plan.order, plan.settings, on_record)
 
 
-def _on_ray(plan: RunPlan, tasks: list[Task], on_record: OnRecord | None) -> list[JudgedRecord]:
+def _on_ray(plan: RunPlan, on_record: OnRecord | None) -> list[JudgedRecord]:
     """An existing Ray cluster's nodes of the class (harness/run/executor/ray.py); records land here as local ones
     do."""
     import ray  # only a Ray cluster needs Ray
@@ -205,6 +230,6 @@ def _on_ray(plan: RunPlan, tasks: list[Task], on_record: OnRecord | None) -> lis
     ray.init(address=plan.options.ray)
     try:
         executor = RayExecutor(real_gpus=plan.options.ray_real_gpus, gpu_classes=plan.gpu_classes)
-        return executor.run(tasks, plan.settings, on_record)
+        return executor.run(list(plan.tasks), plan.order, plan.settings, on_record)
     finally:
         ray.shutdown()

@@ -23,7 +23,7 @@ import dataclasses
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +32,13 @@ from kvmatrix.harness.record.files import RunDir, record_stem
 from kvmatrix.harness.record.neighbours import neighbour_ids, neighbours_of
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.record.types import JudgedRecord, finished_now
-from kvmatrix.harness.run.order.baselines import baselines_first
-from kvmatrix.harness.run.order.canary import EnvironmentBroken, canary_failure, pick_canary
+from kvmatrix.harness.run.order.baselines import in_waves
+from kvmatrix.harness.run.order.canary import EnvironmentBroken, canary_failure
+from kvmatrix.harness.run.order.policy import StartOrder
 from kvmatrix.harness.run.process.groups import CellProcesses
 from kvmatrix.harness.run.resume import OnRecord, finished_records
 from kvmatrix.harness.run.settings import RunSettings
-from kvmatrix.harness.run.task.runner import expected_not_to_pass, judged_record, skip_record
+from kvmatrix.harness.run.task.runner import judged_record, skip_record
 from kvmatrix.matrix.schema import GpuClass
 
 
@@ -45,7 +46,7 @@ def host_class(task: Task) -> str:
     return task.emulated_from or task.gpu_name
 
 
-def placement(task: Task, real_gpus: bool = False, gpu_classes: dict[str, GpuClass] | None = None,
+def placement(task: Task, real_gpus: bool = False, gpu_classes: Mapping[str, GpuClass] | None = None,
               accelerator_types: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
     """(the Ray resource that marks nodes of the task's class, the task's Ray options)."""
     host, gpus = host_class(task), task.cell.gpus_needed
@@ -67,11 +68,10 @@ def run_on_node(task: Task, settings: RunSettings, neighbours: list[JudgedRecord
     (settings.cache_dir / "ray-scratch").mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=settings.cache_dir / "ray-scratch"))
     try:
-        # The cell builds the models this node lacks (judged_record: ensure_models), into this copy.
-        here = dataclasses.replace(settings, run_dir=RunDir(scratch / settings.run_dir.root.name),
-                                   built=dict(settings.built))
+        here = dataclasses.replace(settings, run_dir=RunDir(scratch / settings.run_dir.root.name))
         for neighbour in neighbours:
             here.run_dir.write(neighbour)
+        # The cell builds the models this node lacks (judged_record: ensure_models), into a copy of its own.
         record = judged_record(task, here, CellProcesses())
         log = here.run_dir.log_path(task.cell.cell_id, task.gpu_name)
         return record, log.read_bytes() if record.get("log") and log.exists() else None
@@ -91,17 +91,18 @@ def unobserved_record(task: Task, settings: RunSettings, why: str) -> JudgedReco
 
 def run_tasks_on_ray(
     tasks: list[Task],
+    order: StartOrder,
     settings: RunSettings,
     on_record: OnRecord | None = None,
     real_gpus: bool = False,
-    gpu_classes: dict[str, GpuClass] | None = None,
+    gpu_classes: Mapping[str, GpuClass] | None = None,
     accelerator_types: dict[str, str] | None = None,
     max_retries: int = 3,
     unplaceable_after_s: float = 60.0,
 ) -> list[JudgedRecord]:
-    """`run_locally` over a Ray cluster the caller has joined (`ray.init(address=...)`); same arguments and
-    records, in the order of `tasks`. The canary starts alone first where the settings ask for one, then baselines,
-    then the rest, as Ray places them."""
+    """`LocalExecutor.run` over a Ray cluster the caller has joined (`ray.init(address=...)`); same arguments and
+    records, in the order of `tasks`. The start order's canary starts alone first, then each wave of the cells
+    whose waits have finished (a compared cell after its neighbours), as Ray places them."""
     import ray  # only a Ray cluster needs Ray
 
     remote = ray.remote(run_on_node)
@@ -121,8 +122,11 @@ def run_tasks_on_ray(
 
     sender = _Sender(ray, remote, settings, records, real_gpus, gpu_classes, accelerator_types, max_retries,
                      unplaceable_after_s)
-    canary = _canary_first(sender, todo, keep)
-    for wave in baselines_first([t for t in todo if t is not canary]):  # a compared cell after its neighbours
+    order = order.without(records.keys())
+    if order.canary is not None:
+        _canary_first(sender, order.canary, keep)
+    rest = order.without({order.canary.key} if order.canary else set())
+    for wave in in_waves([*rest.tasks, *rest.wide], rest.waits):  # each cell after what it waits for
         sender.send(wave, keep)
     return [records[t.key] for t in tasks if t.key in records]
 
@@ -136,7 +140,7 @@ class _Sender:
     settings: RunSettings
     records: dict[str, JudgedRecord]  # the finished ones, which a compared cell's neighbours are read from
     real_gpus: bool
-    gpu_classes: dict[str, GpuClass] | None
+    gpu_classes: Mapping[str, GpuClass] | None
     accelerator_types: dict[str, str] | None
     max_retries: int
     unplaceable_after_s: float
@@ -156,27 +160,15 @@ class _Sender:
             raise
 
 
-def _canary_first(sender: _Sender, todo: list[Task], keep: Callable[..., None]) -> Task | None:
+def _canary_first(sender: _Sender, canary: Task, keep: Callable[..., None]) -> None:
     """The canary alone first, as on this machine's slots (harness/run/order/canary.py): its record is kept only if
     this environment runs it, else the run stops with EnvironmentBroken and nothing recorded."""
-    canary = ray_canary(todo, sender.settings, list(sender.records.values()))
-    if canary is not None:
-        held: list[tuple] = []
-        sender.send([canary], lambda *result: held.append(result))
-        for task, record, log, written in held:
-            if why := canary_failure(task, record):
-                raise EnvironmentBroken(why)
-            keep(task, record, log, written)
-    return canary
-
-
-def ray_canary(todo: list[Task], settings: RunSettings, finished: list[JudgedRecord]) -> Task | None:
-    """The cell a run on the cluster starts alone, where its plan asks for a canary: the one the local executor's
-    start order picks (no earlier run's verdicts are read for a Ray run)."""
-    if not settings.canary:
-        return None
-    expected = {t.key: expected_not_to_pass(t, settings, None) for t in todo}
-    return pick_canary(todo, settings, expected, finished)
+    held: list[tuple] = []
+    sender.send([canary], lambda *result: held.append(result))
+    for task, record, log, written in held:
+        if why := canary_failure(task, record):
+            raise EnvironmentBroken(why)
+        keep(task, record, log, written)
 
 
 def _neighbours_of(task: Task, records: dict[str, JudgedRecord]) -> list[JudgedRecord]:
@@ -221,12 +213,12 @@ class RayExecutor:
     `gpu_classes`: the pool's classes (cases/_pool.yaml), whose `slots_per_device` share a node's GPUs among cells."""
 
     real_gpus: bool = False
-    gpu_classes: dict[str, GpuClass] | None = None
+    gpu_classes: Mapping[str, GpuClass] | None = None
     accelerator_types: dict[str, str] | None = None
     max_retries: int = 3
     unplaceable_after_s: float = 60.0
 
-    def run(self, tasks: list[Task], settings: RunSettings,
+    def run(self, tasks: list[Task], order: StartOrder, settings: RunSettings,
             on_record: OnRecord | None = None) -> list[JudgedRecord]:
-        return run_tasks_on_ray(tasks, settings, on_record, self.real_gpus, self.gpu_classes, self.accelerator_types,
-                                self.max_retries, self.unplaceable_after_s)
+        return run_tasks_on_ray(tasks, order, settings, on_record, self.real_gpus, self.gpu_classes,
+                                self.accelerator_types, self.max_retries, self.unplaceable_after_s)

@@ -4,6 +4,9 @@ before any runs, not after the rest."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+
 from kvmatrix.harness.record.neighbours import neighbour_ids
 from kvmatrix.harness.run.order.policy import StartContext, StartOrder
 
@@ -12,12 +15,18 @@ def baselines_first(tasks: list) -> list[list]:
     """Waves (each may run in parallel), each task in the first wave after every task it waits for
     (`baseline_gates`: its neighbours, record/neighbours.py): every cell compared with another runs
     after it. Tasks that wait for each other are an error of the plan, named before anything runs."""
-    gates = baseline_gates(tasks)
+    return in_waves(tasks, baseline_gates(tasks))
+
+
+def in_waves(tasks: list, waits: Mapping[str, AbstractSet[str]]) -> list[list]:
+    """The tasks in waves, each task in the first wave after every task key `waits` names for it (one that no task
+    of the list has is waited for no more), each wave in the given order; tasks waiting for each other raise."""
     waves: list[list] = []
     done: set[str] = set()
+    keys = {t.key for t in tasks}
     left = list(tasks)
     while left:
-        wave = [t for t in left if gates[t.key] <= done]
+        wave = [t for t in left if waits.get(t.key, set()) & keys <= done]
         if not wave:
             raise ValueError(f"cells wait for each other: {[t.key for t in left][:5]}")
         waves.append(wave)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -53,6 +54,9 @@ class StartOrder:
     first: tuple[Task, ...] = ()
     wide: tuple[Task, ...] = ()
     canary: Task | None = None  # the cell whose run says whether this environment can be judged (canary.py)
+    # Why each task is expected not to pass (the context's, None: it is expected to): a warm run starts such a cell
+    # in a fresh process while its case's failure is not confirmed yet (harness/run/task/runner.py).
+    expected_failure: Mapping[str, str | None] = field(default_factory=dict)
 
     @classmethod
     def given(cls, tasks: list[Task]) -> StartOrder:
@@ -62,6 +66,15 @@ class StartOrder:
     def with_waits(self, more: Mapping[str, set[str]]) -> StartOrder:
         """Each task waiting for what it waited for and for `more` of it."""
         return replace(self, waits={key: keys | more.get(key, set()) for key, keys in self.waits.items()})
+
+    def without(self, finished: AbstractSet[str]) -> StartOrder:
+        """The order less the tasks `finished` names (task keys: recorded since the order was made), which no
+        task waits for any more; no canary if it is one of them."""
+        def left(tasks: tuple[Task, ...]) -> tuple[Task, ...]:
+            return tuple(t for t in tasks if t.key not in finished)
+        return replace(self, tasks=left(self.tasks), first=left(self.first), wide=left(self.wide),
+                       waits={key: keys - finished for key, keys in self.waits.items() if key not in finished},
+                       canary=None if self.canary is None or self.canary.key in finished else self.canary)
 
 
 class StartPolicy(Protocol):

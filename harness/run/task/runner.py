@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from kvmatrix.harness.judge.judge import judge_record
@@ -60,9 +61,10 @@ def result_file(run_root: Path, task: Task) -> Path:
 
 
 def run_attempt(task: Task, settings: RunSettings, processes: CellProcesses, launcher: Launcher,
-                extra_env: dict[str, str] | None = None, first_failure: str | None = None) -> JudgedRecord:
+                extra_env: dict[str, str] | None = None, first_failure: str | None = None,
+                built: Mapping[str, Path] | None = None) -> JudgedRecord:
     """One attempt at a cell: its process run once, to a judged record (not yet written); `first_failure`: why an
-    earlier attempt failed."""
+    earlier attempt failed; `built`: the checkpoint folders of the models built (default: the settings')."""
     cell, run_dir = task.cell, settings.run_dir
     result = result_file(run_dir.root, task)
     files = CellFiles(result.with_name(result.name.replace(".result.", ".spec.")), result,
@@ -78,7 +80,8 @@ def run_attempt(task: Task, settings: RunSettings, processes: CellProcesses, lau
     gpu = physical_index(record["gpu_index"])
     started = time.monotonic()
     try:
-        engine_args = engine_args_for(cell, task.gpu, settings.models, settings.built, settings.use_hub,
+        engine_args = engine_args_for(cell, task.gpu, settings.models, settings.built if built is None else built,
+                                      settings.use_hub,
                                       probe=mode == "probe", vllm_version=settings.vllm_version)
     except KeyError as err:
         outcome: OutcomeRecord = {"status": "error", "error_tail": str(err.args[0])}
@@ -164,7 +167,7 @@ def unwritable_record(task: Task, run_id: str, err: OSError, record: JudgedRecor
 def judged_record(task: Task, settings: RunSettings, processes: CellProcesses,
                   extra_env: dict[str, str] | None = None, launcher: Launcher | None = None,
                   fresh_first: str | None = None, confirmations: Confirmations | None = None,
-                  fresh: FreshProcess | None = None) -> JudgedRecord:
+                  fresh: FreshProcess | None = None, built: dict[str, Path] | None = None) -> JudgedRecord:
     """The judged record of one task: a skip, or its cell run (again, `retries` times, while it fails). A cell
     that a warm worker ran to anything but a pass is run again in a fresh process, and that run is the record:
     a worker polluted by an earlier cell can never decide a verdict. Only an expected failure that a fresh
@@ -172,12 +175,14 @@ def judged_record(task: Task, settings: RunSettings, processes: CellProcesses,
     The worker itself goes on after a Python exception (it retired or died by itself after anything harder:
     harness/run/process/launch.py). A cell expected not to pass (`fresh_first` says why: a waiver, the last run) starts
     in a fresh process while no cell of its case expected to fail for that reason has been confirmed yet: its warm
-    run would only be repeated."""
+    run would only be repeated. `built`: the models the run built so far, by name, which this cell adds what it
+    builds to (the run's own, never its settings'; default: a copy of the settings' `built`, for this cell alone)."""
     reason = not_run_reason(task, settings)
     if reason:
         return skip_record(task, reason, settings.run_dir.root.name)
+    built = dict(settings.built) if built is None else built
     if not settings.use_hub:
-        ensure_models(task, settings.models, settings.cache_dir / "models", settings.built)
+        ensure_models(task, settings.models, settings.cache_dir / "models", built)
     # `fresh`: the run's fresh processes. One forked from a template is fresh as a confirmation needs: it has
     # imported torch and vLLM (as every cell's import phase does) but never built an engine, so no earlier cell's
     # engine, compiled graphs or teardown can have left anything behind in it.
@@ -185,7 +190,7 @@ def judged_record(task: Task, settings: RunSettings, processes: CellProcesses,
     starts_fresh = fresh_first is not None and bool(fresh_first) and not (
         confirmations is not None and confirmations.has_group(task.cell.case.name, fresh_first))
     launcher = fresh if launcher is None or starts_fresh else launcher
-    record = run_attempt(task, settings, processes, launcher, extra_env)
+    record = run_attempt(task, settings, processes, launcher, extra_env, built=built)
     if processes.stopping:  # an interrupted run keeps no record of a cell it killed: no fresh run, no retry
         return record
     facts: OutcomeRecord = {}  # how the run came to its record: the runner's facts, judged with the outcome
@@ -195,13 +200,14 @@ def judged_record(task: Task, settings: RunSettings, processes: CellProcesses,
             facts["confirmed_by"] = confirmed_by
         else:
             warm = record
-            record = run_attempt(task, settings, processes, fresh, extra_env)
+            record = run_attempt(task, settings, processes, fresh, extra_env, built=built)
             facts["warm_attempt"] = warm_attempt(warm)
             launcher = fresh
     retries = task.cell.case.retries
     while (attempt := unwaived(record))["verdict"] in FAILING_VERDICTS and retries > 0:
         retries -= 1
-        record = run_attempt(task, settings, processes, launcher, extra_env, first_failure=attempt["reason"])
+        record = run_attempt(task, settings, processes, launcher, extra_env, first_failure=attempt["reason"],
+                             built=built)
     if starts_fresh and fresh_first:
         facts["fresh_first"] = fresh_first
     if facts:  # the record is the judgement of everything it holds: judging it again gives it back

@@ -9,7 +9,7 @@ execution mode as the class runs it (harness/vllm_compat/execution.py) and the w
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -28,7 +28,8 @@ from kvmatrix.harness.vllm_compat import (
 )
 from kvmatrix.harness.vllm_compat.forcing import forcing_method
 from kvmatrix.matrix.axes import AXIS_BY_NAME, AXIS_TABLE, Axis, resolved_execution
-from kvmatrix.matrix.expand import Cell, case_values
+from kvmatrix.matrix.combinations import case_values
+from kvmatrix.matrix.expand import Cell
 from kvmatrix.matrix.expectations import Differential
 from kvmatrix.matrix.schema import GpuClass, ModelEntry
 
@@ -45,7 +46,7 @@ BASE_ENGINE_ARGS: dict[str, Any] = {
 PROBE_ONLY_MAX_TOKENS = 2
 
 
-def model_source(entry: ModelEntry, built: dict[str, Path], name: str, use_hub: bool) -> dict[str, Any]:
+def model_source(entry: ModelEntry, built: Mapping[str, Path], name: str, use_hub: bool) -> dict[str, Any]:
     """`model` (and tokenizer) for an entry: its hub id with `use_hub`, else its tiny local build."""
     if use_hub and entry.hub_id:
         if entry.hub_id.startswith(("/", "./", "../", "~")) and not Path(entry.hub_id).expanduser().exists():
@@ -58,7 +59,7 @@ def model_source(entry: ModelEntry, built: dict[str, Path], name: str, use_hub: 
 
 
 def engine_args_for(
-    cell: Cell, gpu: GpuClass, models: dict[str, ModelEntry], built: dict[str, Path], use_hub: bool = False,
+    cell: Cell, gpu: GpuClass, models: dict[str, ModelEntry], built: Mapping[str, Path], use_hub: bool = False,
     probe: bool = False, vllm_version: str | None = None,
 ) -> dict[str, Any]:
     """`probe`: shrunk to one short request (probe-only mode), with vLLM `vllm_version`'s argument names."""
@@ -82,7 +83,7 @@ class CellEngine(NamedTuple):
     cell: Cell
     gpu: GpuClass
     models: dict[str, ModelEntry]
-    built: dict[str, Path]
+    built: Mapping[str, Path]
     use_hub: bool
     vllm_version: str | None
 
