@@ -35,23 +35,20 @@ def passed(record: dict) -> bool:
 
 def clean_pairs(record: dict, clean: Callable[[dict], bool] = passed) -> Iterator[tuple[str, bool, dict[str, Any]]]:
     """(against, draft, numbers) of each comparison a clean record made: with its oracle, a draft's with its
-    no-draft twin (both judged by the allowance against an oracle), with its model's bf16 reference."""
+    no-draft twin (both judged by the allowance against an oracle), with its model's bf16 reference (`reference`,
+    or `reference, same-context` where the cell was not forced on the reference's tokens)."""
     if not clean(record):
         return
     draft = bool((record.get("axes") or {}).get("speculative"))
     d = record.get("differential") or {}
+    compared = record.get("reference") or {}
+    forced = (compared.get("teacher_forced") or {}).get("cell")
     for against, is_draft, numbers in (
             ("oracle", draft, (d.get("teacher_forced") or {}).get("cell") or d.get("shared_context")),
             ("oracle", True, (record.get("speculative") or {}).get("shared_context")),
-            ("reference", draft, _against_reference(record.get("reference") or {}))):
+            ("reference" if forced else "reference, same-context", draft, forced or compared.get("shared_context"))):
         if numbers and numbers.get("positions"):
             yield against, is_draft, numbers
-
-
-def _against_reference(compared: dict[str, Any]) -> dict[str, Any] | None:
-    """A cell's numbers against its bf16 reference: teacher-forced on the reference's tokens, or (no forced decode)
-    under the same context."""
-    return (compared.get("teacher_forced") or {}).get("cell") or compared.get("shared_context")
 
 
 def clean_lines(runs: Iterable[RunDir], fp8_weight_models: Collection[str] = (),
@@ -71,8 +68,16 @@ def clean_lines(runs: Iterable[RunDir], fp8_weight_models: Collection[str] = (),
                 line.update(typical=numbers["typical"], cells=record["cell_id"])
             line["flip_rate"] = max(line["flip_rate"], numbers.get("flip_rate") or 0.0)
             line["positions"] = max(line["positions"], numbers["positions"])
-    return [{"kv": kv, "weights": w, "draft": draft, **({"against": a} if a != "oracle" else {}), **values}
+    return [{"kv": kv, "weights": w, "draft": draft, **_against(a), **values}
             for (kv, w, draft, a), values in sorted(worst.items())]
+
+
+def _against(against: str) -> dict[str, str]:
+    """A clean line's `against` and `measured` keys (calibration.yaml; an oracle is the default)."""
+    if against == "oracle":
+        return {}
+    return {"against": "reference", "measured": "same-context"} if against.endswith("same-context") else \
+        {"against": "reference"}
 
 
 def measured_entry(runs: Iterable[RunDir], name: str, version: str | None, device: str, source: str,

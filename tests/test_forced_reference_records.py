@@ -160,3 +160,39 @@ def test_a_reference_that_is_the_oracle_is_decoded_once():
     assert _reference_tokens({}, None, None, spec, 1) == {"of": "eager", "decoded_as": "forced"}
     apart = CellSpec(cell_id="c", engine_args={}, prompts=["p"], max_tokens=2, reference_of="bf16")
     assert _reference_tokens({}, None, None, apart, 1)["missing"].startswith("the reference recorded no tokens")
+
+
+def same_context_only(device: str):
+    """calibration.yaml as it would be had no calibration of `device` forced clean cells on their reference."""
+    from kvmatrix.harness.judge import allowances
+
+    shipped = allowances.calibration()
+    return lambda: tuple({**entry, "clean": [{**line, "measured": "same-context"} if line.get("against") == "reference"
+                                             and entry["device"] == device else line for line in entry["clean"]]}
+                         for entry in shipped)
+
+
+@pytest.mark.parametrize("run", ["clean", EVERY_MODE])
+def test_where_no_calibration_forced_cells_on_the_reference_the_forced_numbers_judge_nothing(unpacked, run,
+                                                                                           monkeypatch):
+    """Every CUDA entry measured cells against the reference under the same context only (flip rate 0.0 by
+    construction, while a clean fp8 cell forced on the reference flips 1-2% of its tokens): there, a forced decode is
+    recorded and the same-context rule, which was calibrated, judges. These CPU records stand for such a class."""
+    from kvmatrix.harness.judge import allowances
+
+    monkeypatch.setattr(allowances, "calibration", same_context_only("cpu"))
+    assert not allowances.forced_on_reference_calibrated("cpu")
+    records = judged(unpacked / "cpu-amx", run)
+    for cell_id in (FP8_EAGER, FP8_COMPILED):
+        compared = records[cell_id]["reference"]
+        assert "teacher_forced" not in compared
+        assert compared["teacher_forced_uncalibrated"]["positions"] == 8 * 32
+        assert compared["shared_context"]["detail"].startswith("not teacher-forced: no cpu calibration measured ")
+        assert records[cell_id]["verdict"] == ("pass" if run == "clean" else "fail"), records[cell_id]["reason"]
+
+
+def test_only_the_cpu_classes_are_calibrated_forced_on_their_reference():
+    """The shipped calibration: the CPU entries measured cells forced on their reference; no CUDA entry has yet."""
+    from kvmatrix.harness.judge.allowances import forced_on_reference_calibrated
+
+    assert forced_on_reference_calibrated("cpu") and not forced_on_reference_calibrated("cuda")

