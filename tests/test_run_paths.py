@@ -73,23 +73,32 @@ def test_a_bisection_step_executes_its_plan(matrix_with_waiver, tmp_path, execut
     assert list(answer["skips"]) == ["nosuch[kv=auto]"] and answer["records"] == {}
 
 
-def test_what_a_run_builds_is_its_own_not_its_plans(matrix_with_waiver, tmp_path, monkeypatch):
-    """The models a run builds as its cells start reach its cells (their engine arguments name the build) but
-    never the plan, whose settings stay as `plan_run` made them."""
+@pytest.fixture
+def fake_cells(monkeypatch):
+    """Plans whose cells and workers are the fake ones of tests/test_front_ends.py (no vLLM)."""
     from dataclasses import replace
 
     from kvmatrix.harness.run import plan as run_plan
-    from kvmatrix.harness.run.cases import CaseSelection
     from tests.test_front_ends import FAKE_CELL, FAKE_WORKER
 
     opened = run_plan.open_session
 
-    def fake_cells(*args, **kwargs):
+    def faked(*args, **kwargs):
         session = opened(*args, **kwargs)
         session.settings = replace(session.settings, cell_command=FAKE_CELL, worker_command=FAKE_WORKER)
         return session
 
-    monkeypatch.setattr(run_plan, "open_session", fake_cells)
+    monkeypatch.setattr(run_plan, "open_session", faked)
+
+
+@pytest.mark.usefixtures("fake_cells")
+def test_what_a_run_builds_is_its_own_not_its_plans(matrix_with_waiver, tmp_path):
+    """The models a run builds as its cells start reach its cells (their engine arguments name the build) but
+    never the plan, whose settings stay as `plan_run` made them."""
+
+    from kvmatrix.harness.run import plan as run_plan
+    from kvmatrix.harness.run.cases import CaseSelection
+
     plan = run_plan.plan_run(run_plan.RunOptions(
         gpu=CPU_CLASS, runs_dir=tmp_path / RUNS_DIR, cache_dir=tmp_path / "cache", cases_dir=matrix_with_waiver,
         selection=CaseSelection(cells=(OK_CELL,)), template=False), say=lambda line: None)
@@ -99,22 +108,14 @@ def test_what_a_run_builds_is_its_own_not_its_plans(matrix_with_waiver, tmp_path
     assert plan.settings.built == {}
 
 
+@pytest.mark.usefixtures("fake_cells")
 def test_the_local_executor_starts_cells_in_the_plans_order(matrix_with_waiver, tmp_path, monkeypatch):
     """The executor builds no order of its own: given a plan whose order is the reverse of the one planned (no
     canary, nothing waiting), one slot starts the cells in exactly that order."""
     from dataclasses import replace
 
     from kvmatrix.harness.run import plan as run_plan
-    from tests.test_front_ends import FAKE_CELL, FAKE_WORKER
 
-    opened = run_plan.open_session
-
-    def fake_cells(*args, **kwargs):
-        session = opened(*args, **kwargs)
-        session.settings = replace(session.settings, cell_command=FAKE_CELL, worker_command=FAKE_WORKER)
-        return session
-
-    monkeypatch.setattr(run_plan, "open_session", fake_cells)
     plan = run_plan.plan_run(run_plan.RunOptions(
         gpu=CPU_CLASS, runs_dir=tmp_path / RUNS_DIR, cache_dir=tmp_path / "cache", cases_dir=matrix_with_waiver,
         jobs=1, template=False), say=lambda line: None)
