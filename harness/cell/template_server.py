@@ -4,7 +4,7 @@ cell processes and warm workers that start with all of it imported.
     python -m kvmatrix.harness.cell.template_server SOCKET STATUS_FD EMULATION_JSON
 
 Started by the runner (harness/run/process/template_client.py) with the environment of the cells it will fork, it
-applies their emulation before the imports exactly as a cell process does (main.py `import_vllm`), checks that it may
+applies their emulation before the imports as a cell process does (vllm_import.py `import_vllm`), checks that it may
 fork and answers one JSON line on STATUS_FD: {"ready": true} once it listens on the Unix socket SOCKET, or {"refused":
 why} before it exits (an import failed, another Python thread is alive, CUDA is initialised: a forked child of such a
 process can hang on a lock another thread held, or find its CUDA context unusable).
@@ -206,7 +206,7 @@ def run_template(prepare: Callable[[dict[str, Any]], None], run_cell: RunCell, s
 
 def _import_for_cells(emulation: dict[str, Any]) -> None:
     from kvmatrix.harness import vllm_compat
-    from kvmatrix.harness.cell.main import preimport_vllm
+    from kvmatrix.harness.cell.vllm_import import preimport_vllm
 
     version = vllm_compat.installed_vllm_version()
     preimport_vllm(emulation.get("capability"), emulation.get("cpu_isa"), version)
