@@ -85,7 +85,7 @@ def test_wide_cells_get_whole_gpus_of_their_own_after_the_others(cases_dir, tmp_
     order: list[str] = []
     records = run_locally(tasks, settings, jobs=2, slot_env=lambda slot: {"CUDA_VISIBLE_DEVICES": str(slot)},
                           on_record=lambda r, *_: order.append(r["cell_id"]), devices=2,
-                          ranks_env=lambda gpus: ranks_env(POOL["H200"], gpus, 16))
+                          ranks_env=lambda gpus: ranks_env(POOL["H200"], gpus, tuple(range(16))))
     seen = {r["cell_id"]: r for r in records}
     assert all(r["verdict"] == "pass" for r in records), [r["reason"] for r in records]
     for kv in ("auto", "fp8"):

@@ -178,8 +178,8 @@ def run_settings(options: RunOptions, session: Session) -> RunSettings:
     """The session's settings with what the user asked: the isolation, the canary (every front end runs it; a
     bisection step does not), the CPU ranks, and templates on a CPU class."""
     settings = session.settings
-    if options.cpu_ranks and (session.host.device != "cpu" or not 1 < options.cpu_ranks <= session.cores):
-        raise PoolError(f"--cpu-ranks takes 2 to {session.cores} (this CPU's cores), on a CPU class")
+    if options.cpu_ranks and (session.host.device != "cpu" or not 1 < options.cpu_ranks <= len(session.cores)):
+        raise PoolError(f"--cpu-ranks takes 2 to {len(session.cores)} (the cores this run may use), on a CPU class")
     # A template forks the harness's own cell and worker: a run given other commands (a test's) runs those.
     own_commands = (settings.cell_command, settings.worker_command) == (CELL_COMMAND, WORKER_COMMAND)
     # A Ray cluster runs each cell in a fresh process (harness/run/executor/ray.py): no warm workers there.

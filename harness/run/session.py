@@ -3,7 +3,6 @@ folder, which vLLM, which caches, and the models the cells need."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from kvmatrix.harness.record.files import RUNS_DIR, RunDir
 from kvmatrix.harness.record.paths import DEFAULT_CACHE
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.run.host.gpu_memory import open_gpu_memory
-from kvmatrix.harness.run.host.slots import Slots, slot_count
+from kvmatrix.harness.run.host.slots import Slots, slot_count, usable_cores
 from kvmatrix.harness.run.model_builds import build_models
 from kvmatrix.harness.run.run_ids import new_run_id
 from kvmatrix.harness.run.settings import RunSettings
@@ -54,7 +53,7 @@ class Session:
     emulated_from: str | None
     pool: dict[str, GpuClass]
     device_count: int = 0
-    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    cores: tuple[int, ...] = field(default_factory=usable_cores)
     device_memory_gib: float | None = None
 
     @property
@@ -72,7 +71,7 @@ class Session:
     def slots(self, jobs: int = 0) -> Slots:
         """`jobs` cells at once if asked, else every GPU packed with its class's `slots_per_device` cells, within
         its memory and the host's cores (harness/run/host/slots.py)."""
-        count = jobs or slot_count(self.host, self.device_count, self.cores, self.device_memory_gib)
+        count = jobs or slot_count(self.host, self.device_count, len(self.cores), self.device_memory_gib)
         return Slots(count, self.host, self.device_count, self.cores)
 
     def build_models(self, tasks: list[Task]) -> None:

@@ -5,6 +5,7 @@ in NVML's PCI order) or, on a CPU class with several slots, to its own cores."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from kvmatrix.harness.vllm_compat import CPU_THREADS_BIND_ENV
@@ -24,6 +25,23 @@ MIN_CORES_PER_SLOT = {"cuda": 1.45, "cpu": 1}
 GPU_GIB_PER_SLOT = 8
 
 
+def usable_cores() -> tuple[int, ...]:
+    """The cores this process may run on, in order: all of the machine's, or fewer under `taskset` or a container's
+    cpuset, which every process the run starts inherits (vLLM's CPU worker binds within them too)."""
+    if hasattr(os, "sched_getaffinity"):
+        return tuple(sorted(os.sched_getaffinity(0)))
+    return tuple(range(os.cpu_count() or 1))
+
+
+def core_list(cores: tuple[int, ...], share: int, index: int) -> str:
+    """The `index`-th share of `cores` (more shares than cores share them round), as VLLM_CPU_OMP_THREADS_BIND
+    lists cores: `4-7` for a run of them, else `2,5`."""
+    mine = [cores[(index * share + k) % len(cores)] for k in range(share)]
+    if mine == list(range(mine[0], mine[-1] + 1)):
+        return f"{mine[0]}-{mine[-1]}"
+    return ",".join(map(str, mine))
+
+
 def slot_count(host: GpuClass, devices: int, cores: int, device_memory_gib: float | None = None) -> int:
     """Cells at once: the class's packing on every GPU (one slot group on a CPU), within memory and cores."""
     per_device = host.slots_per_device
@@ -33,9 +51,9 @@ def slot_count(host: GpuClass, devices: int, cores: int, device_memory_gib: floa
     return max(1, min(wanted, int(cores // MIN_CORES_PER_SLOT[host.device])))
 
 
-def slot_env(host: GpuClass, slot: int, slots: int, devices: int, cores: int) -> dict[str, str]:
-    """Slot `slot` of `slots`: its GPU and its share of the cores."""
-    share = max(1, cores // slots)
+def slot_env(host: GpuClass, slot: int, slots: int, devices: int, cores: tuple[int, ...]) -> dict[str, str]:
+    """Slot `slot` of `slots`: its GPU and its share of the `cores`."""
+    share = max(1, len(cores) // slots)
     env = {"OMP_NUM_THREADS": str(share)}
     if host.device == "cuda":
         per_device = max(1, -(-slots // max(1, devices)))
@@ -46,32 +64,31 @@ def slot_env(host: GpuClass, slot: int, slots: int, devices: int, cores: int) ->
     elif slots > 1:
         # vLLM's CPU worker binds its OpenMP threads to the cores it is given; by default every engine takes
         # them all.
-        first = slot * share
-        env[CPU_THREADS_BIND_ENV] = f"{first}-{first + share - 1}"
+        env[CPU_THREADS_BIND_ENV] = core_list(cores, share, slot)
     return env
 
 
-def ranks_env(host: GpuClass, devices: list[int], cores: int) -> dict[str, str]:
+def ranks_env(host: GpuClass, devices: list[int], cores: tuple[int, ...]) -> dict[str, str]:
     """What a cell spanning several devices sees: all of its GPUs, or on a CPU host one share of the cores per rank
     (vLLM's CPU workers bind rank i's threads to the i-th `|`-separated list; with one NUMA node it cannot choose
     them itself)."""
-    share = max(1, cores // len(devices))
+    share = max(1, len(cores) // len(devices))
     if host.device == "cuda":
         return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                 "OMP_NUM_THREADS": str(share)}
     return {"OMP_NUM_THREADS": str(share),
-            CPU_THREADS_BIND_ENV: "|".join(f"{d * share}-{d * share + share - 1}" for d in devices)}
+            CPU_THREADS_BIND_ENV: "|".join(core_list(cores, share, d) for d in devices)}
 
 
 @dataclass(frozen=True)
 class Slots:
-    """A run's slots on this machine: `count` cells at once on `host`'s `devices` GPUs (0 on a CPU class) and
-    `cores` cores."""
+    """A run's slots on this machine: `count` cells at once on `host`'s `devices` GPUs (0 on a CPU class) and the
+    `cores` the run may use (`usable_cores`)."""
 
     count: int
     host: GpuClass
     devices: int
-    cores: int
+    cores: tuple[int, ...]
 
     def env(self, slot: int) -> dict[str, str]:
         """Each slot's cells see one GPU (engines on different GPUs never meet) and their share of the cores (of
