@@ -37,9 +37,21 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files with tests that start real vLLM (a minute or more each) first, the others after, each whole and in
     its order (a file's fixtures set up once): xdist's workers share the long ones first and end together on short
-    ones, not one worker alone on a long test while the other waits."""
+    ones, not one worker alone on a long test while the other waits. Of the files running a trained model, one
+    starts first and the rest after the other vLLM files: on a fresh clone the first trains the model (a minute),
+    and a second started meanwhile would wait for it with its worker idle."""
     with_vllm = {item.path for item in items if item.get_closest_marker("vllm")}
-    items.sort(key=lambda item: item.path not in with_vllm)
+    trained = sorted({item.path for item in items if item.get_closest_marker("trained_models")} & with_vllm)
+
+    def group(item: pytest.Item) -> int:
+        if item.path not in with_vllm:
+            return 3
+        if trained and item.path == trained[0]:
+            return 0
+        return 2 if item.path in trained else 1
+
+    items.sort(key=group)
+
 
 def unpacked_archive(tmp_path_factory, archive: Path) -> Path:
     """A fixture archive of run folders, unpacked once into a folder of its own."""

@@ -9,7 +9,7 @@ from kvmatrix.harness.record.files import RunDir
 from tests.conftest import needs_fp8_kv
 from tests.test_e2e import kvmatrix
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.trained_models]
 pytest.importorskip("vllm")
 pytest.importorskip("lm_eval")
 

@@ -55,6 +55,7 @@ def test_an_extra_point_leaves_unset_axes_at_their_defaults(cases_dir):
 
 
 @pytest.mark.vllm
+@pytest.mark.trained_models
 def test_a_case_with_an_extra_point_and_no_workload_runs_on_the_trained_llama(tmp_path, cases_dir):
     write_case(cases_dir, "extra", EXTRA_POINT_CASE)
     done = subprocess.run(

@@ -69,6 +69,7 @@ GARBAGE_UNDER_COMPILE_PATCH = {
 }
 
 
+@pytest.mark.trained_models
 def test_differential_cell_fails_on_garbage_attention_under_compile(tmp_path):
     """The same configuration eager (the oracle) and compiled, with vLLM's attention given scaled-down queries
     under compiled execution only: the compiled cell fails against its oracle, naming the pair and the first

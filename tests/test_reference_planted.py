@@ -20,7 +20,7 @@ from kvmatrix.harness.record.files import RunDir
 from tests.conftest import needs_fp8_kv
 from tests.test_e2e import REPO, kvmatrix
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.trained_models]
 pytest.importorskip("vllm")
 sys.path.insert(0, str(REPO / "benchmarks"))
 
