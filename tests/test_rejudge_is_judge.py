@@ -56,8 +56,7 @@ def rejudged_equals_fresh(folder: Path, scratch: Path) -> list[str]:
     shutil.copytree(folder, run_dir.root)
     for _ in range(2):
         rejudge_run(run_dir, cells, pool, waivers, today=TODAY)
-    rejudged = {name: (run_dir.root / name).read_text() for name in fresh_judgements(run_dir)}
-    return [name for name, text in fresh_judgements(run_dir).items() if rejudged[name] != text]
+    return [name for name, text in fresh_judgements(run_dir).items() if (run_dir.root / name).read_text() != text]
 
 
 @pytest.mark.parametrize("archive", ARCHIVES, ids=lambda p: p.name.split(".tar")[0])
