@@ -70,10 +70,13 @@ def test_cpu_emulation_only_downwards_on_the_same_architecture():
         resolve("cpu-avx2", POOL, H200, emulate=True)
 
 
+# The settings of a run that never starts: slots read only the session's class, devices and cores.
+NO_RUN = RunSettings(run_dir=RunDir("/nonexistent"), models={}, built={}, vllm_version=None, cache_dir=None)
+
+
 def session(gpu: str, emulated_from: str | None, devices: int, cores: int = 32, memory_gib: float | None = None,
             ) -> Session:
-    settings = RunSettings(run_dir=RunDir("/nonexistent"), models={}, built={}, vllm_version=None, cache_dir=None)
-    return Session(settings, gpu, POOL[gpu], emulated_from, POOL, devices, tuple(range(cores)), memory_gib)
+    return Session(NO_RUN, gpu, POOL[gpu], emulated_from, POOL, devices, tuple(range(cores)), memory_gib)
 
 
 def test_slots_pin_one_gpu_each_and_pack_by_the_real_class():
@@ -100,8 +103,7 @@ def test_slots_are_sized_by_the_gpus_memory_and_the_hosts_cores():
 
 def test_cpu_slots_bind_their_own_cores():
     cpu = POOL["cpu-avx512"].model_copy(update={"slots_per_device": 2})
-    packed = Session(RunSettings(run_dir=RunDir("/nonexistent"), models={}, built={}, vllm_version=None,
-                                 cache_dir=None), "cpu-avx512", cpu, None, POOL, 0, tuple(range(8)))
+    packed = Session(NO_RUN, "cpu-avx512", cpu, None, POOL, 0, tuple(range(8)))
     slots = packed.slots()
     assert slots.count == 2
     assert [(slots.env(s)["OMP_NUM_THREADS"], slots.env(s)[CPU_THREADS_BIND_ENV]) for s in (0, 1)] == [
@@ -113,11 +115,11 @@ def test_a_run_counts_and_binds_the_cores_it_may_run_on():
     """Under `taskset` or a container's cpuset the process may use fewer cores than the machine has: the run's
     slots and their bindings come from those (os.cpu_count() counts the machine's)."""
     cpu = POOL["cpu-avx512"].model_copy(update={"slots_per_device": 2})
-    settings = RunSettings(run_dir=RunDir("/nonexistent"), models={}, built={}, vllm_version=None, cache_dir=None)
-    packed = Session(settings, "cpu-avx512", cpu, None, POOL, 0, (2, 5)).slots()
+    on_two = Session(NO_RUN, "cpu-avx512", cpu, None, POOL, 0, (2, 5))
+    packed = on_two.slots()
     assert [packed.env(s)[CPU_THREADS_BIND_ENV] for s in (0, 1)] == ["2-2", "5-5"]
     assert packed.ranks_env([0, 1])[CPU_THREADS_BIND_ENV] == "2-2|5-5"
-    three_on_two = Session(settings, "cpu-avx512", cpu, None, POOL, 0, (2, 5)).slots(jobs=3)
+    three_on_two = on_two.slots(jobs=3)
     assert [three_on_two.env(s)[CPU_THREADS_BIND_ENV] for s in (0, 1, 2)] == ["2-2", "5-5", "2-2"], "shared round"
     first = sorted(os.sched_getaffinity(0))[0]
     pinned = subprocess.run(

@@ -18,6 +18,7 @@ from tests.conftest import FIXTURES, shipped_matrix
 
 RECORDS = FIXTURES / "records" / "reference-floor-cpu-avx512-vllm-0.32.0"
 CLASS = "cpu-avx512"
+TODAY = datetime.date(2026, 12, 5)
 REFERENCES = ["glm-mla[kv=bfloat16,skip=-,spec=-]", "deepseek-mla[kv=bfloat16,skip=-,spec=-]"]
 
 
@@ -36,7 +37,7 @@ def test_a_reference_that_is_no_oracle_keeps_its_verdict_when_its_floor_fails(re
     assert record["verdict"] == "fail" and record["reason"].startswith("as the model reference: ")  # as audited
     task = task_of(reference_id)
     assert task.cell.is_reference_on(CLASS) and not task.cell.is_oracle_on(CLASS)
-    judged = judge_record(record, task, Neighbours(), today=datetime.date(2026, 12, 5))
+    judged = judge_record(record, task, Neighbours(), today=TODAY)
     assert judged["verdict"] == "pass", judged["reason"]
     assert judged["noise_floor_summary"]["ok"] is False
     [row] = [r for r in judged["expectations"] if r["rule"].startswith("an oracle's decode is reproducible")]
@@ -46,9 +47,9 @@ def test_a_reference_that_is_no_oracle_keeps_its_verdict_when_its_floor_fails(re
 @pytest.mark.parametrize("reference_id", REFERENCES)
 def test_its_cells_are_not_judged_by_distance_against_it(reference_id):
     reference = judge_record(stored(reference_id), task_of(reference_id), Neighbours(),
-                             today=datetime.date(2026, 12, 5))
+                             today=TODAY)
     cell_id = reference_id.replace("skip=-", "skip=0")
     judged = judge_record(stored(cell_id), task_of(cell_id), Neighbours(reference=reference),
-                          today=datetime.date(2026, 12, 5))
+                          today=TODAY)
     assert judged["reference"]["missing"] == "the reference's own decode is not reproducible (it fails its noise floor)"
     assert judged["verdict"] == "pass", judged["reason"]

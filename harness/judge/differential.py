@@ -119,21 +119,21 @@ def judge_oracle_floor(record: OutcomeRecord, judgement: Judgement, cell: Cell, 
     AVX-512 and AVX2 attention (2-4 of 16 on the MLA cases' bf16 references), which is no fault of vLLM."""
     rule = cell.case.differential
     noise = record.get("noise_floor")
-    compared_with = cell.is_oracle_on(gpu_name) or cell.is_reference_on(gpu_name)
-    if rule is False or not compared_with or not noise or record.get("status") != "ok":
+    oracle = cell.is_oracle_on(gpu_name)
+    if rule is False or not (oracle or cell.is_reference_on(gpu_name)) or not noise or record.get("status") != "ok":
         return judgement
     floor, missing = floor_of(record.get("tokens") or [], record.get("logprobs") or [], noise, rule.tie_tolerance)
     if floor is None:
         return judgement.then(fields={"noise_floor_summary": {"missing": missing}})
     problem = floor_problem(floor)
-    if problem is not None and not cell.is_oracle_on(gpu_name):
+    if problem is not None and not oracle:
         problem += "; the cells compared with this reference are not judged by distance against it"
     judgement = judgement.then(
         rows=[{"rule": ORACLE_FLOOR_RULE, "ok": problem is None,
                "detail": problem or f"distance {floor['typical']:.3g} typical, {floor['flips']} top-1 flips "
                                     f"over {floor['positions']} positions in another batch"}],
         fields={"noise_floor_summary": {**floor, "ok": problem is None}})
-    if problem is not None and judgement.verdict in ("pass", "xfail") and cell.is_oracle_on(gpu_name):
+    if problem is not None and judgement.verdict in ("pass", "xfail") and oracle:
         return judgement.then("fail", f"as an oracle: {problem}")
     return judgement
 
