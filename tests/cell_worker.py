@@ -1,8 +1,9 @@
 """Real cells for the tests that read one cell's output (tests/test_cell.py, tests/test_forced_decode.py), run in a
 warm worker (`python -m kvmatrix.harness.cell.worker`: a CPU run's own isolation, each cell run exactly as `python -m
-kvmatrix.harness.cell` runs it) kept for the test module: its cells share one import of torch and vLLM (~7 CPU-s on
-2 cores) instead of paying it each. One worker per emulated CPU level, since vLLM reads the CPU's level when it is
-imported. tests/test_isolation_equality.py shows a warm worker's cells resolve as fresh processes' do."""
+kvmatrix.harness.cell` runs it) kept for the test session (tests/conftest.py `cell_workers`): its cells share one
+import of torch and vLLM (~7 CPU-s on 2 cores) instead of paying it each. One worker per emulated CPU level, since
+vLLM reads the CPU's level when it is imported. tests/test_isolation_equality.py shows a warm worker's cells resolve
+as fresh processes' do."""
 
 from __future__ import annotations
 

@@ -111,6 +111,18 @@ def judged_archive_fixtures(archive: Path, runs: dict[str, str], vllm_version: s
     return unpacked, judged
 
 
+@pytest.fixture(scope="session")
+def cell_workers(tmp_path_factory: pytest.TempPathFactory):
+    """Warm workers running real cells (tests/cell_worker.py), one per emulated CPU level, shared by the test files
+    that read one cell's output: xdist hands a file's tests to whichever worker is free, so a worker per file would
+    import torch and vLLM again in each test process that runs one of its tests."""
+    from tests.cell_worker import CellWorkers, cell_env
+
+    started = CellWorkers(cell_env(), tmp_path_factory.mktemp("cell-workers"))
+    yield started
+    started.close()
+
+
 @pytest.fixture
 def cases_dir(tmp_path: Path) -> Path:
     """An empty cases folder holding copies of the real model registry and GPU pool."""

