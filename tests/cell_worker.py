@@ -71,8 +71,8 @@ class CellWorkers:
             self._close(emulate)
 
 
-def cell_env(**extra: str) -> dict[str, str]:
+def cell_env() -> dict[str, str]:
     """This environment for a cell, kvmatrix importable; an empty VLLM_CPU_KVCACHE_SPACE (which vLLM refuses) left
     out."""
     env = {k: v for k, v in os.environ.items() if not (k == "VLLM_CPU_KVCACHE_SPACE" and v == "")}
-    return {**env, "PYTHONPATH": str(REPO), **extra}
+    return {**env, "PYTHONPATH": str(REPO)}
