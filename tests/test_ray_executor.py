@@ -32,9 +32,9 @@ from kvmatrix.harness.run.executor.ray import placement, run_tasks_on_ray  # noq
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_CELL = REPO / "tests" / "fake_cell.py"
-# The fake cell, noting each start in a marker file named by the task (the spec file's name less the harness
-# process id the runner adds), so the test sees where and when cells ran, whichever worker ran them.
-MARKED_CELL = ("sh", "-c", 'b=$(basename "$2" .spec.json); echo started >> "$KVM_MARKERS/${b%.*}"; exec "$0" "$@"',
+# The fake cell, noting each start (its process id) in a marker file named by the task (the spec file's name less
+# the harness process id the runner adds), so the test sees where and when cells ran, whichever worker ran them.
+MARKED_CELL = ("sh", "-c", 'b=$(basename "$2" .spec.json); echo $$ >> "$KVM_MARKERS/${b%.*}"; exec "$0" "$@"',
                sys.executable, str(FAKE_CELL))
 
 
@@ -60,6 +60,14 @@ def cluster(monkeypatch):
     cluster.shutdown()
 
 
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process, not one ended and not yet reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_cells_survive_a_node_killed_mid_run(cluster, cases_dir, tmp_path):
     cluster, nodes = cluster
     write_case(cases_dir, "slow", {"model": "llama", "gpus": ["L4", "A100"], "timeout_s": 120,
@@ -74,18 +82,22 @@ def test_cells_survive_a_node_killed_mid_run(cluster, cases_dir, tmp_path):
     run_dir = RunDir(tmp_path / "run")
     settings = RunSettings(run_dir=run_dir, models=models, built={"llama": cases_dir}, vllm_version="fake",
                            cache_dir=tmp_path / "cache", cell_command=MARKED_CELL,
-                           # Long enough that both L4 nodes are surely mid-cell when one is killed, even on a
-                           # loaded CI machine where a node's first worker starts seconds after the other's.
+                           # Long enough that the two L4 nodes' first cells overlap, even on a loaded CI machine
+                           # where a node's first worker starts seconds after the other's.
                            env={"FAKE_CELL_SLEEP": "6", "KVM_MARKERS": str(markers)})
 
-    def l4_slow_started() -> int:
-        return len(list(markers.glob("L4--slow*")))
+    def l4_slow_running() -> int:
+        """The slow L4 cells running now (each marker line is a start's pid): each L4 node has one slot, so two at
+        once are one on each node. Two started are not: on a loaded machine one node may run two in turn while the
+        other's first worker is still starting."""
+        pids = [int(pid) for marker in markers.glob("L4--slow*") for pid in marker.read_text().split()]
+        return sum(running(pid) for pid in pids)
 
     killed = []
 
     def kill_l4_node_mid_cell():
         deadline = time.monotonic() + 90
-        while l4_slow_started() < 2 and time.monotonic() < deadline:  # each L4 node (one slot) runs a slow cell
+        while l4_slow_running() < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         cluster.remove_node(nodes["L4-a"], allow_graceful=False)
         killed.append(time.monotonic())

@@ -97,12 +97,12 @@ def _build(name: str, entry: ModelEntry, cache_dir: Path) -> Path | None:
         from kvmatrix.harness.models import trained as trained_models
         from kvmatrix.harness.models import trained_draft
 
-    builder = next((family for family in (trained_models, trained_draft) if entry.tiny in family.BUILDERS),
-                   tiny_models)
-    if not (cache_dir / builder.folder_name(entry.tiny)).is_dir():
-        with _IMPORTING:  # one thread at a time, and only to build: a model already built costs no import (~1.5 s)
-            import transformers  # noqa: F401
     try:
+        builder = next((family for family in (trained_models, trained_draft) if entry.tiny in family.BUILDERS),
+                       tiny_models)
+        if not (cache_dir / builder.folder_name(entry.tiny)).is_dir():
+            with _IMPORTING:  # one thread at a time, and only to build: a model already built costs no import
+                import transformers  # noqa: F401
         return builder.build(entry.tiny, cache_dir)
     except Exception as err:  # noqa: BLE001 - any builder failure must not stop the other models
         _FAILED.add((str(cache_dir), name))
