@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from kvmatrix.harness.qualify.recheck import script_env
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.repro.cell_script import find_cell
 from kvmatrix.harness.repro.generate import ReproError, expectations, model_spec, render, script_spec
-from kvmatrix.harness.run.process.env import shared_cache_env
 from kvmatrix.matrix.load import CASES_DIR
 from tests.conftest import CPU_CLASS, FP8_KV_CPU_CLASSES
 from tests.test_e2e import CT_OVERRIDE_PATCH
@@ -83,11 +83,10 @@ def generate(tmp_path: Path, cell_id: str) -> Path:
 
 
 def run_script(script: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The venv's python, from the script's folder, with nothing of kvmatrix importable; vLLM's caches (its
-    model-class inspections, compiled graphs) are the suite's runs', as `kvmatrix recheck` shares them."""
-    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | shared_cache_env(REPO / ".cache")
+    """The venv's python, from the script's folder, in the environment `kvmatrix recheck` gives a script (nothing
+    of kvmatrix importable, the suite's vLLM caches)."""
     return subprocess.run([sys.executable, script.name], cwd=script.parent, capture_output=True, text=True,
-                          env={**clean, **(env or {})}, timeout=1200)
+                          env={**script_env(REPO / ".cache"), **(env or {})}, timeout=1200)
 
 
 @pytest.mark.vllm

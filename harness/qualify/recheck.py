@@ -120,11 +120,16 @@ def decides_alike(pool: dict, gpu: str, native: str | None) -> bool:
                              and str(mine.compute_capability) == str(theirs.compute_capability))
 
 
+def script_env(cache_dir: Path) -> dict[str, str]:
+    """The environment a standalone script runs in: this one without kvmatrix importable (no PYTHONPATH), with
+    the run's vLLM caches (its model-class inspections, compiled graphs) shared."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | shared_cache_env(cache_dir.resolve())
+
+
 def run_script(path: Path, env: GivenEnv, cache_dir: Path, timeout_s: float) -> tuple[int | None, float, str]:
     """(exit status, None where the time limit ended it; seconds; its last words) of a script run in `env` from
     its own folder, its output kept beside it (NAME.log)."""
-    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    clean |= shared_cache_env(cache_dir.resolve())
+    clean = script_env(cache_dir)
     if env.path_first:
         clean["PYTHONPATH"] = os.pathsep.join(env.path_first)
     started = time.monotonic()
