@@ -23,6 +23,7 @@ from kvmatrix.harness.run.settings import RunSettings
 from kvmatrix.matrix.expand import expand_all
 from kvmatrix.matrix.load import load_cases, load_models, load_pool
 from tests.conftest import write_case
+from tests.test_faults import alive
 
 ray = pytest.importorskip("ray", reason="ray is not importable: the Ray pool is optional (pip install ray)",
                          exc_type=ImportError)
@@ -60,14 +61,6 @@ def cluster(monkeypatch):
     cluster.shutdown()
 
 
-def running(pid: int) -> bool:
-    """Whether `pid` is a live process, not one ended and not yet reaped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_cells_survive_a_node_killed_mid_run(cluster, cases_dir, tmp_path):
     cluster, nodes = cluster
     write_case(cases_dir, "slow", {"model": "llama", "gpus": ["L4", "A100"], "timeout_s": 120,
@@ -91,7 +84,7 @@ def test_cells_survive_a_node_killed_mid_run(cluster, cases_dir, tmp_path):
         once are one on each node. Two started are not: on a loaded machine one node may run two in turn while the
         other's first worker is still starting."""
         pids = [int(pid) for marker in markers.glob("L4--slow*") for pid in marker.read_text().split()]
-        return sum(running(pid) for pid in pids)
+        return sum(alive(pid) for pid in pids)
 
     killed = []
 
