@@ -1,7 +1,8 @@
 """Every CPU record the fixtures hold from real vLLM runs of the default matrix, judged again as `kvmatrix rejudge`
 judges it, is written byte for byte as the judged record in tests/fixtures/judged-cpu/ (the output of an earlier
-commit, its README says which): a change to the record's types, its phases or the judge that moves any verdict,
-reason or other field of any record shows here, field by field. The records are judged under that commit's case
+commit, its README says which), written in the record files' format (`json_text`: the golden copy holds the bytes
+of the format then): a change to the record's types, its phases or the judge that moves any verdict, reason or
+other field of any record shows here, field by field. The records are judged under that commit's case
 files, frozen next to the golden copy, so that editing cases/ (a new rule, a waiver) does not move this test: it
 guards the code.
 
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.files import RunDir, json_text
 from kvmatrix.harness.run.rejudge import rejudge_run
 from kvmatrix.harness.run.session import session_waivers
 from kvmatrix.matrix.expand import expand_all
@@ -106,7 +107,7 @@ def test_every_judged_record_equals_its_golden_copy(folder, gpu_class, tmp_path)
     assert sorted(now) == sorted(golden), "the same record files"
     problems = [f"{name}:\n" + "\n".join(field_differences(json.loads(golden[name]), json.loads(now[name])) or
                                          ["  (same fields, other bytes)"])
-                for name in golden if now[name] != golden[name]]
+                for name in golden if now[name] != json_text(json.loads(golden[name]))]
     assert not problems, f"{len(problems)} of {len(golden)} judged records differ:\n" + "\n".join(problems)
 
 

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.files import RunDir, json_text
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+                           max_leaves=20)
 
 
 def test_write_and_read_back(tmp_path):
@@ -16,6 +23,17 @@ def test_write_and_read_back(tmp_path):
     assert path.parent == run.root and run.read(record["cell_id"], "cpu") == record
     assert run.records() == [record]
     assert not list(run.root.glob(".tmp-*")), "no temporary file is left behind"
+
+
+@given(st.dictionaries(st.text(), JSON_VALUES, max_size=8))
+def test_a_record_file_reads_back_as_written_one_field_a_line(record):
+    """A record's file reads back as the record: the same fields in the same order, NaN and the infinities as
+    Python's json writes them; each top-level field on a line of its own, however its strings break lines."""
+    text = json_text(record)
+    back = json.loads(text)
+    assert list(back) == list(record)
+    assert json.dumps(back) == json.dumps(record)  # as text: NaN is not equal to itself
+    assert len(text.splitlines()) == (len(record) + 2 if record else 1)
 
 
 @pytest.mark.parametrize("cell_id", ["../../etc/passwd", "a/b", "..", "c[kv=..\\..]", "%2e%2e/x"])

@@ -6,7 +6,6 @@ and the folders of tests/fixtures/records/ that hold judged records, under the s
 from __future__ import annotations
 
 import datetime
-import json
 import shutil
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 from kvmatrix.harness.judge.judge import judge_record
 from kvmatrix.harness.judge.outcome import reclassified
-from kvmatrix.harness.record.files import RunDir
+from kvmatrix.harness.record.files import RunDir, json_text
 from kvmatrix.harness.record.neighbours import Neighbours, neighbours_of
 from kvmatrix.harness.record.task import Task
 from kvmatrix.harness.record.types import outcome_of
@@ -44,7 +43,7 @@ def fresh_judgements(run_dir: RunDir) -> dict[str, str]:
         task = Task(cell, gpu, pool[gpu], record.get("emulated_from"))
         outcome = reclassified(outcome_of(record), run_dir.log_tail(record))
         judged = judge_record(outcome, task, neighbours_of(task, run_dir), waivers, today=TODAY)
-        out[run_dir.record_path(record["cell_id"], gpu).name] = json.dumps(judged, indent=1, default=str)
+        out[run_dir.record_path(record["cell_id"], gpu).name] = json_text(judged)
     return out
 
 

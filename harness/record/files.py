@@ -104,8 +104,16 @@ class RunDir:
         return out
 
 
+def json_text(data: Mapping[str, Any]) -> str:
+    """A record (or run.json) as its file holds it: one top-level field a line, each value on its line compact.
+    `json.dumps(indent=...)` would take Python's pure-Python encoder, twice the CPU of judging a fixture run again
+    (tests/test_rejudge_is_judge.py: 32 CPU-s against 16 for 8,000 records); each value here takes the C one."""
+    fields = ",\n".join(f"{json.dumps(str(key))}: {json.dumps(value, default=str)}" for key, value in data.items())
+    return "{\n" + fields + "\n}" if fields else "{}"
+
+
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=False, default=str), suffix=".json")
+    write_text_atomic(path, json_text(data), suffix=".json")
 
 
 def write_text_atomic(path: Path, text: str, suffix: str = "") -> None:
