@@ -4,6 +4,8 @@ naming the file, with the path escaped onto one line."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import stat
 from collections.abc import Hashable
 from pathlib import Path
@@ -82,11 +84,19 @@ def read_yaml(path: Path) -> Any:
         line = data[:err.start].count(b"\n") + 1
         raise CaseError(where, None, None, f"not UTF-8 text: byte 0x{data[err.start]:02x} on line {line}") from None
     try:
-        return yaml.load(text, Loader=_DataLoader)  # noqa: S506 - _DataLoader is a SafeLoader
+        return copy.deepcopy(_parsed(text))  # the caller's own copy: it may change what it was given
     except yaml.YAMLError as err:
         raise CaseError(where, None, None, f"not valid YAML: {_one_line(err)}") from None
     except RecursionError:
         raise CaseError(where, None, None, "not valid YAML: nested too deeply to read") from None
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed(text: str) -> Any:
+    """The YAML of a file's text, parsed once per process: every case a process loads reads the model registry and
+    the pool again (`load.py` `_load_named`), and PyYAML's pure-Python parser costs more than the rest of a load.
+    A text that does not parse raises each time (lru_cache keeps no exception)."""
+    return yaml.load(text, Loader=_DataLoader)  # noqa: S506 - _DataLoader is a SafeLoader
 
 
 def _one_line(err: yaml.YAMLError) -> str:
