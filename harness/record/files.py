@@ -106,8 +106,8 @@ class RunDir:
 
 def json_text(data: Mapping[str, Any]) -> str:
     """A record (or run.json) as its file holds it: one top-level field a line, each value on its line compact.
-    `json.dumps(indent=...)` would take Python's pure-Python encoder, twice the CPU of judging a fixture run again
-    (tests/test_rejudge_is_judge.py: 32 CPU-s against 16 for 8,000 records); each value here takes the C one."""
+    Each value goes through Python's C JSON encoder; `json.dumps(indent=...)` takes the pure-Python one, with which
+    judging the fixture runs again took twice the CPU (tests/test_rejudge_is_judge.py: 32 CPU-s against 16)."""
     fields = ",\n".join(f"{json.dumps(str(key))}: {json.dumps(value, default=str)}" for key, value in data.items())
     return "{\n" + fields + "\n}" if fields else "{}"
 
